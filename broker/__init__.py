@@ -1,0 +1,1 @@
+"""Mosquitto broker for a federation: config, ACL, passwords, process control."""

@@ -1,0 +1,1 @@
+"""Site datasets: parsing the bundled files and splitting/normalising each site locally (numpy only)."""

@@ -1,0 +1,39 @@
+"""One-line human summaries of decoded messages (sizes and hashes, never tensor values)."""
+
+from __future__ import annotations
+
+from schemas import messages as m
+
+
+def _metrics(values: dict) -> str:
+    shown = [f"{k}={'n/a' if v is None else f'{v:.3f}'}" for k, v in sorted(values.items()) if k in ("auroc", "accuracy", "loss")]
+    return " ".join(shown) or "-"
+
+
+def _tensors(blobs: tuple) -> str:
+    return f"{len(blobs)} tensors, {sum(b.nbytes for b in blobs):,} B"
+
+
+def summarize(msg: object) -> str:
+    if isinstance(msg, m.GlobalModel):
+        return f"model {msg.model.name} hash {msg.model_hash[:12]}: {_tensors(msg.tensors)}"
+    if isinstance(msg, m.TrainTask):
+        s = msg.settings
+        return (f"train task for {msg.site_id}: model {msg.model_hash[:12]}, {s.algorithm} {s.optimizer} "
+                f"lr={s.lr} epochs={s.epochs} batch={s.batch_size}")
+    if isinstance(msg, m.EvalTask):
+        return f"eval task for {msg.site_id}: model {msg.model_hash[:12]} on {','.join(msg.splits)} ({msg.tag})"
+    if isinstance(msg, m.ClientUpdate):
+        loss = "n/a" if msg.train_loss is None else f"{msg.train_loss:.4f}"
+        return (f"update: {_tensors(msg.tensors)}, n={msg.n_samples}, steps={msg.local_steps}, loss={loss}, "
+                f"val {_metrics(msg.val_metrics)}, {msg.compute_seconds:.2f} s")
+    if isinstance(msg, m.EvalReport):
+        return " | ".join(f"{split} {_metrics(v)}" for split, v in msg.metrics.items()) + f" ({msg.tag})"
+    if isinstance(msg, m.SiteStatus):
+        return f"site {msg.state} on {msg.device}: {msg.n_train}/{msg.n_val}/{msg.n_test} rows {msg.detail}".rstrip()
+    if isinstance(msg, m.DaemonStatus):
+        waiting = f", waiting for {','.join(msg.waiting_for)}" if msg.waiting_for else ""
+        return f"PS {msg.state} round {msg.round}/{msg.rounds_total} {msg.algorithm}{waiting}: {msg.detail}"
+    if isinstance(msg, m.RoundMetrics):
+        return f"{msg.phase} metrics: mean {_metrics(msg.mean)} over {','.join(msg.sites)}"
+    return type(msg).__name__

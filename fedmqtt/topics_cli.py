@@ -1,0 +1,62 @@
+"""`fedmqtt topics ...`: look at a federation's traffic and at the payload schemas."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(help="Inspect MQTT traffic and payload schemas.", no_args_is_help=True)
+
+
+@app.command("watch")
+def watch(
+    credentials: Path = typer.Option(..., "--credentials", help="A credentials TOML ([broker] table), e.g. observer.toml."),
+    run_id: str = typer.Option(..., "--run-id"),
+    count: Optional[int] = typer.Option(None, help="Exit after this many messages."),
+    timeout: Optional[float] = typer.Option(None, help="Exit after this many seconds."),
+) -> None:
+    """Print every message of a run as one decoded line (never raw tensors). What you see depends on the ACL."""
+    from fedmqtt.config_io import load_toml
+    from fedmqtt.summary import summarize
+    from fedmqtt.transport import topics
+    from fedmqtt.transport.channel import check_message
+    from fedmqtt.transport.mqtt import MqttTransport
+    from fedmqtt.transport.settings import BrokerSettings
+    from fedmqtt.errors import FedMqttError
+
+    settings = load_toml(credentials, BrokerSettings, section="broker")
+    transport = MqttTransport(settings, client_id=f"fedmqtt-watch-{int(time.time() * 1000) % 10**9}")
+    transport.connect()
+    transport.subscribe([topics.run_filter(run_id)])
+    seen, end = 0, None if timeout is None else time.monotonic() + timeout
+    try:
+        while (count is None or seen < count) and (end is None or time.monotonic() < end):
+            raw = transport.get(0.2)
+            if raw is None or not raw.payload:
+                continue
+            seen += 1
+            stamp = datetime.now().strftime("%H:%M:%S")
+            short = raw.topic.split("/", 3)[-1]
+            try:
+                _, msg = check_message(raw.topic, raw.payload, run_id=run_id, max_bytes=settings.max_payload_bytes)
+                line = f"r{getattr(msg, 'round', '?')} {summarize(msg)}"
+            except FedMqttError as exc:
+                line = f"INVALID ({len(raw.payload)} B): {exc}"
+            typer.echo(f"{stamp} {short:<28} {line}{' [retained]' if raw.retain else ''}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        transport.close()
+
+
+@app.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of every payload kind (for clients in other languages)."""
+    from schemas.codec import json_schemas
+
+    typer.echo(json.dumps(json_schemas(), indent=2))

@@ -1,0 +1,1 @@
+"""MQTT transport: topic builders, a thin paho-mqtt client, typed channels."""

@@ -1,0 +1,111 @@
+"""The one module that builds and parses topics; the broker ACL is generated from it.
+
+Every topic lives under `fedmqtt/v1/<run_id>/`. Ids are `[a-z0-9-]` so that they can
+never contain MQTT wildcards or level separators.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from fedmqtt.errors import TopicError
+
+ROOT = "fedmqtt"
+VERSION = "v1"
+_ID = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62})$")
+
+PS_STATUS = "ps/status"
+PS_MODEL = "ps/model"
+PS_METRICS = "ps/metrics"
+SITE_KINDS = ("status", "update", "report")
+
+
+def validate_id(value: str, *, what: str = "id") -> str:
+    """Return `value` if it is a valid run or site id, else raise TopicError naming it."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise TopicError(
+            f"invalid {what} {value!r}: use 1-63 characters from a-z, 0-9 and '-', starting with a letter or digit"
+        )
+    return value
+
+
+def run_prefix(run_id: str) -> str:
+    return f"{ROOT}/{VERSION}/{validate_id(run_id, what='run id')}"
+
+
+def run_filter(run_id: str) -> str:
+    """Subscription filter for everything of one run."""
+    return f"{run_prefix(run_id)}/#"
+
+
+def ps_status_topic(run_id: str) -> str:
+    return f"{run_prefix(run_id)}/{PS_STATUS}"
+
+
+def ps_model_topic(run_id: str) -> str:
+    return f"{run_prefix(run_id)}/{PS_MODEL}"
+
+
+def ps_metrics_topic(run_id: str) -> str:
+    return f"{run_prefix(run_id)}/{PS_METRICS}"
+
+
+def ps_task_topic(run_id: str, site_id: str) -> str:
+    return f"{run_prefix(run_id)}/ps/task/{validate_id(site_id, what='site id')}"
+
+
+def site_topic(run_id: str, site_id: str, kind: str) -> str:
+    if kind not in SITE_KINDS:
+        raise TopicError(f"unknown site topic kind {kind!r}; expected one of {SITE_KINDS}")
+    return f"{run_prefix(run_id)}/site/{validate_id(site_id, what='site id')}/{kind}"
+
+
+def site_status_topic(run_id: str, site_id: str) -> str:
+    return site_topic(run_id, site_id, "status")
+
+
+def site_update_topic(run_id: str, site_id: str) -> str:
+    return site_topic(run_id, site_id, "update")
+
+
+def site_report_topic(run_id: str, site_id: str) -> str:
+    return site_topic(run_id, site_id, "report")
+
+
+def site_all_filter(run_id: str, site_id: str) -> str:
+    """Everything a site may write: `site/<id>/#`."""
+    return f"{run_prefix(run_id)}/site/{validate_id(site_id, what='site id')}/#"
+
+
+def any_site_filter(run_id: str, kind: str) -> str:
+    """`site/+/<kind>` for one kind of site message (the PS and observers subscribe to these)."""
+    if kind not in SITE_KINDS:
+        raise TopicError(f"unknown site topic kind {kind!r}; expected one of {SITE_KINDS}")
+    return f"{run_prefix(run_id)}/site/+/{kind}"
+
+
+@dataclass(frozen=True)
+class ParsedTopic:
+    """A topic taken apart: who it is about and what it carries."""
+
+    run_id: str
+    role: str  # "ps" or "site"
+    kind: str  # status | model | metrics | task | update | report
+    site_id: str | None = None
+
+
+def parse_topic(topic: str) -> ParsedTopic:
+    """Split a concrete topic into its parts, or raise TopicError."""
+    parts = topic.split("/")
+    if len(parts) < 5 or parts[0] != ROOT or parts[1] != VERSION:
+        raise TopicError(f"not a fedmqtt {VERSION} topic: {topic!r}")
+    run_id = validate_id(parts[2], what="run id")
+    rest = parts[3:]
+    if rest[0] == "ps" and len(rest) == 2 and rest[1] in ("status", "model", "metrics"):
+        return ParsedTopic(run_id, "ps", rest[1])
+    if rest[0] == "ps" and len(rest) == 3 and rest[1] == "task":
+        return ParsedTopic(run_id, "ps", "task", validate_id(rest[2], what="site id"))
+    if rest[0] == "site" and len(rest) == 3 and rest[2] in SITE_KINDS:
+        return ParsedTopic(run_id, "site", rest[2], validate_id(rest[1], what="site id"))
+    raise TopicError(f"unknown fedmqtt topic: {topic!r}")

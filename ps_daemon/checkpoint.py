@@ -1,0 +1,99 @@
+"""Durable checkpoints: one file per round, written atomically (temp file, fsync, os.replace)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from pathlib import Path
+
+from fedmqtt.errors import CheckpointError, SchemaError
+from ps_daemon.state import BestRound, DaemonState, RoundRecord
+from schemas.checkpoint import BestRoundRecord, Checkpoint
+from schemas.codec import decode_checkpoint, encode_checkpoint
+from schemas.tensors import arrays_to_blobs, blobs_to_arrays
+
+log = logging.getLogger(__name__)
+
+
+def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) -> Checkpoint:
+    best = None
+    if state.best is not None:
+        b = state.best
+        best = BestRoundRecord(round=b.round, score=b.score, model_hash=b.model_hash, tensors=arrays_to_blobs(b.weights))
+    return Checkpoint(
+        run_id=run_id, config_hash=config_hash, phase=state.phase, round=state.round,
+        model_hash=state.model_hash, tensors=arrays_to_blobs(state.weights), selected=state.selected,
+        accepted_prev=tuple(sorted(state.accepted_prev)),
+        history=tuple(dataclasses.asdict(r) for r in state.history), best=best,
+        strategy_state=dict(state.strategy_state), saved_at=time.time(),
+    )
+
+
+def checkpoint_to_state(ckpt: Checkpoint) -> DaemonState:
+    history = tuple(
+        RoundRecord(**{**h, "sites": tuple(h["sites"]), "stragglers": tuple(h["stragglers"])}) for h in ckpt.history
+    )
+    best = None
+    if ckpt.best is not None:
+        best = BestRound(ckpt.best.round, ckpt.best.score, _copy(blobs_to_arrays(ckpt.best.tensors)), ckpt.best.model_hash)
+    return DaemonState(
+        phase=ckpt.phase, round=ckpt.round, weights=_copy(blobs_to_arrays(ckpt.tensors)), model_hash=ckpt.model_hash,
+        selected=ckpt.selected, accepted_prev=frozenset(ckpt.accepted_prev), history=history, best=best,
+        strategy_state=dict(ckpt.strategy_state),
+    )
+
+
+def _copy(arrays: dict) -> dict:
+    return {k: v.copy() for k, v in arrays.items()}  # writable arrays, detached from the file bytes
+
+
+class CheckpointStore:
+    """Checkpoint files `round-000012.ckpt` in one folder; keeps the newest `keep`."""
+
+    def __init__(self, folder: Path, *, keep: int = 3) -> None:
+        self.folder = Path(folder)
+        self.keep = keep
+
+    def save(self, ckpt: Checkpoint) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"round-{ckpt.round:06d}.ckpt"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(encode_checkpoint(ckpt))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(self.folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
+        for old in self._files()[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def _files(self) -> list[Path]:
+        return sorted(self.folder.glob("round-*.ckpt")) if self.folder.is_dir() else []
+
+    def load_latest(self, *, run_id: str, config_hash: str) -> Checkpoint:
+        """The newest readable checkpoint; refuse one written by another run or configuration."""
+        files = self._files()
+        if not files:
+            raise CheckpointError(f"no checkpoint in {self.folder}: nothing to resume (start without --resume)")
+        for path in reversed(files):
+            try:
+                ckpt = decode_checkpoint(path.read_bytes())
+            except SchemaError as exc:
+                log.warning("skipping unreadable checkpoint %s: %s", path, exc)
+                continue
+            if ckpt.run_id != run_id:
+                raise CheckpointError(f"{path} belongs to run {ckpt.run_id!r}, not {run_id!r}")
+            if ckpt.config_hash != config_hash:
+                raise CheckpointError(
+                    f"{path} was written with a different configuration (hash {ckpt.config_hash} != {config_hash}); "
+                    "resuming would mix two experiments"
+                )
+            return ckpt
+        raise CheckpointError(f"no readable checkpoint in {self.folder}")

@@ -1,0 +1,32 @@
+"""`fedmqtt ps ...`: run the parameter-server daemon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Run the parameter-server daemon (PS).", no_args_is_help=True)
+
+
+@app.command("start")
+def start(
+    config: Path = typer.Option(..., "--config", help="PS config file (TOML)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in out_dir."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Wait for the sites, run every round (aggregate, checkpoint, publish), then write the final model and report.
+
+    Start order does not matter: the PS waits for sites, and sites wait for the PS.
+    """
+    from fedmqtt.logs import setup_logging
+    from ps_daemon.config import load_daemon_config
+    from ps_daemon.runner import DaemonRunner
+
+    setup_logging(verbose)
+    cfg = load_daemon_config(config)
+    runner = DaemonRunner(cfg, resume=resume)
+    runner.run()
+    if runner.finished is None:
+        raise typer.Exit(code=1)
+    typer.echo(f"report: {cfg.out_dir / 'report.json'}")

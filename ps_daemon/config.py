@@ -1,0 +1,78 @@
+"""DaemonConfig: the PS's TOML file, validated by pydantic (errors name the field)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedmqtt.config_io import load_toml
+from fedmqtt.strategies import STRATEGIES
+from fedmqtt.transport.settings import BrokerSettings
+from schemas.base import ID_PATTERN
+from schemas.messages import ModelSpec, TrainSettings
+
+
+class DaemonConfig(BaseModel):
+    """Everything the PS needs; relative paths are resolved against the config file's folder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str = Field(pattern=ID_PATTERN)
+    algorithm: str = "fedavg"
+    rounds: int = Field(default=20, ge=1, le=100_000)
+    sites: tuple[str, ...] = Field(min_length=1, description="site ids allowed to take part")
+    min_sites: int | None = Field(default=None, ge=1, description="sites online before round 1 (default: all)")
+    quorum: int = Field(default=1, ge=1, description="updates needed to close a round at its deadline")
+    round_timeout_s: float = Field(default=300.0, gt=0)
+    seed: int = 0
+    out_dir: Path = Path("runs/ps")
+    keep_checkpoints: int = Field(default=3, ge=1)
+    model: ModelSpec
+    train: TrainSettings = TrainSettings()
+    credentials: Path = Field(description="TOML file with a [broker] table (host, port, username, password)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DaemonConfig":
+        for site in self.sites:
+            if not re.match(ID_PATTERN, site):
+                raise ValueError(f"site id {site!r} must match {ID_PATTERN}")
+        if len(set(self.sites)) != len(self.sites):
+            raise ValueError("sites: duplicate site id")
+        if self.algorithm not in STRATEGIES:
+            raise ValueError(f"algorithm {self.algorithm!r} unknown; available: {', '.join(sorted(STRATEGIES))}")
+        if self.min_sites is not None and self.min_sites > len(self.sites):
+            raise ValueError(f"min_sites {self.min_sites} > number of sites {len(self.sites)}")
+        if self.quorum > len(self.sites):
+            raise ValueError(f"quorum {self.quorum} > number of sites {len(self.sites)}")
+        return self
+
+    @property
+    def sorted_sites(self) -> tuple[str, ...]:
+        return tuple(sorted(self.sites))
+
+    @property
+    def start_sites(self) -> int:
+        return self.min_sites or len(self.sites)
+
+    def config_hash(self) -> str:
+        """What must not change across `--resume` (the broker, credentials and out_dir may)."""
+        keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints"})
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+    def broker_settings(self) -> BrokerSettings:
+        return load_toml(self.credentials, BrokerSettings, section="broker")
+
+
+def load_daemon_config(path: Path) -> DaemonConfig:
+    cfg = load_toml(path, DaemonConfig)
+    base = Path(path).resolve().parent
+    return cfg.model_copy(
+        update={
+            "out_dir": cfg.out_dir if cfg.out_dir.is_absolute() else base / cfg.out_dir,
+            "credentials": cfg.credentials if cfg.credentials.is_absolute() else base / cfg.credentials,
+        }
+    )

@@ -1,0 +1,67 @@
+"""What the PS machine asks the runner to do, in order (checkpoint before publish)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from fedmqtt.strategies.base import Weights
+
+if TYPE_CHECKING:
+    from ps_daemon.state import DaemonState, RoundRecord
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    state: "DaemonState"
+
+
+@dataclass(frozen=True)
+class PublishModel:
+    round: int
+    weights: Weights
+    model_hash: str
+
+
+@dataclass(frozen=True)
+class PublishTrainTask:
+    site_id: str
+    round: int
+    model_hash: str
+    deadline: float
+    accepted_prev: bool | None
+
+
+@dataclass(frozen=True)
+class PublishEvalTask:
+    site_id: str
+    round: int
+    model_hash: str
+
+
+@dataclass(frozen=True)
+class PublishStatus:
+    state: str
+    round: int
+    waiting_for: tuple[str, ...]
+    deadline: float | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PublishRoundMetrics:
+    record: "RoundRecord"
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str  # "info" | "warning"
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    state: "DaemonState"
+
+
+Effect = Union[SaveCheckpoint, PublishModel, PublishTrainTask, PublishEvalTask, PublishStatus, PublishRoundMetrics, Log, Finish]

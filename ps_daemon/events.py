@@ -1,0 +1,62 @@
+"""What can happen to the PS. The runner turns decoded messages and clock ticks into these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Union
+
+from fedmqtt.strategies.base import SiteUpdate
+
+Metrics = Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class Started:
+    now: float
+
+
+@dataclass(frozen=True)
+class SiteOnline:
+    site_id: str
+    now: float
+    n_train: int = 0
+
+
+@dataclass(frozen=True)
+class SiteOffline:
+    site_id: str
+    now: float
+
+
+@dataclass(frozen=True)
+class UpdateReceived:
+    site_id: str
+    now: float
+    round: int
+    base_model_hash: str
+    update: SiteUpdate
+    train_loss: float | None = None
+    val_metrics: Metrics = field(default_factory=dict)
+    undefined: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReportReceived:
+    site_id: str
+    now: float
+    round: int
+    model_hash: str
+    tag: str
+    metrics: Mapping[str, Metrics]
+    n_samples: Mapping[str, int] = field(default_factory=dict)
+    undefined: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """The runner's clock: lets the pure machine notice a passed deadline."""
+
+    now: float
+
+
+Event = Union[Started, SiteOnline, SiteOffline, UpdateReceived, ReportReceived, Tick]

@@ -1,0 +1,217 @@
+"""The PS core: `step(state, event) -> (state, effects)`. Pure: no I/O, no clock, no random.
+
+Phases: WAITING_FOR_SITES -> TRAINING(r) -> ... -> TRAINING(R) -> EVALUATING(final) -> DONE.
+A round closes when every selected site that is still online has answered and the quorum is
+met, or at its deadline if the quorum is met; otherwise the deadline is extended and the
+stragglers are named in the status (never a silent hang).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from fedmqtt.metrics import mean_defined
+from fedmqtt.strategies.aggregate import check_update_shapes
+from fedmqtt.strategies.base import Strategy, Weights
+from ps_daemon import effects as fx
+from ps_daemon.config import DaemonConfig
+from ps_daemon.events import (
+    Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived,
+)
+from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
+
+Result = tuple[DaemonState, list[fx.Effect]]
+
+
+class Machine:
+    """Binds the configuration and the strategy; `step` is the only entry point."""
+
+    def __init__(self, config: DaemonConfig, strategy: Strategy, hash_weights: Callable[[Weights], str]) -> None:
+        self.config = config
+        self.strategy = strategy
+        self.hash_weights = hash_weights
+        self.selection_metric = "auroc"
+
+    def initial_state(self, weights: Weights) -> DaemonState:
+        return DaemonState(phase="waiting_for_sites", round=0, weights=weights, model_hash=self.hash_weights(weights))
+
+    def step(self, state: DaemonState, event: Event) -> Result:
+        if isinstance(event, Started):
+            return self._on_started(state, event)
+        if isinstance(event, SiteOnline):
+            return self._on_online(state, event)
+        if isinstance(event, SiteOffline):
+            return self._on_offline(state, event)
+        if isinstance(event, UpdateReceived):
+            return self._on_update(state, event)
+        if isinstance(event, ReportReceived):
+            return self._on_report(state, event)
+        if isinstance(event, Tick):
+            return self._on_tick(state, event)
+        raise TypeError(f"unknown event {event!r}")
+
+    # -- events ---------------------------------------------------------------------------------
+    def _on_started(self, state: DaemonState, ev: Started) -> Result:
+        if state.phase == "training":  # resumed from a checkpoint: re-send the round
+            state = replace(state, round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s)
+            return state, self._round_effects(state, "resumed from checkpoint")
+        if state.phase == "evaluating":
+            state = replace(state, deadline=ev.now + self.config.round_timeout_s)
+            return state, self._eval_effects(state, "resumed from checkpoint")
+        return state, [self._status(state, "waiting for sites")]
+
+    def _on_online(self, state: DaemonState, ev: SiteOnline) -> Result:
+        if ev.site_id not in self.config.sites:
+            return state, [fx.Log("warning", f"ignoring unknown site {ev.site_id!r} (not in the PS config)")]
+        state = replace(state, online=state.online | {ev.site_id}, offline=state.offline - {ev.site_id})
+        if state.phase != "waiting_for_sites":
+            return state, []
+        ready = sorted(state.online & set(self.config.sites))
+        if len(ready) < self.config.start_sites:
+            return state, [self._status(state, f"{len(ready)}/{self.config.start_sites} sites online")]
+        state = replace(
+            state, phase="training", round=1, selected=tuple(ready),
+            round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s,
+        )
+        return state, [fx.Log("info", f"starting round 1 with {', '.join(ready)}"), *self._round_effects(state)]
+
+    def _on_offline(self, state: DaemonState, ev: SiteOffline) -> Result:
+        state = replace(state, online=state.online - {ev.site_id}, offline=state.offline | {ev.site_id})
+        if state.phase == "training" and ev.site_id in state.selected and ev.site_id not in state.updates:
+            effects: list[fx.Effect] = [fx.Log("warning", f"site {ev.site_id} went offline during round {state.round}")]
+            if self._all_answered(state) and len(state.updates) >= self.config.quorum:
+                state, more = self._close_round(state, ev.now)
+                effects.extend(more)
+            return state, effects
+        if state.phase == "evaluating" and self._all_reported(state):
+            return self._finish(state)
+        return state, []
+
+    def _on_update(self, state: DaemonState, ev: UpdateReceived) -> Result:
+        reason = self._reject_update_reason(state, ev)
+        if reason is not None:
+            return state, [fx.Log("warning", f"update from {ev.site_id} for round {ev.round} ignored: {reason}")]
+        received = ReceivedUpdate(ev.update, ev.train_loss, dict(ev.val_metrics), dict(ev.undefined))
+        state = replace(state, updates={**state.updates, ev.site_id: received})
+        if self._all_answered(state) and len(state.updates) >= self.config.quorum:
+            return self._close_round(state, ev.now)
+        return state, [self._status(state, f"round {state.round}: {len(state.updates)}/{len(state.selected)} updates")]
+
+    def _on_report(self, state: DaemonState, ev: ReportReceived) -> Result:
+        if state.phase != "evaluating" or ev.tag != "final" or ev.model_hash != state.model_hash:
+            return state, []
+        if ev.site_id not in state.selected or ev.site_id in state.final_reports:
+            return state, []
+        report = FinalReport(dict(ev.metrics), dict(ev.n_samples), dict(ev.undefined))
+        state = replace(state, final_reports={**state.final_reports, ev.site_id: report})
+        if self._all_reported(state):
+            return self._finish(state)
+        return state, []
+
+    def _on_tick(self, state: DaemonState, ev: Tick) -> Result:
+        if state.deadline is None or ev.now < state.deadline:
+            return state, []
+        if state.phase == "training":
+            if len(state.updates) >= self.config.quorum:
+                return self._close_round(state, ev.now)
+            missing = tuple(s for s in state.selected if s not in state.updates)
+            state = replace(state, deadline=ev.now + self.config.round_timeout_s)
+            text = (f"round {state.round}: deadline passed with {len(state.updates)} updates, quorum "
+                    f"{self.config.quorum}; still waiting for {', '.join(missing)}")
+            return state, [fx.Log("warning", text), self._status(state, text)]
+        if state.phase == "evaluating":
+            return self._finish(state)
+        return state, []
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _reject_update_reason(self, state: DaemonState, ev: UpdateReceived) -> str | None:
+        if state.phase != "training" or ev.round != state.round:
+            return f"stale or future round (PS is in {state.phase} round {state.round})"
+        if ev.site_id not in state.selected:
+            return "site was not selected for this round"
+        if ev.site_id in state.updates:
+            return "duplicate update"
+        if ev.base_model_hash != state.model_hash:
+            return "trained from a different model version"
+        return check_update_shapes(ev.update, state.weights)
+
+    def _all_answered(self, state: DaemonState) -> bool:
+        # Only a site seen going offline is skipped: after a resume, a site not yet heard from may
+        # still answer (its retained status and update can arrive in any order).
+        return all(s in state.updates or s in state.offline for s in state.selected)
+
+    def _all_reported(self, state: DaemonState) -> bool:
+        return all(s in state.final_reports or s in state.offline for s in state.selected)
+
+    def _close_round(self, state: DaemonState, now: float) -> Result:
+        participants = tuple(sorted(state.updates))  # sorted: sums do not depend on arrival order
+        self.strategy.load_state_dict(dict(state.strategy_state))
+        new_weights = self.strategy.aggregate_train(
+            state.round, state.weights, [state.updates[s].update for s in participants]
+        )
+        record = self._record(state, participants, now)
+        best = self._better_best(state, record)
+        nxt = state.round + 1
+        online_sites = tuple(sorted(state.online & set(self.config.sites)))
+        state = replace(
+            state, round=nxt, weights=new_weights, model_hash=self.hash_weights(new_weights),
+            selected=online_sites or self.config.sorted_sites, updates={}, history=(*state.history, record),
+            best=best, strategy_state=self.strategy.state_dict(), accepted_prev=frozenset(participants),
+            round_started_at=now, deadline=now + self.config.round_timeout_s,
+        )
+        head: list[fx.Effect] = [fx.PublishRoundMetrics(record)]
+        if nxt > self.config.rounds:
+            state = replace(state, phase="evaluating")
+            return state, [fx.SaveCheckpoint(state), *head, *self._eval_effects(state)]
+        return state, [fx.SaveCheckpoint(state), *head, *self._round_effects(state)]
+
+    def _record(self, state: DaemonState, participants: tuple[str, ...], now: float) -> RoundRecord:
+        per_site = {s: dict(state.updates[s].val_metrics) for s in participants}
+        names = sorted({k for m in per_site.values() for k in m})
+        mean = {k: mean_defined([per_site[s].get(k) for s in participants]) for k in names}
+        losses = [state.updates[s].train_loss for s in participants]
+        return RoundRecord(
+            round=state.round, sites=participants,
+            stragglers=tuple(s for s in state.selected if s not in state.updates),
+            per_site=per_site, mean=mean, train_loss=mean_defined(losses),
+            n_samples={s: state.updates[s].update.n_samples for s in participants},
+            started_at=state.round_started_at, closed_at=now,
+        )
+
+    def _better_best(self, state: DaemonState, record: RoundRecord) -> BestRound | None:
+        score = record.mean.get(self.selection_metric)
+        if score is None or (state.best is not None and score <= state.best.score):
+            return state.best  # ties keep the earlier round (algorithms.md 17.1)
+        return BestRound(record.round, score, state.weights, state.model_hash)
+
+    def _round_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
+        out: list[fx.Effect] = [fx.PublishModel(state.round, state.weights, state.model_hash)]
+        for site in state.selected:
+            accepted = (site in state.accepted_prev) if state.round > 1 else None
+            out.append(fx.PublishTrainTask(site, state.round, state.model_hash, state.deadline or 0.0, accepted))
+        out.append(self._status(state, why or f"round {state.round}: training on {len(state.selected)} sites"))
+        return out
+
+    def _eval_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
+        out: list[fx.Effect] = [fx.PublishModel(state.round, state.weights, state.model_hash)]
+        out.extend(fx.PublishEvalTask(site, state.round, state.model_hash) for site in state.selected)
+        out.append(self._status(state, why or "evaluating the final model"))
+        return out
+
+    def _finish(self, state: DaemonState) -> Result:
+        state = replace(state, phase="done", deadline=None)
+        missing = [s for s in state.selected if s not in state.final_reports]
+        detail = "done" + (f"; no final report from {', '.join(missing)}" if missing else "")
+        return state, [self._status(state, detail), fx.Finish(state)]
+
+    def _status(self, state: DaemonState, detail: str) -> fx.PublishStatus:
+        if state.phase == "training":
+            waiting = tuple(s for s in state.selected if s not in state.updates)
+        elif state.phase == "evaluating":
+            waiting = tuple(s for s in state.selected if s not in state.final_reports)
+        elif state.phase == "waiting_for_sites":
+            waiting = tuple(s for s in self.config.sorted_sites if s not in state.online)
+        else:
+            waiting = ()
+        return fx.PublishStatus(state.phase, state.round, waiting, state.deadline, detail)

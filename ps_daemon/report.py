@@ -1,0 +1,89 @@
+"""Build the run report (JSON-able dict and Markdown) from the final state. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fedmqtt.metrics import mean_defined
+from ps_daemon.config import DaemonConfig
+from ps_daemon.state import DaemonState
+
+SPLITS = ("val", "test")
+
+
+def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str, float],
+                 traffic: dict[str, Any], models: dict[str, str]) -> dict[str, Any]:
+    per_site: dict[str, Any] = {}
+    for site in config.sorted_sites:
+        rep = state.final_reports.get(site)
+        if rep is None:
+            per_site[site] = {"missing": "no final report (site offline or past the deadline)"}
+            continue
+        per_site[site] = {"metrics": dict(rep.metrics), "n_samples": dict(rep.n_samples), "undefined": dict(rep.undefined)}
+    mean: dict[str, dict[str, float | None]] = {}
+    for split in SPLITS:
+        names = sorted({k for r in state.final_reports.values() for k in r.metrics.get(split, {})})
+        mean[split] = {k: mean_defined([r.metrics.get(split, {}).get(k) for r in state.final_reports.values()])
+                       for k in names}
+    best = state.best
+    return {
+        "run_id": config.run_id,
+        "algorithm": config.algorithm,
+        "config": config.model_dump(mode="json", exclude={"credentials"}),
+        "rounds": [dataclasses.asdict(r) | {"duration_s": r.closed_at - r.started_at} for r in state.history],
+        "final": {"model_hash": state.model_hash, "per_site": per_site, "mean": mean},
+        "best_round": None if best is None else {"round": best.round, "score": best.score, "metric": "val auroc",
+                                                 "model_hash": best.model_hash},
+        "timings": timings,
+        "traffic": traffic,
+        "models": models,
+    }
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def final_table(report: dict[str, Any], metrics: tuple[str, ...] = ("auroc", "accuracy")) -> list[list[str]]:
+    """Rows of per-site test metrics, then the mean; 'n/a' with the reason where undefined."""
+    rows = [["site", "n_test", *[f"test {m}" for m in metrics], "note"]]
+    for site, entry in report["final"]["per_site"].items():
+        if "missing" in entry:
+            rows.append([site, "-", *["n/a"] * len(metrics), entry["missing"]])
+            continue
+        test = entry["metrics"].get("test", {})
+        notes = [f"{k.split('.', 1)[-1]}: {v}" for k, v in entry["undefined"].items()
+                 if k.startswith("test.") and k.split(".", 1)[1] in metrics]
+        rows.append([site, str(entry["n_samples"].get("test", "-")), *[_fmt(test.get(m)) for m in metrics],
+                     "; ".join(notes)])
+    mean = report["final"]["mean"].get("test", {})
+    rows.append(["mean", "", *[_fmt(mean.get(m)) for m in metrics], "unweighted, over sites where defined"])
+    return rows
+
+
+def render_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    rows = final_table(report)
+    md = [f"# fedmqtt run `{report['run_id']}` ({report['algorithm']})", "", "## Final model, test split", ""]
+    md.append("| " + " | ".join(rows[0]) + " |")
+    md.append("|" + "---|" * len(rows[0]))
+    md.extend("| " + " | ".join(r) + " |" for r in rows[1:])
+    md += ["", "## Mean validation metrics per round (model received at the start of the round)", "",
+           "| round | sites | val auroc | val accuracy | train loss |", "|---|---|---|---|---|"]
+    for r in report["rounds"]:
+        md.append(f"| {r['round']} | {len(r['sites'])} | {_fmt(r['mean'].get('auroc'))} | "
+                  f"{_fmt(r['mean'].get('accuracy'))} | {_fmt(r['train_loss'])} |")
+    t = report["timings"]
+    md += ["", f"Wall time {t.get('total_s', 0):.1f} s; bytes sent {report['traffic'].get('bytes_sent')}, "
+           f"received {report['traffic'].get('bytes_received')}.", ""]
+    return "\n".join(md)

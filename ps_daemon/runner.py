@@ -1,0 +1,197 @@
+"""The PS's only I/O: MQTT in -> events -> `Machine.step` -> effects out (checkpoint before publish)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from fedmqtt.transport import topics
+from fedmqtt.transport.channel import Channel, Inbound
+from fedmqtt.transport.mqtt import MqttTransport
+from ps_daemon import effects as fx
+from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state, state_to_checkpoint
+from ps_daemon.config import DaemonConfig
+from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
+from ps_daemon.machine import Machine
+from ps_daemon.report import build_report, render_markdown
+from ps_daemon.state import DaemonState
+from fedmqtt.strategies import SiteUpdate, build_strategy
+from schemas import messages as m
+from schemas.codec import encode
+from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
+
+log = logging.getLogger("fedmqtt.ps")
+PS = "ps"
+
+
+def hash_weights(weights: dict) -> str:
+    return tensors_hash(arrays_to_blobs(weights))
+
+
+def initial_weights(config: DaemonConfig) -> dict:
+    """Round-1 weights from the model registry. The only place the PS touches torch, and only at start."""
+    try:
+        from fedmqtt.training.weights import initial_arrays
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise SystemExit(f"the PS needs torch once to initialise the model ({exc}); install fedmqtt[site]")
+    return initial_arrays(config.model.name, dict(config.model.args), config.seed)
+
+
+def stable_msg_id(*parts: object) -> str:
+    """Same message, same id: a resumed PS re-sends the round with the ids receivers already know."""
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
+
+
+class DaemonRunner:
+    def __init__(self, config: DaemonConfig, *, resume: bool = False) -> None:
+        self.config = config
+        self.machine = Machine(config, build_strategy(config.algorithm), hash_weights)
+        self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
+        self.resume = resume
+        self.finished: DaemonState | None = None
+        self._stop = False
+        self._started_at = time.time()
+
+    # -- setup ----------------------------------------------------------------------------------
+    def _load_state(self) -> DaemonState:
+        if self.resume:
+            ckpt = self.store.load_latest(run_id=self.config.run_id, config_hash=self.config.config_hash())
+            log.info("resuming from checkpoint of round %d (%s)", ckpt.round - 1, ckpt.phase)
+            return checkpoint_to_state(ckpt)
+        return self.machine.initial_state(initial_weights(self.config))
+
+    def _status_msg(self, state: str, round_no: int = 0, **kw: Any) -> m.DaemonStatus:
+        c = self.config
+        return m.DaemonStatus(run_id=c.run_id, sender=PS, round=round_no, state=state, algorithm=c.algorithm,
+                              rounds_total=c.rounds, sites_expected=c.sorted_sites, **kw)
+
+    def run(self) -> DaemonState:
+        """Serve until the run is done or SIGTERM/SIGINT arrives; return the last state."""
+        c = self.config
+        state = self._load_state()
+        will = encode(self._status_msg("offline", detail="PS disconnected"))
+        transport = MqttTransport(c.broker_settings(), client_id=f"fedmqtt-ps-{c.run_id}",
+                                  will=(topics.ps_status_topic(c.run_id), will))
+        self.channel = Channel(transport, run_id=c.run_id, sender=PS)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._request_stop)
+        transport.connect(timeout_s=None)
+        # Statuses first: retained site statuses are replayed before any retained update.
+        for kind in ("status", "update", "report"):
+            transport.subscribe([topics.any_site_filter(c.run_id, kind)])
+        state = self._apply(state, Started(time.time()))
+        try:
+            while not self._stop and self.finished is None:
+                inbound = self.channel.receive(0.5)
+                event = self._to_event(inbound) if inbound is not None else None
+                if event is not None:
+                    state = self._apply(state, event)
+                state = self._apply(state, Tick(time.time()))
+        finally:
+            final = None if self.finished else ("offline", "PS stopped")
+            if final:
+                transport.close(final=(topics.ps_status_topic(c.run_id), encode(self._status_msg(*final))))
+            else:
+                transport.close()
+        return state
+
+    def _request_stop(self, signum: int, frame: object) -> None:
+        log.info("signal %d: stopping after the current step", signum)
+        self._stop = True
+
+    # -- inbound --------------------------------------------------------------------------------
+    def _to_event(self, inbound: Inbound) -> Event | None:
+        msg, site, now = inbound.message, inbound.topic.site_id, time.time()
+        if site is None:
+            return None
+        if isinstance(msg, m.SiteStatus):
+            if msg.state == "offline":
+                return SiteOffline(site, now)
+            if msg.state == "error":
+                log.warning("site %s reports an error: %s", site, msg.detail)
+            return SiteOnline(site, now, msg.n_train)
+        if isinstance(msg, m.ClientUpdate):
+            update = SiteUpdate(site, blobs_to_arrays(msg.tensors), msg.n_samples, msg.local_steps)
+            return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
+                                  msg.val_metrics, msg.undefined)
+        if isinstance(msg, m.EvalReport):
+            return ReportReceived(site, now, msg.round, msg.model_hash, msg.tag, msg.metrics, msg.n_samples,
+                                  msg.undefined)
+        return None
+
+    # -- effects --------------------------------------------------------------------------------
+    def _apply(self, state: DaemonState, event: Event) -> DaemonState:
+        state, effects = self.machine.step(state, event)
+        for effect in effects:
+            self._run_effect(effect)
+        return state
+
+    def _run_effect(self, effect: fx.Effect) -> None:
+        c, ch = self.config, self.channel
+        if isinstance(effect, fx.SaveCheckpoint):
+            self.store.save(state_to_checkpoint(effect.state, run_id=c.run_id, config_hash=c.config_hash()))
+        elif isinstance(effect, fx.PublishModel):
+            msg = m.GlobalModel(run_id=c.run_id, sender=PS, round=effect.round, model=c.model,
+                                model_hash=effect.model_hash, tensors=arrays_to_blobs(effect.weights),
+                                msg_id=stable_msg_id(c.run_id, "model", effect.round, effect.model_hash))
+            ch.send(topics.ps_model_topic(c.run_id), msg)
+        elif isinstance(effect, fx.PublishTrainTask):
+            settings = c.train.model_copy(update={"algorithm": c.algorithm, "seed": c.seed})
+            msg = m.TrainTask(run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
+                              model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,
+                              accepted_prev=effect.accepted_prev,
+                              msg_id=stable_msg_id(c.run_id, "train", effect.round, effect.site_id, effect.model_hash))
+            ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
+        elif isinstance(effect, fx.PublishEvalTask):
+            msg = m.EvalTask(run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
+                             model_hash=effect.model_hash,
+                             msg_id=stable_msg_id(c.run_id, "eval", effect.round, effect.site_id, effect.model_hash))
+            ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
+        elif isinstance(effect, fx.PublishStatus):
+            msg = self._status_msg(effect.state, effect.round, waiting_for=effect.waiting_for,
+                                   deadline=effect.deadline, detail=effect.detail)
+            ch.send(topics.ps_status_topic(c.run_id), msg)
+        elif isinstance(effect, fx.PublishRoundMetrics):
+            r = effect.record
+            log.info("round %d closed: sites %s, mean val auroc %s", r.round, ",".join(r.sites), r.mean.get("auroc"))
+            msg = m.RoundMetrics(run_id=c.run_id, sender=PS, round=r.round, sites=r.sites, stragglers=r.stragglers,
+                                 per_site=dict(r.per_site), mean=dict(r.mean), train_loss=r.train_loss,
+                                 duration_s=r.closed_at - r.started_at)
+            ch.send(topics.ps_metrics_topic(c.run_id), msg)
+        elif isinstance(effect, fx.Log):
+            (log.warning if effect.level == "warning" else log.info)(effect.text)
+        elif isinstance(effect, fx.Finish):
+            self._finish(effect.state)
+
+    def _finish(self, state: DaemonState) -> None:
+        """Write the final and best models and the report, and publish the final metrics."""
+        from safetensors.numpy import save_file
+
+        c, out = self.config, self.config.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        models = {"final": str(out / "final_model.safetensors")}
+        save_file({k: v.copy() for k, v in state.weights.items()}, models["final"])
+        if state.best is not None:
+            models["best"] = str(out / "best_model.safetensors")
+            save_file({k: v.copy() for k, v in state.best.weights.items()}, models["best"])
+        t = self.channel.transport
+        traffic = {"bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
+                   "messages_received": self.channel.stats.received, "duplicates": self.channel.stats.duplicates,
+                   "rejected": dict(self.channel.stats.rejected)}
+        finished_at = time.time()
+        timings = {"started_at": self._started_at, "finished_at": finished_at, "total_s": finished_at - self._started_at}
+        report = build_report(c, state, timings=timings, traffic=traffic, models=models)
+        (out / "report.json").write_text(json.dumps(report, indent=2))
+        (out / "report.md").write_text(render_markdown(report))
+        mean_test = report["final"]["mean"].get("test", {})
+        per_site = {s: e.get("metrics", {}).get("test", {}) for s, e in report["final"]["per_site"].items()}
+        self.channel.send(topics.ps_metrics_topic(c.run_id), m.RoundMetrics(
+            run_id=c.run_id, sender=PS, round=state.round, phase="final", sites=tuple(state.final_reports),
+            per_site=per_site, mean=mean_test))
+        log.info("run finished; report in %s", out / "report.json")
+        self.finished = state

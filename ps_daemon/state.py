@@ -1,0 +1,70 @@
+"""DaemonState: everything the PS knows, immutable; `machine.step` returns a new one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from fedmqtt.strategies.base import SiteUpdate, Weights
+
+Phase = Literal["waiting_for_sites", "training", "evaluating", "done"]
+MetricMap = Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class ReceivedUpdate:
+    update: SiteUpdate
+    train_loss: float | None
+    val_metrics: MetricMap
+    undefined: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One closed round: who took part, and the validation metrics of the model they received."""
+
+    round: int
+    sites: tuple[str, ...]
+    stragglers: tuple[str, ...]
+    per_site: Mapping[str, MetricMap]
+    mean: MetricMap
+    train_loss: float | None
+    n_samples: Mapping[str, int]
+    started_at: float
+    closed_at: float
+
+
+@dataclass(frozen=True)
+class BestRound:
+    """Seed 000's protocol: the round whose model had the best mean validation metric."""
+
+    round: int
+    score: float
+    weights: Weights
+    model_hash: str
+
+
+@dataclass(frozen=True)
+class FinalReport:
+    metrics: Mapping[str, MetricMap]
+    n_samples: Mapping[str, int]
+    undefined: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class DaemonState:
+    phase: Phase
+    round: int  # the round being trained; rounds + 1 while the final model is evaluated
+    weights: Weights
+    model_hash: str
+    selected: tuple[str, ...] = ()
+    online: frozenset[str] = frozenset()
+    offline: frozenset[str] = frozenset()  # seen going offline (Will); never-seen sites are not in it
+    updates: Mapping[str, ReceivedUpdate] = field(default_factory=dict)
+    round_started_at: float = 0.0
+    deadline: float | None = None
+    history: tuple[RoundRecord, ...] = ()
+    best: BestRound | None = None
+    final_reports: Mapping[str, FinalReport] = field(default_factory=dict)
+    strategy_state: Mapping[str, Any] = field(default_factory=dict)
+    accepted_prev: frozenset[str] = frozenset()  # sites whose update the last aggregation used

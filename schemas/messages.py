@@ -1,0 +1,141 @@
+"""Every payload kind, discriminated on `kind`. Topics and directions are in design.md section 2."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from schemas.base import ID_PATTERN, Frozen, Header
+from schemas.tensors import TensorBlob
+
+Scalar = Union[bool, int, float, str]
+MetricValue = Union[float, None]  # None: undefined on that split (the reason travels beside it)
+
+
+class ModelSpec(Frozen):
+    """Which model to build and with which arguments (a registry name, never code)."""
+
+    name: str = Field(pattern=r"^[a-z0-9_]+$")
+    args: dict[str, Scalar | list[int]] = Field(default_factory=dict)
+
+
+class TrainSettings(Frozen):
+    """Local-training settings the PS sends with each task."""
+
+    algorithm: str = "fedavg"
+    epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=16, ge=1)
+    lr: float = Field(default=1e-3, gt=0)
+    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
+    weight_decay: float = Field(default=0.0, ge=0)
+    seed: int = 0
+    hyper: dict[str, float] = Field(default_factory=dict)
+
+
+class GlobalModel(Header):
+    """`ps/model`: the global model of round `round` (shared tensors only)."""
+
+    kind: Literal["global_model"] = "global_model"
+    model: ModelSpec
+    model_hash: str
+    tensors: tuple[TensorBlob, ...]
+
+
+class TrainTask(Header):
+    """`ps/task/<site>`: train the global model `model_hash` for round `round`."""
+
+    kind: Literal["train_task"] = "train_task"
+    site_id: str = Field(pattern=ID_PATTERN)
+    model_hash: str
+    deadline: float
+    settings: TrainSettings
+    accepted_prev: bool | None = None
+
+
+class EvalTask(Header):
+    """`ps/task/<site>`: evaluate the global model `model_hash` on the named splits."""
+
+    kind: Literal["eval_task"] = "eval_task"
+    site_id: str = Field(pattern=ID_PATTERN)
+    model_hash: str
+    tag: str = "final"
+    splits: tuple[Literal["train", "val", "test"], ...] = ("val", "test")
+
+
+class ClientUpdate(Header):
+    """`site/<site>/update`: a site's full post-training tensors and what the PS needs to weigh them."""
+
+    kind: Literal["client_update"] = "client_update"
+    base_model_hash: str
+    tensors: tuple[TensorBlob, ...]
+    n_samples: int = Field(ge=0)
+    local_steps: int = Field(ge=0)
+    train_loss: float | None = None
+    val_metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    undefined: dict[str, str] = Field(default_factory=dict)
+    control_variates: tuple[TensorBlob, ...] = ()
+    label_histogram: dict[str, int] | None = None
+    compute_seconds: float = Field(default=0.0, ge=0)
+    done: bool = True
+
+
+class EvalReport(Header):
+    """`site/<site>/report`: metrics of one model version on a site's own splits."""
+
+    kind: Literal["eval_report"] = "eval_report"
+    model_hash: str
+    tag: str
+    metrics: dict[str, dict[str, MetricValue]]
+    n_samples: dict[str, int]
+    undefined: dict[str, str] = Field(default_factory=dict)
+
+
+class SiteStatus(Header):
+    """`site/<site>/status` (retained; also the Last Will with state 'offline'). JSON on the wire."""
+
+    kind: Literal["site_status"] = "site_status"
+    state: Literal["online", "training", "evaluating", "offline", "error"]
+    device: str = "cpu"
+    n_train: int = 0
+    n_val: int = 0
+    n_test: int = 0
+    label_histogram: dict[str, int] | None = None
+    detail: str = ""
+    version: str = ""
+
+
+class DaemonStatus(Header):
+    """`ps/status` (retained; also the PS Last Will). JSON on the wire."""
+
+    kind: Literal["daemon_status"] = "daemon_status"
+    state: Literal["waiting_for_sites", "training", "evaluating", "done", "offline", "error"]
+    algorithm: str = ""
+    rounds_total: int = 0
+    sites_expected: tuple[str, ...] = ()
+    sites_online: tuple[str, ...] = ()
+    waiting_for: tuple[str, ...] = ()
+    deadline: float | None = None
+    detail: str = ""
+
+
+class RoundMetrics(Header):
+    """`ps/metrics` (retained): the summary of one round. JSON on the wire, for any MQTT client."""
+
+    kind: Literal["round_metrics"] = "round_metrics"
+    phase: Literal["train", "final"] = "train"
+    sites: tuple[str, ...]
+    stragglers: tuple[str, ...] = ()
+    per_site: dict[str, dict[str, MetricValue]]
+    mean: dict[str, MetricValue]
+    train_loss: float | None = None
+    duration_s: float = 0.0
+
+
+Message = Annotated[
+    Union[GlobalModel, TrainTask, EvalTask, ClientUpdate, EvalReport, SiteStatus, DaemonStatus, RoundMetrics],
+    Field(discriminator="kind"),
+]
+
+# Kinds that observers read with plain MQTT clients travel as JSON text; the rest as msgpack.
+TEXT_KINDS = frozenset({"site_status", "daemon_status", "round_metrics"})

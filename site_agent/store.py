@@ -1,0 +1,35 @@
+"""The agent's durable memory: each uplink payload is saved atomically before it is published,
+so a restarted agent re-publishes the stored bytes instead of training again (algorithms.md 0.6)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class UplinkStore:
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, kind: str, round_no: int, model_hash: str) -> Path:
+        return self.folder / f"{kind}-r{round_no:06d}-{model_hash[:16]}.msgpack"
+
+    def load(self, kind: str, round_no: int, model_hash: str) -> bytes | None:
+        path = self._path(kind, round_no, model_hash)
+        return path.read_bytes() if path.is_file() else None
+
+    def save(self, kind: str, round_no: int, model_hash: str, payload: bytes) -> Path:
+        path = self._path(kind, round_no, model_hash)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        self._prune(kind, keep=3)
+        return path
+
+    def _prune(self, kind: str, *, keep: int) -> None:
+        for old in sorted(self.folder.glob(f"{kind}-r*.msgpack"))[:-keep]:
+            old.unlink(missing_ok=True)

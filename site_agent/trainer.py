@@ -1,0 +1,76 @@
+"""Turn tasks into payload contents with fedmqtt.training (torch lives here and in fedmqtt.training)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedmqtt.data.splits import SiteData
+from fedmqtt.training.evaluate import evaluate_split
+from fedmqtt.training.loop import derive_seed, train_local
+from fedmqtt.training.models import build_model
+from fedmqtt.training.weights import load_arrays, state_to_arrays
+from schemas.messages import ModelSpec, TrainSettings
+
+Metrics = dict[str, float | None]
+
+
+def pick_device(choice: str) -> str:
+    """`auto` takes CUDA when there is one (a hospital GPU), else the CPU."""
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device = 'cuda' but torch sees no CUDA device (is a CUDA build of torch installed?)")
+    return choice
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    weights: dict[str, np.ndarray]
+    n_samples: int
+    steps: int
+    train_loss: float | None
+    seconds: float
+    val_metrics: Metrics
+    undefined: dict[str, str]
+
+
+class Trainer:
+    """Holds the site's data and one model instance, rebuilt only when the model spec changes."""
+
+    def __init__(self, site_id: str, data: SiteData, *, device: str = "cpu") -> None:
+        self.site_id = site_id
+        self.data = data
+        self.device = device
+        self._spec: ModelSpec | None = None
+        self._model: torch.nn.Module | None = None
+
+    def _load(self, spec: ModelSpec, weights: dict[str, np.ndarray]) -> torch.nn.Module:
+        if self._model is None or spec != self._spec:
+            self._model, self._spec = build_model(spec.name, dict(spec.args)), spec
+        load_arrays(self._model, weights)
+        return self._model
+
+    def train(self, spec: ModelSpec, weights: dict[str, np.ndarray], settings: TrainSettings, round_no: int) -> TrainResult:
+        """Validate the received model (algorithms.md 17.1), then train it locally."""
+        model = self._load(spec, weights)
+        val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, device=self.device)
+        stats = train_local(model, self.data.x_train, self.data.y_train, settings,
+                            seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device)
+        return TrainResult(state_to_arrays(model), stats.n_samples, stats.steps, stats.mean_loss, stats.seconds,
+                           val, {f"val.{k}": v for k, v in undefined.items()})
+
+    def evaluate(self, spec: ModelSpec, weights: dict[str, np.ndarray], splits: tuple[str, ...]
+                 ) -> tuple[dict[str, Metrics], dict[str, int], dict[str, str]]:
+        model = self._load(spec, weights)
+        metrics: dict[str, Metrics] = {}
+        counts: dict[str, int] = {}
+        undefined: dict[str, str] = {}
+        for split in splits:
+            x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
+            metrics[split], why = evaluate_split(model, x, y, device=self.device)
+            counts[split] = int(len(y))
+            undefined.update({f"{split}.{k}": v for k, v in why.items()})
+        return metrics, counts, undefined

@@ -1,0 +1,94 @@
+"""The Mosquitto ACL: exact rights per user, topics only from the topic builders, ids validated."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.acl import render_acl
+from fedmqtt.errors import TopicError
+from fedmqtt.transport import topics
+
+RUN = "run-1"
+P = f"fedmqtt/v1/{RUN}"
+
+
+def _rules(acl: str) -> set[tuple[str, str, str]]:
+    """(user, access, topic) for every `topic` line, attributed to the `user` block above it."""
+    rules, user = set(), ""
+    for line in acl.splitlines():
+        if line.startswith("user "):
+            user = line.split(" ", 1)[1]
+        elif line.startswith("topic "):
+            _, access, topic = line.split(" ", 2)
+            rules.add((user, access, topic))
+    return rules
+
+
+def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
+    """PS reads/writes the run, each site writes its subtree and reads its inputs, observers read status."""
+    # Prepare
+    expected = {
+        ("ps", "readwrite", f"{P}/#"),
+        ("observer", "read", f"{P}/ps/status"),
+        ("observer", "read", f"{P}/ps/metrics"),
+        ("observer", "read", f"{P}/site/+/status"),
+        ("site-a", "write", f"{P}/site/site-a/#"),
+        ("site-a", "read", f"{P}/ps/status"),
+        ("site-a", "read", f"{P}/ps/model"),
+        ("site-a", "read", f"{P}/ps/task/site-a"),
+        ("site-b", "write", f"{P}/site/site-b/#"),
+        ("site-b", "read", f"{P}/ps/status"),
+        ("site-b", "read", f"{P}/ps/model"),
+        ("site-b", "read", f"{P}/ps/task/site-b"),
+    }
+
+    # Execute
+    acl = render_acl(RUN, ["site-b", "site-a"])
+
+    # Assert
+    assert _rules(acl) == expected
+    users = [line.split(" ", 1)[1] for line in acl.splitlines() if line.startswith("user ")]
+    assert users == ["ps", "observer", "site-a", "site-b"]  # sites sorted
+    assert "pattern" not in acl  # patterns would apply to the PS and observer too
+
+
+def test_acl_topics_all_come_from_the_topic_builders() -> None:
+    """Every ACL topic equals the output of a transport.topics builder, so the two cannot drift."""
+    # Prepare
+    sites = ["site-a", "site-b"]
+    built = {
+        topics.run_filter(RUN),
+        topics.ps_status_topic(RUN),
+        topics.ps_model_topic(RUN),
+        topics.ps_metrics_topic(RUN),
+        topics.any_site_filter(RUN, "status"),
+        *(topics.ps_task_topic(RUN, s) for s in sites),
+        *(topics.site_all_filter(RUN, s) for s in sites),
+    }
+
+    # Execute
+    acl_topics = {topic for _, _, topic in _rules(render_acl(RUN, sites))}
+
+    # Assert
+    assert acl_topics == built
+
+
+def test_acl_custom_ps_and_observer_user_names() -> None:
+    """The PS and observer blocks use the user names passed in."""
+    # Execute
+    rules = _rules(render_acl(RUN, ["site-a"], ps_user="coordinator", observer_user="dashboard"))
+
+    # Assert
+    assert ("coordinator", "readwrite", f"{P}/#") in rules
+    assert ("dashboard", "read", f"{P}/ps/metrics") in rules
+
+
+@pytest.mark.parametrize(
+    ("run_id", "site_ids"),
+    [("Run-1", ["site-a"]), ("run/1", ["site-a"]), (RUN, ["site+a"]), (RUN, ["#"]), (RUN, ["Site-A"]), (RUN, [""])],
+)
+def test_acl_rejects_invalid_ids(run_id: str, site_ids: list[str]) -> None:
+    """Ids outside [a-z0-9-] (wildcards, separators, capitals) never reach the ACL file."""
+    # Execute / Assert
+    with pytest.raises(TopicError):
+        render_acl(run_id, site_ids)
