@@ -5,7 +5,9 @@ from __future__ import annotations
 from fedmqtt.transport import topics
 
 
-def render_acl(run_id: str, site_ids: list[str], *, ps_user: str = "ps", observer_user: str = "observer") -> str:
+def render_acl(
+    run_id: str, site_ids: list[str], *, ps_user: str = "ps", observer_user: str = "observer"
+) -> str:
     """ACL text: the PS reads and writes the run, each site writes its own subtree, observers read status.
 
     Every user gets an explicit `user` block; there are no `pattern` lines, because a pattern applies to
@@ -27,7 +29,7 @@ def render_acl(run_id: str, site_ids: list[str], *, ps_user: str = "ps", observe
     for site in sites:
         # A site's username is its site id, so one password identifies exactly one hospital.
         rules = [
-            ("readwrite", topics.run_filter(run_id)),
+            ("write", topics.site_all_filter(run_id, site)),
             ("read", topics.ps_status_topic(run_id)),
             ("read", topics.ps_model_topic(run_id)),
             ("read", topics.ps_task_topic(run_id, site)),

@@ -37,9 +37,9 @@ def render_broker_config(
     user = user or pwd.getpwuid(os.geteuid()).pw_name
     log_dest = f"log_dest file {Path(log_file).resolve()}" if log_file is not None else "log_dest stdout"
     federation = [
-        "# ---------------------------------------------------------------------------------------------------",
+        "# " + "-" * 100,
         "# federation-specific",
-        "# ---------------------------------------------------------------------------------------------------",
+        "# " + "-" * 100,
         f"listener {port} {host}",
         f"password_file {Path(password_file).resolve()}",
         f"acl_file {Path(acl_file).resolve()}",

@@ -57,7 +57,9 @@ class FederationLayout:
     def settings(self, user: str) -> BrokerSettings:
         """The `[broker]` settings of `user` (ps, observer or a site id) from its credentials file."""
         if user not in self.credentials:
-            raise ConfigError(f"no broker user {user!r} in federation {self.fed_dir}; have {sorted(self.credentials)}")
+            raise ConfigError(
+                f"no broker user {user!r} in federation {self.fed_dir}; have {sorted(self.credentials)}"
+            )
         return load_toml(self.credentials[user], BrokerSettings, section="broker")
 
 
@@ -75,7 +77,9 @@ def init_federation(
     users = _check_ids(run_id, site_ids)
     existing = [name for name in _MANAGED if (fed_dir / name).exists()]
     if existing and not force:
-        raise BrokerError(f"{fed_dir} already holds a federation ({', '.join(existing)}); pass force to replace it")
+        raise BrokerError(
+            f"{fed_dir} already holds a federation ({', '.join(existing)}); pass force to replace it"
+        )
     for name in existing:
         target = fed_dir / name
         if target.is_dir():
@@ -98,7 +102,9 @@ def load_federation(fed_dir: Path) -> FederationLayout:
     fed_dir = Path(fed_dir).resolve()
     meta = load_toml(fed_dir / FEDERATION_FILE, _FederationFile)
     _check_ids(meta.run_id, meta.site_ids)
-    return _layout(fed_dir, run_id=meta.run_id, site_ids=sorted(meta.site_ids), host=meta.host, port=meta.port)
+    return _layout(
+        fed_dir, run_id=meta.run_id, site_ids=sorted(meta.site_ids), host=meta.host, port=meta.port
+    )
 
 
 def _check_ids(run_id: str, site_ids: list[str]) -> list[str]:
@@ -111,7 +117,9 @@ def _check_ids(run_id: str, site_ids: list[str]) -> list[str]:
         raise ConfigError(f"duplicate site ids in {site_ids}")
     reserved = {PS_USER, OBSERVER_USER} & set(sites)
     if reserved:
-        raise ConfigError(f"site ids may not be {sorted(reserved)}: those names are the PS and observer users")
+        raise ConfigError(
+            f"site ids may not be {sorted(reserved)}: those names are the PS and observer users"
+        )
     return [PS_USER, OBSERVER_USER, *sites]
 
 

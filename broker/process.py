@@ -22,7 +22,9 @@ def find_mosquitto() -> str:
     """Path of the mosquitto binary; Debian installs it in /usr/sbin, often not on a normal user's PATH."""
     found = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
     if found is None:
-        raise BrokerError("mosquitto not found: install it with `sudo apt-get install mosquitto` (Debian/Ubuntu)")
+        raise BrokerError(
+            "mosquitto not found: install it with `sudo apt-get install mosquitto` (Debian/Ubuntu)"
+        )
     return found
 
 
@@ -30,7 +32,13 @@ class BrokerProcess:
     """One running mosquitto; use `BrokerProcess.start(...)`, ideally as a context manager."""
 
     def __init__(
-        self, proc: subprocess.Popen[str], *, conf_path: Path, host: str, port: int, log: tuple[Path | None, int]
+        self,
+        proc: subprocess.Popen[str],
+        *,
+        conf_path: Path,
+        host: str,
+        port: int,
+        log: tuple[Path | None, int],
     ) -> None:
         self._proc = proc
         self.conf_path = conf_path
@@ -103,7 +111,9 @@ class BrokerProcess:
 
     def _wait_ready(self, timeout_s: float) -> None:
         # A wildcard listen address is reachable on loopback.
-        probe_host = "127.0.0.1" if self.host in ("", "0.0.0.0") else "::1" if self.host == "::" else self.host
+        probe_host = (
+            "127.0.0.1" if self.host in ("", "0.0.0.0") else "::1" if self.host == "::" else self.host
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             code = self._proc.poll()
@@ -115,8 +125,8 @@ class BrokerProcess:
             except OSError:
                 if time.monotonic() > deadline:
                     raise BrokerError(
-                        f"mosquitto did not accept connections on {probe_host}:{self.port} within {timeout_s} s:\n"
-                        f"{self.output_tail()}"
+                        f"mosquitto did not accept connections on {probe_host}:{self.port} "
+                        f"within {timeout_s} s:\n{self.output_tail()}"
                     ) from None
                 time.sleep(0.02)
                 continue
@@ -153,4 +163,6 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise BrokerError(f"cannot listen on {host}:{port}: {exc.strerror}; is another broker running?") from None
+            raise BrokerError(
+                f"cannot listen on {host}:{port}: {exc.strerror}; is another broker running?"
+            ) from None

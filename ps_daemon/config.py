@@ -38,7 +38,7 @@ class DaemonConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "DaemonConfig":
         for site in self.sites:
-            if not re.match(ID_PATTERN, site):
+            if not re.fullmatch(ID_PATTERN, site):
                 raise ValueError(f"site id {site!r} must match {ID_PATTERN}")
         if len(set(self.sites)) != len(self.sites):
             raise ValueError("sites: duplicate site id")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -40,6 +41,14 @@ def initial_weights(config: DaemonConfig) -> dict:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise SystemExit(f"the PS needs torch once to initialise the model ({exc}); install fedmqtt[site]")
     return initial_arrays(config.model.name, dict(config.model.args), config.seed)
+
+
+def _crash_point(where: str, round_no: int) -> None:
+    """Fault injection for tests: FEDMQTT_FAULT=after_checkpoint:1 SIGKILLs the PS right after the
+    checkpoint of round 1 is durable and before anything of round 2 is published (the worst moment)."""
+    if os.environ.get("FEDMQTT_FAULT") == f"{where}:{round_no}":
+        log.warning("fault injection: SIGKILL at %s of round %d", where, round_no)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def stable_msg_id(*parts: object) -> str:
@@ -135,6 +144,7 @@ class DaemonRunner:
         c, ch = self.config, self.channel
         if isinstance(effect, fx.SaveCheckpoint):
             self.store.save(state_to_checkpoint(effect.state, run_id=c.run_id, config_hash=c.config_hash()))
+            _crash_point("after_checkpoint", effect.state.round - 1)
         elif isinstance(effect, fx.PublishModel):
             msg = m.GlobalModel(run_id=c.run_id, sender=PS, round=effect.round, model=c.model,
                                 model_hash=effect.model_hash, tensors=arrays_to_blobs(effect.weights),

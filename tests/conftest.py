@@ -53,7 +53,7 @@ class RunningFederation:
         return self.layout.settings(user)
 
     def restart(self, *, kill: bool = False) -> None:
-        """Stop the broker (SIGTERM saves the database; kill=True loses unsaved changes) and start it again."""
+        """Stop the broker and start it again: SIGTERM saves the database, kill=True loses unsaved changes."""
         if kill:
             self.broker.kill()
         else:

@@ -14,7 +14,7 @@ def sample_weights(updates: Sequence[SiteUpdate]) -> np.ndarray:
     counts = np.array([u.n_samples for u in updates], dtype=np.float64)
     total = counts.sum()
     if total <= 0:
-        return np.full(len(updates), 1.0 / len(updates))
+        return np.full(len(updates), 1.0 / max(len(updates), 1))
     return counts / total
 
 

@@ -23,7 +23,7 @@ SITE_KINDS = ("status", "update", "report")
 
 def validate_id(value: str, *, what: str = "id") -> str:
     """Return `value` if it is a valid run or site id, else raise TopicError naming it."""
-    if not isinstance(value, str) or not _ID.match(value):
+    if not isinstance(value, str) or not _ID.fullmatch(value):
         raise TopicError(
             f"invalid {what} {value!r}: use 1-63 characters from a-z, 0-9 and '-', starting with a letter or digit"
         )

@@ -67,7 +67,9 @@ class Inbox:
         return seen
 
 
-def publish(client: mqtt.Client, topic: str, payload: bytes, *, qos: int = 2, retain: bool = True) -> ReasonCode:
+def publish(
+    client: mqtt.Client, topic: str, payload: bytes, *, qos: int = 2, retain: bool = True
+) -> ReasonCode:
     """Publish and wait for the broker's acknowledgement; return the reason code paho reports."""
     reasons: dict[int, ReasonCode] = {}
     client.on_publish = lambda _c, _u, mid, reason, _p: reasons.__setitem__(mid, reason)
@@ -80,7 +82,10 @@ def publish(client: mqtt.Client, topic: str, payload: bytes, *, qos: int = 2, re
 def connack(port: int, username: str | None, password: str | None) -> ReasonCode:
     """The CONNACK reason code the broker gives these credentials (None: anonymous)."""
     client = mqtt.Client(
-        mqtt.CallbackAPIVersion.VERSION2, client_id="intruder", protocol=mqtt.MQTTv5, reconnect_on_failure=False
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id="intruder",
+        protocol=mqtt.MQTTv5,
+        reconnect_on_failure=False,
     )
     if username is not None:
         client.username_pw_set(username, password)

@@ -85,7 +85,14 @@ def test_acl_custom_ps_and_observer_user_names() -> None:
 
 @pytest.mark.parametrize(
     ("run_id", "site_ids"),
-    [("Run-1", ["site-a"]), ("run/1", ["site-a"]), (RUN, ["site+a"]), (RUN, ["#"]), (RUN, ["Site-A"]), (RUN, [""])],
+    [
+        ("Run-1", ["site-a"]),
+        ("run/1", ["site-a"]),
+        (RUN, ["site+a"]),
+        (RUN, ["#"]),
+        (RUN, ["Site-A"]),
+        (RUN, [""]),
+    ],
 )
 def test_acl_rejects_invalid_ids(run_id: str, site_ids: list[str]) -> None:
     """Ids outside [a-z0-9-] (wildcards, separators, capitals) never reach the ACL file."""

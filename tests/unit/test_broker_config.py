@@ -13,9 +13,13 @@ def _directives(text: str) -> list[str]:
 
 
 def test_rendered_config_appends_federation_lines(tmp_path: Path) -> None:
-    """Listener, password file, ACL, persistence dir (trailing slash) and log file follow the base settings."""
+    """Listener, password file, ACL, persistence dir (trailing slash) and log file follow the base file."""
     # Prepare
-    paths = {"password_file": tmp_path / "passwd", "acl_file": tmp_path / "acl", "persistence_dir": tmp_path / "data"}
+    paths = {
+        "password_file": tmp_path / "passwd",
+        "acl_file": tmp_path / "acl",
+        "persistence_dir": tmp_path / "data",
+    }
 
     # Execute
     text = render_broker_config(port=18999, log_file=tmp_path / "mosquitto.log", user="fed", **paths)
@@ -65,7 +69,15 @@ def test_base_config_leaves_per_federation_directives_out() -> None:
     keys = {line.split()[0] for line in _directives(base_config_path().read_text(encoding="utf-8"))}
 
     # Assert
-    assert not keys & {"listener", "port", "password_file", "acl_file", "persistence_location", "log_dest", "user"}
+    assert not keys & {
+        "listener",
+        "port",
+        "password_file",
+        "acl_file",
+        "persistence_location",
+        "log_dest",
+        "user",
+    }
 
 
 def test_free_port_is_bindable() -> None:
