@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import TypeVar
@@ -65,5 +66,4 @@ def _toml_value(value: object) -> str:
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if value is None:
         raise ValueError("TOML has no null")
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
+    return json.dumps(str(value), ensure_ascii=False)  # JSON string escapes are valid TOML

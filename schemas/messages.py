@@ -10,7 +10,10 @@ from schemas.base import ID_PATTERN, Frozen, Header
 from schemas.tensors import TensorBlob
 
 Scalar = Union[bool, int, float, str]
-MetricValue = Union[float, None]  # None: undefined on that split (the reason travels beside it)
+# None: undefined on that split (the reason travels beside it). NaN/Inf are refused: they would
+# poison means and best-round selection, and JSON has no spelling for them.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+MetricValue = Union[FiniteFloat, None]
 
 
 class ModelSpec(Frozen):
@@ -71,7 +74,7 @@ class ClientUpdate(Header):
     tensors: tuple[TensorBlob, ...]
     n_samples: int = Field(ge=0)
     local_steps: int = Field(ge=0)
-    train_loss: float | None = None
+    train_loss: FiniteFloat | None = None
     val_metrics: dict[str, MetricValue] = Field(default_factory=dict)
     undefined: dict[str, str] = Field(default_factory=dict)
     control_variates: tuple[TensorBlob, ...] = ()

@@ -99,10 +99,17 @@ class SiteAgent:
         if key in self.done:
             return
         model = self.models[task.model_hash]
-        if isinstance(task, m.TrainTask):
-            self._train(task, model)
-        else:
-            self._evaluate(task, model)
+        try:
+            if isinstance(task, m.TrainTask):
+                self._train(task, model)
+            else:
+                self._evaluate(task, model)
+        except (ValueError, RuntimeError) as exc:
+            # E.g. training diverged to NaN (the schemas refuse to carry it) or a model/data mismatch:
+            # say so on our status, where the PS and observers see it, and keep serving.
+            log.exception("round %d %s failed", task.round, task.kind)
+            status = self._status("error", f"round {task.round} {task.kind} failed: {exc}"[:500])
+            self.channel.send(topics.site_status_topic(self.config.run_id, self.config.site_id), status)
         self.done.add(key)
 
     def _train(self, task: m.TrainTask, model: m.GlobalModel) -> None:

@@ -18,21 +18,35 @@ MAX = 1 << 20
 
 def _update(sender: str = "site-a", run_id: str = RUN) -> m.ClientUpdate:
     return m.ClientUpdate(
-        run_id=run_id, sender=sender, round=1, base_model_hash="h" * 64,
-        tensors=arrays_to_blobs({"w": np.ones(3, np.float32)}), n_samples=10, local_steps=2,
+        run_id=run_id,
+        sender=sender,
+        round=1,
+        base_model_hash="h" * 64,
+        tensors=arrays_to_blobs({"w": np.ones(3, np.float32)}),
+        n_samples=10,
+        local_steps=2,
     )
 
 
 def _model(sender: str = "ps") -> m.GlobalModel:
     return m.GlobalModel(
-        run_id=RUN, sender=sender, round=1, model=m.ModelSpec(name="mlp"), model_hash="h" * 64,
+        run_id=RUN,
+        sender=sender,
+        round=1,
+        model=m.ModelSpec(name="mlp"),
+        model_hash="h" * 64,
         tensors=arrays_to_blobs({"w": np.zeros(3, np.float32)}),
     )
 
 
 def _task(site_id: str = "site-a", sender: str = "ps") -> m.TrainTask:
     return m.TrainTask(
-        run_id=RUN, sender=sender, round=1, site_id=site_id, model_hash="h" * 64, deadline=10.0,
+        run_id=RUN,
+        sender=sender,
+        round=1,
+        site_id=site_id,
+        model_hash="h" * 64,
+        deadline=10.0,
         settings=m.TrainSettings(),
     )
 
@@ -55,7 +69,10 @@ def test_accepts_an_update_from_its_own_site() -> None:
         (t.ps_model_topic(RUN), _model()),
         (t.ps_task_topic(RUN, "site-a"), _task()),
         (t.ps_task_topic(RUN, "site-b"), _task("site-b")),
-        (t.site_status_topic(RUN, "site-a"), m.SiteStatus(run_id=RUN, sender="site-a", round=0, state="online")),
+        (
+            t.site_status_topic(RUN, "site-a"),
+            m.SiteStatus(run_id=RUN, sender="site-a", round=0, state="online"),
+        ),
         (t.ps_status_topic(RUN), m.DaemonStatus(run_id=RUN, sender="ps", round=0, state="waiting_for_sites")),
     ],
     ids=["model", "task-a", "task-b", "site-status", "ps-status"],
@@ -67,29 +84,76 @@ def test_accepts_each_kind_on_its_topic(topic: str, message: object) -> None:
 
 
 REJECTED = [
-    pytest.param(t.site_update_topic(RUN, "site-a"), _update(sender="site-b"), SchemaError,
-                 "sender 'site-b' claims another identity", id="sender-spoofing"),
-    pytest.param(t.site_update_topic(RUN, "site-a"), _model(), SchemaError,
-                 "a global_model does not belong on this topic", id="model-on-site-topic"),
-    pytest.param(t.ps_model_topic(RUN), _update(), SchemaError,
-                 "a client_update does not belong on this topic", id="update-on-model-topic"),
-    pytest.param(t.site_report_topic(RUN, "site-a"), _update(), SchemaError,
-                 "does not belong on this topic", id="update-on-report-topic"),
-    pytest.param(t.site_update_topic("r2", "site-a"), _update(), TopicError,
-                 "run 'r2' is not this run", id="wrong-run-in-topic"),
-    pytest.param(t.site_update_topic(RUN, "site-a"), _update(run_id="r2"), SchemaError,
-                 "message run_id 'r2'", id="wrong-run-in-payload"),
-    pytest.param(t.ps_task_topic(RUN, "site-a"), _task(site_id="site-b"), SchemaError,
-                 "task addressed to 'site-b' on 'site-a'", id="task-for-another-site"),
-    pytest.param(t.ps_model_topic(RUN), _model(sender="site-a"), SchemaError,
-                 "sender 'site-a' claims another identity than its topic ('ps')", id="ps-topic-not-from-ps"),
-    pytest.param(t.ps_task_topic(RUN, "site-a"), _task(sender="site-a"), SchemaError,
-                 "sender 'site-a'", id="task-not-from-ps"),
+    pytest.param(
+        t.site_update_topic(RUN, "site-a"),
+        _update(sender="site-b"),
+        SchemaError,
+        "sender 'site-b' claims another identity",
+        id="sender-spoofing",
+    ),
+    pytest.param(
+        t.site_update_topic(RUN, "site-a"),
+        _model(),
+        SchemaError,
+        "a global_model does not belong on this topic",
+        id="model-on-site-topic",
+    ),
+    pytest.param(
+        t.ps_model_topic(RUN),
+        _update(),
+        SchemaError,
+        "a client_update does not belong on this topic",
+        id="update-on-model-topic",
+    ),
+    pytest.param(
+        t.site_report_topic(RUN, "site-a"),
+        _update(),
+        SchemaError,
+        "does not belong on this topic",
+        id="update-on-report-topic",
+    ),
+    pytest.param(
+        t.site_update_topic("r2", "site-a"),
+        _update(),
+        TopicError,
+        "run 'r2' is not this run",
+        id="wrong-run-in-topic",
+    ),
+    pytest.param(
+        t.site_update_topic(RUN, "site-a"),
+        _update(run_id="r2"),
+        SchemaError,
+        "message run_id 'r2'",
+        id="wrong-run-in-payload",
+    ),
+    pytest.param(
+        t.ps_task_topic(RUN, "site-a"),
+        _task(site_id="site-b"),
+        SchemaError,
+        "task addressed to 'site-b' on 'site-a'",
+        id="task-for-another-site",
+    ),
+    pytest.param(
+        t.ps_model_topic(RUN),
+        _model(sender="site-a"),
+        SchemaError,
+        "sender 'site-a' claims another identity than its topic ('ps')",
+        id="ps-topic-not-from-ps",
+    ),
+    pytest.param(
+        t.ps_task_topic(RUN, "site-a"),
+        _task(sender="site-a"),
+        SchemaError,
+        "sender 'site-a'",
+        id="task-not-from-ps",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("topic", "message", "error", "needle"), REJECTED)
-def test_rejects_and_names_the_problem(topic: str, message: object, error: type[Exception], needle: str) -> None:
+def test_rejects_and_names_the_problem(
+    topic: str, message: object, error: type[Exception], needle: str
+) -> None:
     """Spoofed, misplaced or foreign messages raise an error whose text says why."""
     with pytest.raises(error) as info:
         check_message(topic, encode(message), run_id=RUN, max_bytes=MAX)

@@ -41,34 +41,75 @@ def _all_messages() -> list[BaseModel]:
     return [
         m.GlobalModel(run_id=RUN, sender="ps", round=1, model=spec, model_hash="h" * 64, tensors=blobs),
         m.TrainTask(
-            run_id=RUN, sender="ps", round=2, site_id="site-a", model_hash="h" * 64, deadline=1234.5,
-            settings=m.TrainSettings(epochs=2, lr=0.01, optimizer="sgd", hyper={"mu": 0.01}), accepted_prev=True,
+            run_id=RUN,
+            sender="ps",
+            round=2,
+            site_id="site-a",
+            model_hash="h" * 64,
+            deadline=1234.5,
+            settings=m.TrainSettings(epochs=2, lr=0.01, optimizer="sgd", hyper={"mu": 0.01}),
+            accepted_prev=True,
         ),
         m.EvalTask(run_id=RUN, sender="ps", round=3, site_id="site-b", model_hash="h" * 64, splits=("test",)),
         m.ClientUpdate(
-            run_id=RUN, sender="site-a", round=1, base_model_hash="h" * 64, tensors=blobs, n_samples=120,
-            local_steps=8, train_loss=0.42, val_metrics={"auroc": 0.8, "auprc": None},
-            undefined={"auprc": "only one class"}, control_variates=arrays_to_blobs({"c": np.ones(3, np.float32)}),
-            label_histogram={"0": 70, "1": 50}, compute_seconds=1.5,
+            run_id=RUN,
+            sender="site-a",
+            round=1,
+            base_model_hash="h" * 64,
+            tensors=blobs,
+            n_samples=120,
+            local_steps=8,
+            train_loss=0.42,
+            val_metrics={"auroc": 0.8, "auprc": None},
+            undefined={"auprc": "only one class"},
+            control_variates=arrays_to_blobs({"c": np.ones(3, np.float32)}),
+            label_histogram={"0": 70, "1": 50},
+            compute_seconds=1.5,
         ),
         m.EvalReport(
-            run_id=RUN, sender="site-a", round=3, model_hash="h" * 64, tag="final",
+            run_id=RUN,
+            sender="site-a",
+            round=3,
+            model_hash="h" * 64,
+            tag="final",
             metrics={"val": {"auroc": None, "accuracy": 0.75}, "test": {"auroc": None, "loss": None}},
-            n_samples={"val": 20, "test": 21}, undefined={"val.auroc": "only one class (negative) in this split"},
+            n_samples={"val": 20, "test": 21},
+            undefined={"val.auroc": "only one class (negative) in this split"},
         ),
         m.SiteStatus(
-            run_id=RUN, sender="site-a", round=0, state="online", n_train=100, n_val=20, n_test=21,
-            label_histogram={"0": 60, "1": 40}, version="0.1.0",
+            run_id=RUN,
+            sender="site-a",
+            round=0,
+            state="online",
+            n_train=100,
+            n_val=20,
+            n_test=21,
+            label_histogram={"0": 60, "1": 40},
+            version="0.1.0",
         ),
         m.DaemonStatus(
-            run_id=RUN, sender="ps", round=2, state="training", algorithm="fedavg", rounds_total=5,
-            sites_expected=("site-a", "site-b"), sites_online=("site-a",), waiting_for=("site-b",),
-            deadline=99.5, detail="round 2: 1/2 updates",
+            run_id=RUN,
+            sender="ps",
+            round=2,
+            state="training",
+            algorithm="fedavg",
+            rounds_total=5,
+            sites_expected=("site-a", "site-b"),
+            sites_online=("site-a",),
+            waiting_for=("site-b",),
+            deadline=99.5,
+            detail="round 2: 1/2 updates",
         ),
         m.RoundMetrics(
-            run_id=RUN, sender="ps", round=2, sites=("site-a", "site-b"), stragglers=("site-c",),
-            per_site={"site-a": {"auroc": 0.8}, "site-b": {"auroc": None}}, mean={"auroc": 0.8},
-            train_loss=0.3, duration_s=4.25,
+            run_id=RUN,
+            sender="ps",
+            round=2,
+            sites=("site-a", "site-b"),
+            stragglers=("site-c",),
+            per_site={"site-a": {"auroc": 0.8}, "site-b": {"auroc": None}},
+            mean={"auroc": 0.8},
+            train_loss=0.3,
+            duration_s=4.25,
         ),
     ]
 
@@ -157,15 +198,22 @@ REJECTIONS = [
     pytest.param(_pack([1, 2, 3]), "expected a map", id="list-not-map"),
     pytest.param(_pack(7), "expected a map", id="int-not-map"),
     pytest.param(_with(schema_version=2), "schema_version 2", id="schema-version-2"),
-    pytest.param(_pack({k: v for k, v in _valid_update_dict().items() if k != "schema_version"}),
-                 "schema_version None", id="schema-version-missing"),
+    pytest.param(
+        _pack({k: v for k, v in _valid_update_dict().items() if k != "schema_version"}),
+        "schema_version None",
+        id="schema-version-missing",
+    ),
     pytest.param(_with(kind="weights_dump"), "weights_dump", id="unknown-kind"),
     pytest.param(_with(patient_ids=["p1"]), "patient_ids: Extra inputs", id="extra-field"),
     pytest.param(_with(tensors=[_nan_blob()]), "NaN or Inf", id="nan"),
     pytest.param(_with(tensors=[_inf_blob()]), "NaN or Inf", id="inf"),
     pytest.param(_with(tensors=[_blob(shape=(3,), data=b"\x00" * 8)]), "needs 12", id="bytes-vs-shape"),
-    pytest.param(_with(tensors=[_blob(dtype="object", data=b"\x00" * 16)]), "tensors.0.dtype", id="object-dtype"),
-    pytest.param(_with(tensors=[_blob(dtype="complex64", data=b"\x00" * 16)]), "tensors.0.dtype", id="complex64-dtype"),
+    pytest.param(
+        _with(tensors=[_blob(dtype="object", data=b"\x00" * 16)]), "tensors.0.dtype", id="object-dtype"
+    ),
+    pytest.param(
+        _with(tensors=[_blob(dtype="complex64", data=b"\x00" * 16)]), "tensors.0.dtype", id="complex64-dtype"
+    ),
     pytest.param(_with(n_samples=-1), "n_samples", id="negative-count"),
 ]
 
@@ -189,7 +237,11 @@ def test_decode_rejects_payload_over_max_bytes() -> None:
 def test_encode_refuses_to_produce_more_than_max_bytes() -> None:
     """encode raises SchemaError instead of producing a payload the broker would drop."""
     big = m.GlobalModel(
-        run_id=RUN, sender="ps", round=1, model=m.ModelSpec(name="mlp"), model_hash="h",
+        run_id=RUN,
+        sender="ps",
+        round=1,
+        model=m.ModelSpec(name="mlp"),
+        model_hash="h",
         tensors=arrays_to_blobs({"w": np.zeros(1000, np.float32)}),
     )
     with pytest.raises(SchemaError, match=r"global_model of \d+ bytes exceeds the budget of 1024 bytes"):
@@ -232,7 +284,10 @@ def test_tensors_hash_ignores_order_and_sees_one_changed_byte() -> None:
     first = blobs[0]
     flipped = bytearray(first.data)
     flipped[0] ^= 0x01
-    changed = (TensorBlob(name=first.name, dtype=first.dtype, shape=first.shape, data=bytes(flipped)), *blobs[1:])
+    changed = (
+        TensorBlob(name=first.name, dtype=first.dtype, shape=first.shape, data=bytes(flipped)),
+        *blobs[1:],
+    )
     # Execute / Assert
     assert tensors_hash(blobs) == tensors_hash(tuple(reversed(blobs)))
     assert tensors_hash(changed) != tensors_hash(blobs)
@@ -251,14 +306,39 @@ def test_json_schemas_contains_every_kind() -> None:
     schema = json_schemas()
     assert set(schema["discriminator"]["mapping"]) == _message_kinds()
     defs = schema["$defs"]
-    for name in ("GlobalModel", "TrainTask", "EvalTask", "ClientUpdate", "EvalReport", "SiteStatus",
-                 "DaemonStatus", "RoundMetrics"):
+    for name in (
+        "GlobalModel",
+        "TrainTask",
+        "EvalTask",
+        "ClientUpdate",
+        "EvalReport",
+        "SiteStatus",
+        "DaemonStatus",
+        "RoundMetrics",
+    ):
         assert name in defs
 
 
 # Field names that would suggest patient-level data; only weights, counts and aggregates may travel.
-FORBIDDEN = {"patient", "patients", "record", "records", "row", "rows", "x", "features", "feature", "labels",
-             "image", "images", "raw", "raw_data", "inputs", "targets", "y"}
+FORBIDDEN = {
+    "patient",
+    "patients",
+    "record",
+    "records",
+    "row",
+    "rows",
+    "x",
+    "features",
+    "feature",
+    "labels",
+    "image",
+    "images",
+    "raw",
+    "raw_data",
+    "inputs",
+    "targets",
+    "y",
+}
 
 
 def _nested_models(annotation: object) -> list[type[BaseModel]]:

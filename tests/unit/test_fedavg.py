@@ -45,17 +45,29 @@ def test_worked_example_weights() -> None:
 
 
 def test_worked_example_batchnorm_buffers() -> None:
-    """running_var (1.0, 2.0) -> 1.75 with the same p_i; num_batches_tracked (10, 30) -> max 30, int64, 0-d."""
+    """BN running_var (1.0, 2.0) -> 1.75 (same p_i); num_batches_tracked (10, 30) -> 30, int64, 0-d."""
     # Prepare
     current = {
         "bn.running_var": np.ones(1, np.float32),
         "bn.num_batches_tracked": np.array(0, np.int64),
     }
     updates = [
-        _update("site-1", 1, **{"bn.running_var": np.array([1.0], np.float32),
-                                "bn.num_batches_tracked": np.array(10, np.int64)}),
-        _update("site-2", 3, **{"bn.running_var": np.array([2.0], np.float32),
-                                "bn.num_batches_tracked": np.array(30, np.int64)}),
+        _update(
+            "site-1",
+            1,
+            **{
+                "bn.running_var": np.array([1.0], np.float32),
+                "bn.num_batches_tracked": np.array(10, np.int64),
+            },
+        ),
+        _update(
+            "site-2",
+            3,
+            **{
+                "bn.running_var": np.array([2.0], np.float32),
+                "bn.num_batches_tracked": np.array(30, np.int64),
+            },
+        ),
     ]
     # Execute
     new = FedAvg().aggregate_train(1, current, updates)
@@ -88,7 +100,10 @@ def test_toy_round(counts: tuple[int, int], expected: float) -> None:
     # Prepare
     local = [_toy_local_result(1.0), _toy_local_result(5.0)]
     assert local == pytest.approx([0.19, 0.95], abs=1e-12)  # the document's numbers, derived here
-    updates = [_update(f"site-{i + 1}", n, w=np.array([w], np.float64)) for i, (n, w) in enumerate(zip(counts, local))]
+    updates = [
+        _update(f"site-{i + 1}", n, w=np.array([w], np.float64))
+        for i, (n, w) in enumerate(zip(counts, local))
+    ]
     # Execute
     new = FedAvg().aggregate_train(1, {"w": np.zeros(1, np.float64)}, updates)
     # Assert
@@ -102,10 +117,10 @@ def test_no_updates_leave_the_weights_unchanged() -> None:
     current = {"w": np.array([1.5, -2.0], np.float32), "n": np.array(7, np.int64)}
     new = FedAvg().aggregate_train(3, current, [])
     assert set(new) == set(current)
-    for name in current:
-        np.testing.assert_array_equal(new[name], current[name])
-        assert new[name].dtype == current[name].dtype
-        assert new[name] is not current[name]
+    for name, value in current.items():
+        np.testing.assert_array_equal(new[name], value)
+        assert new[name].dtype == value.dtype
+        assert new[name] is not value
 
 
 def test_zero_counts_fall_back_to_uniform_weights() -> None:
@@ -128,10 +143,15 @@ VALUES = {"site-a": 0.1, "site-b": 0.2, "site-c": 0.3}  # 0.1 + 0.2 + 0.3 depend
 
 
 def _machine() -> Machine:
-    config = DaemonConfig.model_validate({
-        "run_id": "r1", "sites": list(SITES), "rounds": 3, "model": {"name": "mlp", "args": {}},
-        "credentials": "creds.toml",
-    })
+    config = DaemonConfig.model_validate(
+        {
+            "run_id": "r1",
+            "sites": list(SITES),
+            "rounds": 3,
+            "model": {"name": "mlp", "args": {}},
+            "credentials": "creds.toml",
+        }
+    )
     return Machine(config, FedAvg(), hash_weights)
 
 
@@ -151,7 +171,8 @@ def test_aggregation_is_independent_of_arrival_order() -> None:
     """Updates fed to the Machine in every arrival order give bit-identical weights (it sorts by site id)."""
     # Prepare: the raw strategy does depend on the order it is given, so this data can show a difference
     direct = {
-        FedAvg().aggregate_train(1, {"w": np.zeros(1)}, [_update(s, 1, w=np.array([VALUES[s]])) for s in p])["w"]
+        FedAvg()
+        .aggregate_train(1, {"w": np.zeros(1)}, [_update(s, 1, w=np.array([VALUES[s]])) for s in p])["w"]
         .tobytes()
         for p in itertools.permutations(SITES)
     }
@@ -170,16 +191,32 @@ def test_aggregation_is_independent_of_arrival_order() -> None:
 CURRENT = {"fc.weight": np.zeros((2, 3), np.float32), "bn.num_batches_tracked": np.array(0, np.int64)}
 
 SHAPE_CASES = [
-    pytest.param({"fc.weight": np.zeros((2, 3), np.float32)}, "missing ['bn.num_batches_tracked']", id="missing"),
-    pytest.param({**CURRENT, "head.weight": np.zeros(2, np.float32)}, "unexpected ['head.weight']", id="extra"),
-    pytest.param({**CURRENT, "fc.weight": np.zeros((3, 2), np.float32)},
-                 "tensor 'fc.weight': float32[3, 2] != global float32[2, 3]", id="shape"),
-    pytest.param({**CURRENT, "fc.weight": np.zeros((2, 3), np.float64)},
-                 "tensor 'fc.weight': float64[2, 3] != global float32[2, 3]", id="dtype"),
-    pytest.param({**CURRENT, "bn.num_batches_tracked": np.array(0.0, np.float32)},
-                 "tensor 'bn.num_batches_tracked': float32[] != global int64[]", id="int-buffer-as-float"),
-    pytest.param({**CURRENT, "bn.num_batches_tracked": np.array([0], np.int64)},
-                 "int64[1] != global int64[]", id="0d-vs-1d"),
+    pytest.param(
+        {"fc.weight": np.zeros((2, 3), np.float32)}, "missing ['bn.num_batches_tracked']", id="missing"
+    ),
+    pytest.param(
+        {**CURRENT, "head.weight": np.zeros(2, np.float32)}, "unexpected ['head.weight']", id="extra"
+    ),
+    pytest.param(
+        {**CURRENT, "fc.weight": np.zeros((3, 2), np.float32)},
+        "tensor 'fc.weight': float32[3, 2] != global float32[2, 3]",
+        id="shape",
+    ),
+    pytest.param(
+        {**CURRENT, "fc.weight": np.zeros((2, 3), np.float64)},
+        "tensor 'fc.weight': float64[2, 3] != global float32[2, 3]",
+        id="dtype",
+    ),
+    pytest.param(
+        {**CURRENT, "bn.num_batches_tracked": np.array(0.0, np.float32)},
+        "tensor 'bn.num_batches_tracked': float32[] != global int64[]",
+        id="int-buffer-as-float",
+    ),
+    pytest.param(
+        {**CURRENT, "bn.num_batches_tracked": np.array([0], np.int64)},
+        "int64[1] != global int64[]",
+        id="0d-vs-1d",
+    ),
 ]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -30,7 +30,9 @@ BUILDERS: list[tuple[str, Callable[[], str], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("builder", "expected"), [(b, e) for _, b, e in BUILDERS], ids=[n for n, _, _ in BUILDERS])
+@pytest.mark.parametrize(
+    ("builder", "expected"), [(b, e) for _, b, e in BUILDERS], ids=[n for n, _, _ in BUILDERS]
+)
 def test_builder_gives_the_documented_topic(builder: Callable[[], str], expected: str) -> None:
     """Each builder returns exactly the topic of the table for run r1 and site site-a."""
     assert builder() == expected
