@@ -59,7 +59,10 @@ class BrokerProcess:
         cmd = [find_mosquitto(), "-c", str(conf_path)]
         _check_port_free(host, port)
         log = _log_file_and_offset(conf_path)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # Own session: a Ctrl-C meant for our CLI must not kill the broker before the clients say goodbye.
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         broker = cls(proc, conf_path=conf_path, host=host, port=port, log=log)
         try:
             broker._wait_ready(timeout_s)

@@ -40,6 +40,9 @@ def demo(
     except FedMqttError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1)
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted: broker, PS and sites stopped", err=True)
+        raise typer.Exit(code=130)
 
 
 def main() -> None:

@@ -29,8 +29,8 @@ from schemas import messages as m
 
 RUN_ID = "heart-demo"
 # Chosen on the pooled baseline (see README): a small MLP, Adam, one local epoch per round.
-DEMO_MODEL = {"name": "mlp", "args": {"in_features": 15, "hidden": [32, 32], "norm": "none"}}
-DEMO_TRAIN = {"epochs": 1, "batch_size": 16, "lr": 0.003, "optimizer": "adam"}
+DEMO_MODEL = {"name": "mlp", "args": {"in_features": 15, "hidden": [32, 32], "norm": "none", "dropout": 0.3}}
+DEMO_TRAIN = {"epochs": 2, "batch_size": 32, "lr": 0.001, "optimizer": "adam"}
 
 
 def write_role_configs(layout: FederationLayout, work: Path, *, rounds: int, seed: int,
@@ -63,18 +63,28 @@ def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
                                 start_new_session=True)  # Ctrl-C reaches only us; we stop children in order
 
 
-def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+def stop_all(procs: dict[str, subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """SIGTERM every role at once (each says 'offline' and disconnects), then reap; SIGKILL stragglers."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    end = time.monotonic() + timeout_s
+    for proc in procs.values():
         try:
-            proc.wait(timeout_s)
+            proc.wait(max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM gets the same orderly teardown as Ctrl-C
+
+
 def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float) -> dict[str, Any]:
+    """Run the demo federation; every process it started is stopped on return, error or Ctrl-C."""
     started = time.time()
+    signal.signal(signal.SIGTERM, _interrupt)
     with ExitStack() as stack:
         work = Path(out).resolve() if out else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmqtt-demo-")))
         work.mkdir(parents=True, exist_ok=True)
@@ -82,13 +92,13 @@ def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float) -> d
         ps_cfg, site_cfgs = write_role_configs(layout, work, rounds=rounds, seed=seed)
         print(f"fedmqtt demo: FedAvg, {rounds} rounds, sites {', '.join(SITES)} (UCI heart disease, CC BY 4.0)")
         broker = stack.enter_context(BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.host))
-        print(f"  broker  mosquitto pid {broker.pid} on {layout.host}:{layout.port}")
+        print(f"  broker      mosquitto pid {broker.pid} on {layout.host}:{layout.port}")
         procs = {"ps": spawn(["ps", "start", "--config", str(ps_cfg)], work / "logs" / "ps.log")}
         for site, path in site_cfgs.items():
             procs[site] = spawn(["site", "start", "--config", str(path)], work / "logs" / f"{site}.log")
+        stack.callback(stop_all, procs)  # before the broker stops (ExitStack unwinds in reverse)
         for name, proc in procs.items():
-            stack.callback(stop, proc)
-            print(f"  {name:<7} pid {proc.pid}")
+            print(f"  {name:<11} pid {proc.pid}")
         _follow(layout, rounds=rounds, procs=procs, deadline=started + timeout_s, logs=work / "logs")
         if procs["ps"].wait(30) != 0:
             raise FedMqttError(f"the PS exited with {procs['ps'].returncode}; see {work / 'logs' / 'ps.log'}")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedmqtt.errors import BrokerError
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
@@ -65,6 +66,8 @@ class DaemonRunner:
         self.finished: DaemonState | None = None
         self._stop = False
         self._started_at = time.time()
+        self._seen_connects = 0
+        self._last_status: m.DaemonStatus | None = None
 
     # -- setup ----------------------------------------------------------------------------------
     def _load_state(self) -> DaemonState:
@@ -96,11 +99,15 @@ class DaemonRunner:
         state = self._apply(state, Started(time.time()))
         try:
             while not self._stop and self.finished is None:
+                self._announce_if_reconnected()
                 inbound = self.channel.receive(0.5)
                 event = self._to_event(inbound) if inbound is not None else None
                 if event is not None:
                     state = self._apply(state, event)
                 state = self._apply(state, Tick(time.time()))
+        except BrokerError:
+            if not self._stop:
+                raise  # when stopping, an interrupted publish is expected; the checkpoint is safe
         finally:
             final = None if self.finished else ("offline", "PS stopped")
             if final:
@@ -109,9 +116,18 @@ class DaemonRunner:
                 transport.close()
         return state
 
+    def _announce_if_reconnected(self) -> None:
+        # After a network loss the broker published our Will ("offline") on ps/status: restore it.
+        connects = self.channel.transport.connects
+        if connects != self._seen_connects:
+            if self._seen_connects and self._last_status is not None:
+                self.channel.send(topics.ps_status_topic(self.config.run_id), self._last_status)
+            self._seen_connects = connects
+
     def _request_stop(self, signum: int, frame: object) -> None:
         log.info("signal %d: stopping after the current step", signum)
         self._stop = True
+        self.channel.transport.interrupt()
 
     # -- inbound --------------------------------------------------------------------------------
     def _to_event(self, inbound: Inbound) -> Event | None:
@@ -166,6 +182,7 @@ class DaemonRunner:
             msg = self._status_msg(effect.state, effect.round, waiting_for=effect.waiting_for,
                                    deadline=effect.deadline, detail=effect.detail)
             ch.send(topics.ps_status_topic(c.run_id), msg)
+            self._last_status = msg
         elif isinstance(effect, fx.PublishRoundMetrics):
             r = effect.record
             log.info("round %d closed: sites %s, mean val auroc %s", r.round, ",".join(r.sites), r.mean.get("auroc"))

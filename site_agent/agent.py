@@ -12,6 +12,7 @@ import signal
 import torch
 
 from fedmqtt import __version__
+from fedmqtt.errors import BrokerError
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
@@ -56,7 +57,7 @@ class SiteAgent:
         transport = MqttTransport(c.broker_settings(), client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}", will=will)
         self.channel = Channel(transport, run_id=c.run_id, sender=c.site_id)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: setattr(self, "_stop", True))
+            signal.signal(sig, self._request_stop)
         transport.connect(timeout_s=None)
         transport.subscribe([topics.ps_status_topic(c.run_id), topics.ps_model_topic(c.run_id),
                              topics.ps_task_topic(c.run_id, c.site_id)])
@@ -69,8 +70,16 @@ class SiteAgent:
                 if inbound is not None:
                     self._on_message(inbound.message)
                 self._work()
+        except BrokerError:
+            if not self._stop:
+                raise  # a real failure; when stopping, an interrupted publish is expected
         finally:
             transport.close(final=(status_topic, encode(self._status("offline", "agent stopped"))))
+
+    def _request_stop(self, signum: int, frame: object) -> None:
+        self._stop = True
+        if hasattr(self, "channel"):
+            self.channel.transport.interrupt()
 
     def _announce_if_reconnected(self, status_topic: str) -> None:
         # After a network loss the broker published our Will ("offline"); say we are back.

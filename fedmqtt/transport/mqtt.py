@@ -48,6 +48,7 @@ class MqttTransport:
         self.inbox: queue.Queue[RawMessage] = queue.Queue()
         self._filters: list[str] = []
         self._connected = threading.Event()
+        self._interrupted = threading.Event()  # set by a signal handler: stop waiting for the broker
         self._lock = threading.Lock()
         self._last_error = ""
         self.bytes_sent = 0
@@ -116,7 +117,16 @@ class MqttTransport:
         return self
 
     def wait_connected(self, timeout_s: float | None) -> bool:
-        return self._connected.wait(timeout_s)
+        """True once connected; False after `timeout_s` or as soon as `interrupt()` was called."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._connected.wait(0.2):
+            if self._interrupted.is_set() or (deadline is not None and time.monotonic() > deadline):
+                return False
+        return True
+
+    def interrupt(self) -> None:
+        """Make every wait for the broker give up now (safe from a signal handler); used on shutdown."""
+        self._interrupted.set()
 
     @property
     def connected(self) -> bool:
@@ -140,12 +150,14 @@ class MqttTransport:
         deadline = time.monotonic() + timeout_s
         while True:
             if not self.wait_connected(max(0.0, deadline - time.monotonic())):
-                raise BrokerError(f"publish to {topic}: not connected to the broker within {timeout_s:.0f} s")
+                why = "interrupted" if self._interrupted.is_set() else f"not connected within {timeout_s:.0f} s"
+                raise BrokerError(f"publish to {topic}: {why}")
             info = self._client.publish(topic, payload, qos=2, retain=retain)
-            try:
-                info.wait_for_publish(timeout=max(0.1, deadline - time.monotonic()))
-            except (RuntimeError, ValueError):
-                pass  # the connection dropped under us: wait for the reconnect and try again
+            while not info.is_published() and self._connected.is_set() and time.monotonic() < deadline:
+                try:
+                    info.wait_for_publish(timeout=0.5)
+                except (RuntimeError, ValueError):
+                    break  # the connection dropped under us: wait for the reconnect and try again
             if info.is_published():
                 self.bytes_sent += len(payload)
                 return
@@ -165,7 +177,7 @@ class MqttTransport:
         """Optionally publish a last retained message (e.g. 'offline'), then disconnect cleanly."""
         try:
             if final is not None and self.connected:
-                self.publish(final[0], final[1], timeout_s=5.0)
+                self.publish(final[0], final[1], timeout_s=3.0)
         except BrokerError as exc:
             log.warning("could not publish final status: %s", exc)
         finally:
