@@ -23,6 +23,8 @@ from fedmqtt.errors import BrokerError
 from fedmqtt.transport.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
+# CONNACK reason codes that mean "these credentials will never work": bad user/password, not authorised.
+_AUTH_FAILURES = frozenset({0x86, 0x87, 0x8C})
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class MqttTransport:
         self._filters: list[str] = []
         self._connected = threading.Event()
         self._interrupted = threading.Event()  # set by a signal handler: stop waiting for the broker
+        self._refused = ""  # the broker rejected our credentials: retrying cannot help
         self._lock = threading.Lock()
         self._last_error = ""
         self.bytes_sent = 0
@@ -72,6 +75,8 @@ class MqttTransport:
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if reason_code.is_failure:
             self._last_error = str(reason_code)
+            if reason_code.value in _AUTH_FAILURES:
+                self._refused = str(reason_code)
             log.warning("broker refused connection: %s", reason_code)
             return
         sock = client.socket()
@@ -99,6 +104,7 @@ class MqttTransport:
         """Start the network thread and wait until connected (None: wait for ever, retrying)."""
         s = self.settings
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        next_warning = 0.0
         while True:
             try:
                 self._client.connect(s.host, s.port, keepalive=s.keepalive_s, clean_start=True)
@@ -107,13 +113,19 @@ class MqttTransport:
                 self._last_error = str(exc)
                 if deadline is not None and time.monotonic() > deadline:
                     raise BrokerError(f"cannot reach the broker at {s.host}:{s.port}: {exc}") from None
+                if self._interrupted.is_set():
+                    raise BrokerError(f"interrupted while waiting for the broker at {s.host}:{s.port}") from None
+                if time.monotonic() >= next_warning:  # the broker may simply not be up yet: say so, keep trying
+                    log.warning("broker %s:%d not reachable (%s); retrying", s.host, s.port, exc)
+                    next_warning = time.monotonic() + 30.0
                 time.sleep(1.0)
         self._client.loop_start()
-        if not self.wait_connected(None if deadline is None else max(0.0, deadline - time.monotonic())):
-            self.close()
-            raise BrokerError(
-                f"could not connect to {s.host}:{s.port} as {s.username!r}: {self._last_error or 'timed out'}"
-            )
+        while not self.wait_connected(0.5):
+            if self._refused or self._interrupted.is_set() or (deadline is not None and time.monotonic() > deadline):
+                self.close()
+                why = f"refused: {self._refused} (check the credentials file)" if self._refused else (
+                    self._last_error or "timed out")
+                raise BrokerError(f"could not connect to {s.host}:{s.port} as {s.username!r}: {why}")
         return self
 
     def wait_connected(self, timeout_s: float | None) -> bool:

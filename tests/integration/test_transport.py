@@ -117,3 +117,12 @@ def test_publish_over_the_budget_is_refused_before_sending(federation) -> None:
     with pytest.raises(BrokerError, match="exceeds max_payload_bytes 2048"):
         t.publish(topics.site_update_topic(federation.run_id, "site-a"), b"x" * 4096)
     t.close()
+
+
+def test_wrong_password_fails_fast_with_a_clear_error(federation) -> None:
+    """Credentials the broker refuses end the connect at once, naming the user, instead of retrying for ever."""
+    # Prepare
+    settings = federation.settings("site-a").model_copy(update={"password": "wrong"})
+    # Execute / Assert
+    with pytest.raises(BrokerError, match="'site-a'.*refused.*check the credentials file"):
+        MqttTransport(settings, client_id="site-a-wrong").connect(timeout_s=None)
