@@ -34,13 +34,16 @@ DEMO_TRAIN = {"epochs": 2, "batch_size": 32, "lr": 0.001, "optimizer": "adam"}
 
 
 def write_role_configs(layout: FederationLayout, work: Path, *, rounds: int, seed: int,
-                       round_timeout_s: float = 120.0, train: dict[str, Any] | None = None) -> tuple[Path, dict[str, Path]]:
+                       round_timeout_s: float = 120.0, train: dict[str, Any] | None = None,
+                       algorithm: str = "fedavg", hyper: dict[str, float] | None = None,
+                       model: dict[str, Any] | None = None) -> tuple[Path, dict[str, Path]]:
     """The PS config and one config per site, as a deployment would have them."""
     ps = {
-        "run_id": layout.run_id, "algorithm": "fedavg", "rounds": rounds, "sites": list(layout.site_ids),
+        "run_id": layout.run_id, "algorithm": algorithm, "hyper": hyper or {}, "rounds": rounds,
+        "sites": list(layout.site_ids),
         "quorum": 1, "round_timeout_s": round_timeout_s, "seed": seed, "out_dir": str(work / "ps"),
         "credentials": str(layout.credentials["ps"]),
-        "model": DEMO_MODEL, "train": train or DEMO_TRAIN,
+        "model": model or DEMO_MODEL, "train": train or DEMO_TRAIN,
     }
     ps_path = work / "ps.toml"
     ps_path.write_text(dump_toml(ps))

@@ -7,14 +7,45 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from fedmqtt.errors import CheckpointError, SchemaError
 from ps_daemon.state import BestRound, DaemonState, RoundRecord
 from schemas.checkpoint import BestRoundRecord, Checkpoint
 from schemas.codec import decode_checkpoint, encode_checkpoint
-from schemas.tensors import arrays_to_blobs, blobs_to_arrays
+from fedmqtt.strategies.base import Manifest, manifest_from_dict
+from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays
 
 log = logging.getLogger(__name__)
+
+
+def _pack(value: Any) -> Any:
+    """Strategy state to msgpack-friendly values: arrays become tagged tensor blobs (no pickle)."""
+    if isinstance(value, np.ndarray):
+        return {"__tensor__": TensorBlob.from_numpy("state", np.ascontiguousarray(value)).model_dump()}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _pack(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_pack(v) for v in value]
+    return value
+
+
+def _unpack(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"__tensor__"}:
+            return TensorBlob.model_validate(value["__tensor__"]).to_numpy().copy()
+        return {k: _unpack(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unpack(v) for v in value]
+    return value
+
+
+def _manifest_to_dict(manifest: Manifest) -> dict[str, dict[str, Any]]:
+    return {n: {"shape": list(t.shape), "dtype": t.dtype, "tags": sorted(t.tags)} for n, t in manifest.items()}
 
 
 def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) -> Checkpoint:
@@ -27,7 +58,9 @@ def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) ->
         model_hash=state.model_hash, tensors=arrays_to_blobs(state.weights), selected=state.selected,
         accepted_prev=tuple(sorted(state.accepted_prev)),
         history=tuple(dataclasses.asdict(r) for r in state.history), best=best,
-        strategy_state=dict(state.strategy_state), saved_at=time.time(),
+        strategy_state=_pack(dict(state.strategy_state)), manifest=_manifest_to_dict(state.manifest),
+        enrolled=dict(state.enrolled), personal={k: arrays_to_blobs(v) for k, v in state.personal.items()},
+        extras={k: arrays_to_blobs(v) for k, v in state.extras.items()}, saved_at=time.time(),
     )
 
 
@@ -41,7 +74,9 @@ def checkpoint_to_state(ckpt: Checkpoint) -> DaemonState:
     return DaemonState(
         phase=ckpt.phase, round=ckpt.round, weights=_copy(blobs_to_arrays(ckpt.tensors)), model_hash=ckpt.model_hash,
         selected=ckpt.selected, accepted_prev=frozenset(ckpt.accepted_prev), history=history, best=best,
-        strategy_state=dict(ckpt.strategy_state),
+        strategy_state=_unpack(dict(ckpt.strategy_state)), manifest=manifest_from_dict(ckpt.manifest),
+        enrolled=dict(ckpt.enrolled), personal={k: _copy(blobs_to_arrays(v)) for k, v in ckpt.personal.items()},
+        extras={k: _copy(blobs_to_arrays(v)) for k, v in ckpt.extras.items()},
     )
 
 

@@ -10,7 +10,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedmqtt.config_io import load_toml
-from fedmqtt.strategies import STRATEGIES
+from fedmqtt.strategies import STRATEGIES, build_strategy
+
+# Rules whose formulas hold for plain SGD only (algorithms.md 7 and 8).
+SGD_ONLY = {"scaffold": "SCAFFOLD option II estimates gradients from SGD steps",
+            "fednova": "FedNova's ||a_i||_1 is defined for SGD"}
 from fedmqtt.transport.settings import BrokerSettings
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
@@ -23,6 +27,7 @@ class DaemonConfig(BaseModel):
 
     run_id: str = Field(pattern=ID_PATTERN)
     algorithm: str = "fedavg"
+    hyper: dict[str, float] = Field(default_factory=dict, description="the algorithm's hyper-parameters")
     rounds: int = Field(default=20, ge=1, le=100_000)
     sites: tuple[str, ...] = Field(min_length=1, description="site ids allowed to take part")
     min_sites: int | None = Field(default=None, ge=1, description="sites online before round 1 (default: all)")
@@ -44,6 +49,10 @@ class DaemonConfig(BaseModel):
             raise ValueError("sites: duplicate site id")
         if self.algorithm not in STRATEGIES:
             raise ValueError(f"algorithm {self.algorithm!r} unknown; available: {', '.join(sorted(STRATEGIES))}")
+        build_strategy(self.algorithm, self.hyper)  # a bad hyper-parameter fails here, before anything starts
+        if self.algorithm in SGD_ONLY and self.train.optimizer != "sgd":
+            raise ValueError(f"{self.algorithm} requires train.optimizer = \"sgd\" ({SGD_ONLY[self.algorithm]}); "
+                             f"got {self.train.optimizer!r}")
         if self.min_sites is not None and self.min_sites > len(self.sites):
             raise ValueError(f"min_sites {self.min_sites} > number of sites {len(self.sites)}")
         if self.quorum > len(self.sites):

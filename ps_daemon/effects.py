@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Mapping, Union
 
 from fedmqtt.strategies.base import Weights
 
@@ -19,8 +19,9 @@ class SaveCheckpoint:
 @dataclass(frozen=True)
 class PublishModel:
     round: int
-    weights: Weights
+    weights: Weights  # only the tensors that travel this round
     model_hash: str
+    extras: Mapping[str, Weights]
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class PublishTrainTask:
     model_hash: str
     deadline: float
     accepted_prev: bool | None
+    tensors: Weights  # personalised tensors for this site
+    hyper: Mapping[str, float]  # per-site hyper-parameters (merged into the task's settings)
+    upload: tuple[str, ...]  # the strategy's shared tensors: what the site sends back
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,8 @@ class PublishEvalTask:
     site_id: str
     round: int
     model_hash: str
+    accepted_prev: bool | None
+    tensors: Weights
 
 
 @dataclass(frozen=True)

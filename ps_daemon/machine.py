@@ -13,7 +13,7 @@ from typing import Callable
 
 from fedmqtt.metrics import mean_defined
 from fedmqtt.strategies.aggregate import check_update_shapes
-from fedmqtt.strategies.base import Strategy, Weights
+from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
 from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import (
@@ -33,8 +33,25 @@ class Machine:
         self.hash_weights = hash_weights
         self.selection_metric = "auroc"
 
-    def initial_state(self, weights: Weights) -> DaemonState:
-        return DaemonState(phase="waiting_for_sites", round=0, weights=weights, model_hash=self.hash_weights(weights))
+    def initial_state(self, weights: Weights, manifest: Manifest) -> DaemonState:
+        """Round 1 sends every tensor (all sites start identical); later rounds only the shared ones."""
+        state = DaemonState(phase="waiting_for_sites", round=0, weights=weights, model_hash="", manifest=manifest)
+        return replace(state, model_hash=self.hash_weights(self.published(state)))
+
+    def shared_names(self, state: DaemonState) -> list[str]:
+        if not state.manifest:  # no manifest: everything is shared
+            return sorted(state.weights)
+        return self.strategy.shared_names(state.manifest)
+
+    def published(self, state: DaemonState) -> Weights:
+        """The tensors on ps/model this round: all of them in round 1, then the shared ones."""
+        if state.round <= 1:
+            return dict(state.weights)
+        return {n: state.weights[n] for n in self.shared_names(state) if n in state.weights}
+
+    def published_extras(self, state: DaemonState) -> dict[str, Weights]:
+        shared = set(self.shared_names(state))
+        return {k: {n: v for n, v in w.items() if k != "eval" or n in shared} for k, w in state.extras.items()}
 
     def step(self, state: DaemonState, event: Event) -> Result:
         if isinstance(event, Started):
@@ -64,7 +81,8 @@ class Machine:
     def _on_online(self, state: DaemonState, ev: SiteOnline) -> Result:
         if ev.site_id not in self.config.sites:
             return state, [fx.Log("warning", f"ignoring unknown site {ev.site_id!r} (not in the PS config)")]
-        state = replace(state, online=state.online | {ev.site_id}, offline=state.offline - {ev.site_id})
+        state = replace(state, online=state.online | {ev.site_id}, offline=state.offline - {ev.site_id},
+                        enrolled={**state.enrolled, ev.site_id: ev.n_train})
         if state.phase != "waiting_for_sites":
             return state, []
         ready = sorted(state.online & set(self.config.sites))
@@ -134,7 +152,8 @@ class Machine:
             return "duplicate update"
         if ev.base_model_hash != state.model_hash:
             return "trained from a different model version"
-        return check_update_shapes(ev.update, state.weights)
+        shared = {n: state.weights[n] for n in self.shared_names(state) if n in state.weights}
+        return check_update_shapes(ev.update, shared)
 
     def _all_answered(self, state: DaemonState) -> bool:
         # Only a site seen going offline is skipped: after a resume, a site not yet heard from may
@@ -147,19 +166,24 @@ class Machine:
     def _close_round(self, state: DaemonState, now: float) -> Result:
         participants = tuple(sorted(state.updates))  # sorted: sums do not depend on arrival order
         self.strategy.load_state_dict(dict(state.strategy_state))
-        new_weights = self.strategy.aggregate_train(
-            state.round, state.weights, [state.updates[s].update for s in participants]
-        )
+        result = self.strategy.aggregate_train(RoundInput(
+            round_no=state.round, current=dict(state.weights), updates=[state.updates[s].update for s in participants],
+            enrolled=dict(state.enrolled), manifest=state.manifest,
+        ))
+        extras = dict(result.extras)
+        if result.eval_weights is not None:
+            extras["eval"] = result.eval_weights
         record = self._record(state, participants, now)
         best = self._better_best(state, record)
         nxt = state.round + 1
         online_sites = tuple(sorted(state.online & set(self.config.sites)))
         state = replace(
-            state, round=nxt, weights=new_weights, model_hash=self.hash_weights(new_weights),
-            selected=online_sites or self.config.sorted_sites, updates={}, history=(*state.history, record),
-            best=best, strategy_state=self.strategy.state_dict(), accepted_prev=frozenset(participants),
-            round_started_at=now, deadline=now + self.config.round_timeout_s,
+            state, round=nxt, weights=dict(result.weights), personal={**state.personal, **result.personal},
+            extras=extras, selected=online_sites or self.config.sorted_sites, updates={},
+            history=(*state.history, record), best=best, strategy_state=self.strategy.state_dict(),
+            accepted_prev=frozenset(participants), round_started_at=now, deadline=now + self.config.round_timeout_s,
         )
+        state = replace(state, model_hash=self.hash_weights(self.published(state)))
         head: list[fx.Effect] = [fx.PublishRoundMetrics(record)]
         if nxt > self.config.rounds:
             state = replace(state, phase="evaluating")
@@ -183,21 +207,33 @@ class Machine:
         score = record.mean.get(self.selection_metric)
         if score is None or (state.best is not None and score <= state.best.score):
             return state.best  # ties keep the earlier round (algorithms.md 17.1)
-        return BestRound(record.round, score, state.weights, state.model_hash)
+        evaluated = {**state.weights, **state.extras.get("eval", {})}  # FedDyn validates theta_avg
+        return BestRound(record.round, score, evaluated, state.model_hash)
 
     def _round_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
-        out: list[fx.Effect] = [fx.PublishModel(state.round, state.weights, state.model_hash)]
+        out: list[fx.Effect] = [self._model_effect(state)]
         for site in state.selected:
-            accepted = (site in state.accepted_prev) if state.round > 1 else None
-            out.append(fx.PublishTrainTask(site, state.round, state.model_hash, state.deadline or 0.0, accepted))
+            out.append(fx.PublishTrainTask(
+                site, state.round, state.model_hash, state.deadline or 0.0, self._accepted(state, site),
+                dict(state.personal.get(site, {})), self.strategy.site_hyper(site, dict(state.enrolled)),
+                tuple(self.shared_names(state))))
         out.append(self._status(state, why or f"round {state.round}: training on {len(state.selected)} sites"))
         return out
 
     def _eval_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
-        out: list[fx.Effect] = [fx.PublishModel(state.round, state.weights, state.model_hash)]
-        out.extend(fx.PublishEvalTask(site, state.round, state.model_hash) for site in state.selected)
+        out: list[fx.Effect] = [self._model_effect(state)]
+        out.extend(fx.PublishEvalTask(site, state.round, state.model_hash, self._accepted(state, site),
+                                      dict(state.personal.get(site, {}))) for site in state.selected)
         out.append(self._status(state, why or "evaluating the final model"))
         return out
+
+    def _model_effect(self, state: DaemonState) -> fx.PublishModel:
+        return fx.PublishModel(state.round, self.published(state), state.model_hash, self.published_extras(state))
+
+    @staticmethod
+    def _accepted(state: DaemonState, site: str) -> bool | None:
+        """The commit rule's answer (algorithms.md 0.6): was this site's last update aggregated?"""
+        return (site in state.accepted_prev) if state.round > 1 else None
 
     def _finish(self, state: DaemonState) -> Result:
         state = replace(state, phase="done", deadline=None)

@@ -9,7 +9,9 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 from fedmqtt.errors import BrokerError
 from fedmqtt.transport import topics
@@ -23,6 +25,7 @@ from ps_daemon.machine import Machine
 from ps_daemon.report import build_report, render_markdown
 from ps_daemon.state import DaemonState
 from fedmqtt.strategies import SiteUpdate, build_strategy
+from fedmqtt.strategies.base import manifest_from_dict
 from schemas import messages as m
 from schemas.codec import encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
@@ -35,13 +38,19 @@ def hash_weights(weights: dict) -> str:
     return tensors_hash(arrays_to_blobs(weights))
 
 
-def initial_weights(config: DaemonConfig) -> dict:
-    """Round-1 weights from the model registry. The only place the PS touches torch, and only at start."""
+def initial_model(config: DaemonConfig) -> tuple[dict, dict]:
+    """Round-1 weights and the tensor manifest from the model registry.
+
+    The only place the PS touches torch, and only once at start: the weights need the model's own
+    initialisation, and the manifest its module types (algorithms.md 0.2).
+    """
     try:
+        from fedmqtt.training.models import model_manifest
         from fedmqtt.training.weights import initial_arrays
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise SystemExit(f"the PS needs torch once to initialise the model ({exc}); install fedmqtt[site]")
-    return initial_arrays(config.model.name, dict(config.model.args), config.seed)
+    args = dict(config.model.args)
+    return initial_arrays(config.model.name, args, config.seed), model_manifest(config.model.name, args)
 
 
 def _crash_point(where: str, round_no: int) -> None:
@@ -58,9 +67,14 @@ def stable_msg_id(*parts: object) -> str:
 
 
 class DaemonRunner:
-    def __init__(self, config: DaemonConfig, *, resume: bool = False) -> None:
+    def __init__(self, config: DaemonConfig, *, resume: bool = False,
+                 transport_factory: Callable[..., Any] | None = None) -> None:
+        """`transport_factory(client_id=..., will=...)` makes the connection (default: MQTT to the broker
+        in the config's credentials; `fedmqtt simulate` passes an in-process one)."""
         self.config = config
-        self.machine = Machine(config, build_strategy(config.algorithm), hash_weights)
+        self._transport_factory = transport_factory or (
+            lambda **kw: MqttTransport(config.broker_settings(), **kw))
+        self.machine = Machine(config, build_strategy(config.algorithm, config.hyper), hash_weights)
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
         self.resume = resume
         self.finished: DaemonState | None = None
@@ -75,46 +89,59 @@ class DaemonRunner:
             ckpt = self.store.load_latest(run_id=self.config.run_id, config_hash=self.config.config_hash())
             log.info("resuming from checkpoint of round %d (%s)", ckpt.round - 1, ckpt.phase)
             return checkpoint_to_state(ckpt)
-        return self.machine.initial_state(initial_weights(self.config))
+        weights, manifest = initial_model(self.config)
+        return self.machine.initial_state(weights, manifest_from_dict(manifest))
 
     def _status_msg(self, state: str, round_no: int = 0, **kw: Any) -> m.DaemonStatus:
         c = self.config
         return m.DaemonStatus(run_id=c.run_id, sender=PS, round=round_no, state=state, algorithm=c.algorithm,
                               rounds_total=c.rounds, sites_expected=c.sorted_sites, **kw)
 
-    def run(self) -> DaemonState:
-        """Serve until the run is done or SIGTERM/SIGINT arrives; return the last state."""
+    def start(self) -> None:
+        """Load or create the state, connect, subscribe, and publish the first effects."""
         c = self.config
-        state = self._load_state()
+        self.state = self._load_state()
         will = encode(self._status_msg("offline", detail="PS disconnected"))
-        transport = MqttTransport(c.broker_settings(), client_id=f"fedmqtt-ps-{c.run_id}",
-                                  will=(topics.ps_status_topic(c.run_id), will))
+        transport = self._transport_factory(client_id=f"fedmqtt-ps-{c.run_id}", will=(topics.ps_status_topic(c.run_id), will))
         self.channel = Channel(transport, run_id=c.run_id, sender=PS)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._request_stop)
         transport.connect(timeout_s=None)
         # Statuses first: retained site statuses are replayed before any retained update.
         for kind in ("status", "update", "report"):
             transport.subscribe([topics.any_site_filter(c.run_id, kind)])
-        state = self._apply(state, Started(time.time()))
+        self._apply(Started(time.time()))
+
+    def poll(self, timeout_s: float) -> bool:
+        """Handle at most one inbound message and the clock; True once the run is finished."""
+        self._announce_if_reconnected()
+        inbound = self.channel.receive(timeout_s)
+        event = self._to_event(inbound) if inbound is not None else None
+        if event is not None:
+            self._apply(event)
+        self._apply(Tick(time.time()))
+        return self.finished is not None
+
+    def close(self) -> None:
+        c = self.config
+        if self.finished is None:  # say we are gone (a clean disconnect does not fire the Will)
+            final = encode(self._status_msg("offline", detail="PS stopped"))
+            self.channel.transport.close(final=(topics.ps_status_topic(c.run_id), final))
+        else:
+            self.channel.transport.close()
+
+    def run(self) -> DaemonState:
+        """Serve until the run is done or SIGTERM/SIGINT arrives; return the last state."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._request_stop)
+        self.start()
         try:
-            while not self._stop and self.finished is None:
-                self._announce_if_reconnected()
-                inbound = self.channel.receive(0.5)
-                event = self._to_event(inbound) if inbound is not None else None
-                if event is not None:
-                    state = self._apply(state, event)
-                state = self._apply(state, Tick(time.time()))
+            while not self._stop and not self.poll(0.5):
+                pass
         except BrokerError:
             if not self._stop:
                 raise  # when stopping, an interrupted publish is expected; the checkpoint is safe
         finally:
-            final = None if self.finished else ("offline", "PS stopped")
-            if final:
-                transport.close(final=(topics.ps_status_topic(c.run_id), encode(self._status_msg(*final))))
-            else:
-                transport.close()
-        return state
+            self.close()
+        return self.state
 
     def _announce_if_reconnected(self) -> None:
         # After a network loss the broker published our Will ("offline") on ps/status: restore it.
@@ -127,7 +154,8 @@ class DaemonRunner:
     def _request_stop(self, signum: int, frame: object) -> None:
         log.info("signal %d: stopping after the current step", signum)
         self._stop = True
-        self.channel.transport.interrupt()
+        if hasattr(self, "channel"):
+            self.channel.transport.interrupt()
 
     # -- inbound --------------------------------------------------------------------------------
     def _to_event(self, inbound: Inbound) -> Event | None:
@@ -141,7 +169,12 @@ class DaemonRunner:
                 log.warning("site %s reports an error: %s", site, msg.detail)
             return SiteOnline(site, now, msg.n_train)
         if isinstance(msg, m.ClientUpdate):
-            update = SiteUpdate(site, blobs_to_arrays(msg.tensors), msg.n_samples, msg.local_steps)
+            extras: dict[str, Any] = dict(msg.scalars)
+            if msg.control_variates:
+                extras["delta_c"] = blobs_to_arrays(msg.control_variates)
+            if msg.label_histogram is not None:
+                extras["label_histogram"] = dict(msg.label_histogram)
+            update = SiteUpdate(site, blobs_to_arrays(msg.tensors), msg.n_samples, msg.local_steps, extras)
             return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
                                   msg.val_metrics, msg.undefined)
         if isinstance(msg, m.EvalReport):
@@ -150,11 +183,10 @@ class DaemonRunner:
         return None
 
     # -- effects --------------------------------------------------------------------------------
-    def _apply(self, state: DaemonState, event: Event) -> DaemonState:
-        state, effects = self.machine.step(state, event)
+    def _apply(self, event: Event) -> None:
+        self.state, effects = self.machine.step(self.state, event)
         for effect in effects:
             self._run_effect(effect)
-        return state
 
     def _run_effect(self, effect: fx.Effect) -> None:
         c, ch = self.config, self.channel
@@ -164,18 +196,22 @@ class DaemonRunner:
         elif isinstance(effect, fx.PublishModel):
             msg = m.GlobalModel(run_id=c.run_id, sender=PS, round=effect.round, model=c.model,
                                 model_hash=effect.model_hash, tensors=arrays_to_blobs(effect.weights),
+                                extras={k: arrays_to_blobs(v) for k, v in effect.extras.items()},
                                 msg_id=stable_msg_id(c.run_id, "model", effect.round, effect.model_hash))
             ch.send(topics.ps_model_topic(c.run_id), msg)
         elif isinstance(effect, fx.PublishTrainTask):
-            settings = c.train.model_copy(update={"algorithm": c.algorithm, "seed": c.seed})
+            hyper = {**c.hyper, **effect.hyper}
+            settings = c.train.model_copy(update={"algorithm": c.algorithm, "seed": c.seed, "hyper": hyper})
             msg = m.TrainTask(run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
                               model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,
-                              accepted_prev=effect.accepted_prev,
+                              accepted_prev=effect.accepted_prev, tensors=arrays_to_blobs(effect.tensors),
+                              upload=effect.upload,
                               msg_id=stable_msg_id(c.run_id, "train", effect.round, effect.site_id, effect.model_hash))
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
         elif isinstance(effect, fx.PublishEvalTask):
             msg = m.EvalTask(run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
-                             model_hash=effect.model_hash,
+                             model_hash=effect.model_hash, accepted_prev=effect.accepted_prev,
+                             tensors=arrays_to_blobs(effect.tensors),
                              msg_id=stable_msg_id(c.run_id, "eval", effect.round, effect.site_id, effect.model_hash))
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
         elif isinstance(effect, fx.PublishStatus):
@@ -202,10 +238,11 @@ class DaemonRunner:
         c, out = self.config, self.config.out_dir
         out.mkdir(parents=True, exist_ok=True)
         models = {"final": str(out / "final_model.safetensors")}
-        save_file({k: v.copy() for k, v in state.weights.items()}, models["final"])
+        final = {**state.weights, **state.extras.get("eval", {})}  # FedDyn's deployed model is theta_avg
+        save_file({k: np.ascontiguousarray(v) for k, v in final.items()}, models["final"])
         if state.best is not None:
             models["best"] = str(out / "best_model.safetensors")
-            save_file({k: v.copy() for k, v in state.best.weights.items()}, models["best"])
+            save_file({k: np.ascontiguousarray(v) for k, v in state.best.weights.items()}, models["best"])
         t = self.channel.transport
         traffic = {"bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
                    "messages_received": self.channel.stats.received, "duplicates": self.channel.stats.duplicates,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from fedmqtt.strategies.base import SiteUpdate, Weights
+from fedmqtt.strategies.base import Manifest, SiteUpdate, Weights
 
 Phase = Literal["waiting_for_sites", "training", "evaluating", "done"]
 MetricMap = Mapping[str, float | None]
@@ -55,8 +55,12 @@ class FinalReport:
 class DaemonState:
     phase: Phase
     round: int  # the round being trained; rounds + 1 while the final model is evaluated
-    weights: Weights
-    model_hash: str
+    weights: Weights  # every tensor of the model; only the strategy's shared ones travel after round 1
+    model_hash: str  # hash of the tensors published for this round
+    manifest: Manifest = field(default_factory=dict)
+    enrolled: Mapping[str, int] = field(default_factory=dict)  # n_i of every site seen (from its status)
+    personal: Mapping[str, Weights] = field(default_factory=dict)  # per-site tensors (ps/task/<site>)
+    extras: Mapping[str, Weights] = field(default_factory=dict)  # server state sent with the model
     selected: tuple[str, ...] = ()
     online: frozenset[str] = frozenset()
     offline: frozenset[str] = frozenset()  # seen going offline (Will); never-seen sites are not in it

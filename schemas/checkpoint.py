@@ -28,5 +28,9 @@ class Checkpoint(Frozen):
     accepted_prev: tuple[str, ...]
     history: tuple[dict[str, Any], ...]
     best: BestRoundRecord | None = None
-    strategy_state: dict[str, Any] = {}
+    strategy_state: dict[str, Any] = {}  # tensors inside travel as {"__tensor__": TensorBlob fields}
+    manifest: dict[str, dict[str, Any]] = {}
+    enrolled: dict[str, int] = {}
+    personal: dict[str, tuple[TensorBlob, ...]] = {}
+    extras: dict[str, tuple[TensorBlob, ...]] = {}
     saved_at: float

@@ -43,6 +43,9 @@ class GlobalModel(Header):
     model: ModelSpec
     model_hash: str
     tensors: tuple[TensorBlob, ...]
+    # Server state every site needs, by name: e.g. "c" (SCAFFOLD control variate), "eval" (the model
+    # to validate when it differs from the one to train, FedDyn's theta_avg).
+    extras: dict[str, tuple[TensorBlob, ...]] = Field(default_factory=dict)
 
 
 class TrainTask(Header):
@@ -54,6 +57,8 @@ class TrainTask(Header):
     deadline: float
     settings: TrainSettings
     accepted_prev: bool | None = None
+    tensors: tuple[TensorBlob, ...] = ()  # personalised tensors for this site only (AdaFed psi_i)
+    upload: tuple[str, ...] | None = None  # tensor names to send back (None: all); the rest stays local
 
 
 class EvalTask(Header):
@@ -64,6 +69,8 @@ class EvalTask(Header):
     model_hash: str
     tag: str = "final"
     splits: tuple[Literal["train", "val", "test"], ...] = ("val", "test")
+    accepted_prev: bool | None = None
+    tensors: tuple[TensorBlob, ...] = ()
 
 
 class ClientUpdate(Header):
@@ -77,7 +84,8 @@ class ClientUpdate(Header):
     train_loss: FiniteFloat | None = None
     val_metrics: dict[str, MetricValue] = Field(default_factory=dict)
     undefined: dict[str, str] = Field(default_factory=dict)
-    control_variates: tuple[TensorBlob, ...] = ()
+    control_variates: tuple[TensorBlob, ...] = ()  # SCAFFOLD: Delta c_i
+    scalars: dict[str, FiniteFloat] = Field(default_factory=dict)  # e.g. FedNova "a_norm"
     label_histogram: dict[str, int] | None = None
     compute_seconds: float = Field(default=0.0, ge=0)
     done: bool = True

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import logging
 import signal
+from typing import Any, Callable
 
+import numpy as np
 import torch
+
+from fedmqtt.training.weights import initial_arrays
 
 from fedmqtt import __version__
 from fedmqtt.errors import BrokerError
@@ -21,6 +25,7 @@ from schemas.codec import encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
+from site_agent.local_state import LocalState
 from site_agent.store import UplinkStore
 from site_agent.trainer import Trainer, pick_device
 
@@ -29,13 +34,15 @@ Task = m.TrainTask | m.EvalTask
 
 
 class SiteAgent:
-    def __init__(self, config: SiteConfig) -> None:
+    def __init__(self, config: SiteConfig, *, transport_factory: Callable[..., Any] | None = None) -> None:
         self.config = config
+        self._transport_factory = transport_factory or (lambda **kw: MqttTransport(config.broker_settings(), **kw))
         torch.set_num_threads(config.threads)
         self.data = load_site_data(config.data)
         self.device = pick_device(config.device)
         self.trainer = Trainer(config.site_id, self.data, device=self.device)
         self.store = UplinkStore(config.state_dir / "uplink")
+        self.local = LocalState(config.state_dir / "local")
         self.models: dict[str, m.GlobalModel] = {}
         self.task: Task | None = None
         self.done: set[tuple[str, int, str]] = set()  # (kind, round, model hash) handled this process
@@ -50,31 +57,42 @@ class SiteAgent:
                             n_train=d.n_train, n_val=d.n_val, n_test=d.n_test, label_histogram=hist,
                             detail=detail, version=__version__)
 
-    def run(self, *, exit_when_done: bool = False) -> None:
+    def start(self) -> None:
+        """Connect (with an 'offline' Last Will), subscribe to the model, our task and the PS status."""
         c = self.config
-        status_topic = topics.site_status_topic(c.run_id, c.site_id)
-        will = (status_topic, encode(self._status("offline", "connection lost")))
-        transport = MqttTransport(c.broker_settings(), client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}", will=will)
+        self.status_topic = topics.site_status_topic(c.run_id, c.site_id)
+        will = (self.status_topic, encode(self._status("offline", "connection lost")))
+        transport = self._transport_factory(client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}", will=will)
         self.channel = Channel(transport, run_id=c.run_id, sender=c.site_id)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._request_stop)
         transport.connect(timeout_s=None)
         transport.subscribe([topics.ps_status_topic(c.run_id), topics.ps_model_topic(c.run_id),
                              topics.ps_task_topic(c.run_id, c.site_id)])
         log.info("site %s online: %d train / %d val / %d test rows on %s", c.site_id, self.data.n_train,
                  self.data.n_val, self.data.n_test, self.device)
+
+    def poll(self, timeout_s: float) -> None:
+        """Handle at most one inbound message, then any task whose model has arrived."""
+        self._announce_if_reconnected(self.status_topic)
+        inbound = self.channel.receive(timeout_s)
+        if inbound is not None:
+            self._on_message(inbound.message)
+        self._work()
+
+    def close(self) -> None:
+        self.channel.transport.close(final=(self.status_topic, encode(self._status("offline", "agent stopped"))))
+
+    def run(self, *, exit_when_done: bool = False) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._request_stop)
+        self.start()
         try:
             while not self._stop and not (exit_when_done and self.ps_done):
-                self._announce_if_reconnected(status_topic)
-                inbound = self.channel.receive(0.5)
-                if inbound is not None:
-                    self._on_message(inbound.message)
-                self._work()
+                self.poll(0.5)
         except BrokerError:
             if not self._stop:
                 raise  # a real failure; when stopping, an interrupted publish is expected
         finally:
-            transport.close(final=(status_topic, encode(self._status("offline", "agent stopped"))))
+            self.close()
 
     def _request_stop(self, signum: int, frame: object) -> None:
         self._stop = True
@@ -121,6 +139,28 @@ class SiteAgent:
             self.channel.send(topics.site_status_topic(self.config.run_id, self.config.site_id), status)
         self.done.add(key)
 
+    def _compose(self, model: m.GlobalModel, task: Task, *, evaluate: bool = False) -> dict[str, np.ndarray]:
+        """The model this site uses: received shared tensors, then its personalised tensors, then its
+        own local layers; anything never received nor kept (a site joining after round 1) takes the
+        registry's round-1 value, which every site can rebuild from the run seed."""
+        weights = _arrays(model.tensors)
+        if evaluate and "eval" in model.extras:  # FedDyn: validate theta_avg, train from theta_send
+            weights.update(_arrays(model.extras["eval"]))
+        weights.update(_arrays(task.tensors))
+        names = self.trainer.manifest(model.model)
+        for name, value in self.local.committed().get("model", {}).items():
+            weights.setdefault(name, value)
+        missing = [n for n in names if n not in weights]
+        if missing:
+            log.warning("no local value for %d tensors (e.g. %s): using the round-1 initialisation", len(missing), missing[0])
+            init = initial_arrays(model.model.name, dict(model.model.args), self._run_seed(task))
+            weights.update({n: init[n] for n in missing})
+        return weights
+
+    @staticmethod
+    def _run_seed(task: Task) -> int:
+        return task.settings.seed if isinstance(task, m.TrainTask) else 0
+
     def _train(self, task: m.TrainTask, model: m.GlobalModel) -> None:
         c = self.config
         topic = topics.site_update_topic(c.run_id, c.site_id)
@@ -129,13 +169,24 @@ class SiteAgent:
             log.info("round %d: re-publishing the stored update", task.round)
             self.channel.transport.publish(topic, stored)
             return
+        self.local.resolve(task.accepted_prev, task.round)
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id), self._status("training", f"round {task.round}"))
-        result = self.trainer.train(model.model, _writable(model), task.settings, task.round)
+        start = self._compose(model, task)
+        eval_weights = self._compose(model, task, evaluate=True) if "eval" in model.extras else None
+        extras = {k: _arrays(v) for k, v in model.extras.items() if k != "eval"}
+        result = self.trainer.train(model.model, start, task.settings, task.round, eval_weights=eval_weights,
+                                    extras=extras, local=self.local.committed())
+        upload = sorted(result.weights) if task.upload is None else list(task.upload)
+        kept = {n: v for n, v in result.weights.items() if n not in set(upload)}
+        self.local.stage(task.round, {"model": kept, **result.algo_state})  # pending, before the uplink
         update = m.ClientUpdate(
             run_id=c.run_id, sender=c.site_id, round=task.round, base_model_hash=task.model_hash,
-            tensors=arrays_to_blobs(result.weights), n_samples=result.n_samples, local_steps=result.steps,
-            train_loss=result.train_loss, val_metrics=result.val_metrics, undefined=result.undefined,
-            compute_seconds=result.seconds, label_histogram=self.data.label_histogram() if c.share_label_histogram else None,
+            tensors=arrays_to_blobs({n: result.weights[n] for n in upload}), n_samples=result.n_samples,
+            local_steps=result.steps, train_loss=result.train_loss, val_metrics=result.val_metrics,
+            undefined=result.undefined, compute_seconds=result.seconds,
+            control_variates=arrays_to_blobs(result.uplink_extras.get("delta_c", {})),
+            scalars={k: float(v) for k, v in result.uplink_extras.items() if k != "delta_c"},
+            label_histogram=self._histogram(task),
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
@@ -143,9 +194,20 @@ class SiteAgent:
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
 
+    def _histogram(self, task: m.TrainTask) -> dict[str, int] | None:
+        """Label counts leave the site only if its egress policy allows it; FedDkw cannot run without."""
+        if self.config.share_label_histogram:
+            return self.data.label_histogram()
+        if task.settings.algorithm == "feddkw":
+            raise ValueError("feddkw needs the label histogram, but this site's egress policy "
+                             "(share_label_histogram = false) does not allow it to leave")
+        return None
+
     def _evaluate(self, task: m.EvalTask, model: m.GlobalModel) -> None:
         c = self.config
-        metrics, counts, undefined = self.trainer.evaluate(model.model, _writable(model), task.splits)
+        self.local.resolve(task.accepted_prev, task.round)
+        weights = self._compose(model, task, evaluate=True)
+        metrics, counts, undefined = self.trainer.evaluate(model.model, weights, task.splits)
         report = m.EvalReport(run_id=c.run_id, sender=c.site_id, round=task.round, model_hash=task.model_hash,
                               tag=task.tag, metrics=metrics, n_samples=counts, undefined=undefined)
         self.channel.send(topics.site_report_topic(c.run_id, c.site_id), report)
@@ -153,8 +215,8 @@ class SiteAgent:
         log.info("evaluated model %s: test %s", task.model_hash[:8], metrics.get("test"))
 
 
-def _writable(model: m.GlobalModel) -> dict:
-    return {k: v.copy() for k, v in blobs_to_arrays(model.tensors).items()}
+def _arrays(blobs: tuple) -> dict[str, np.ndarray]:
+    return {k: v.copy() for k, v in blobs_to_arrays(blobs).items()}
 
 
 __all__ = ["SiteAgent"]

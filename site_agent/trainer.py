@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -10,7 +11,8 @@ import torch
 from fedmqtt.data.splits import SiteData
 from fedmqtt.training.evaluate import evaluate_split
 from fedmqtt.training.loop import derive_seed, train_local
-from fedmqtt.training.models import build_model
+from fedmqtt.training.client_rules import finish_round, plan_terms
+from fedmqtt.training.models import build_model, model_manifest
 from fedmqtt.training.weights import load_arrays, state_to_arrays
 from schemas.messages import ModelSpec, TrainSettings
 
@@ -28,13 +30,15 @@ def pick_device(choice: str) -> str:
 
 @dataclass(frozen=True)
 class TrainResult:
-    weights: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray]  # every tensor of the model after local training
     n_samples: int
     steps: int
     train_loss: float | None
     seconds: float
     val_metrics: Metrics
     undefined: dict[str, str]
+    uplink_extras: dict[str, Any]  # algorithm fields for the update (SCAFFOLD delta_c, FedNova a_norm)
+    algo_state: dict[str, dict[str, np.ndarray]]  # the site's new algorithm state (pending, 0.6)
 
 
 class Trainer:
@@ -53,14 +57,28 @@ class Trainer:
         load_arrays(self._model, weights)
         return self._model
 
-    def train(self, spec: ModelSpec, weights: dict[str, np.ndarray], settings: TrainSettings, round_no: int) -> TrainResult:
-        """Validate the received model (algorithms.md 17.1), then train it locally."""
-        model = self._load(spec, weights)
+    def manifest(self, spec: ModelSpec) -> dict[str, dict[str, Any]]:
+        return model_manifest(spec.name, dict(spec.args))
+
+    def train(self, spec: ModelSpec, weights: dict[str, np.ndarray], settings: TrainSettings, round_no: int, *,
+              eval_weights: dict[str, np.ndarray] | None = None, extras: dict[str, dict[str, np.ndarray]] | None = None,
+              local: dict[str, dict[str, np.ndarray]] | None = None) -> TrainResult:
+        """Validate the model this site would use (algorithms.md 17.1), then train with the algorithm's rule."""
+        extras, local = extras or {}, local or {}
+        model = self._load(spec, eval_weights if eval_weights is not None else weights)
         val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, device=self.device)
+        if eval_weights is not None:
+            load_arrays(model, weights)
+        manifest = self.manifest(spec)
+        terms = plan_terms(settings, manifest, extras=extras, local=local)
+        start = state_to_arrays(model)
         stats = train_local(model, self.data.x_train, self.data.y_train, settings,
-                            seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device)
-        return TrainResult(state_to_arrays(model), stats.n_samples, stats.steps, stats.mean_loss, stats.seconds,
-                           val, {f"val.{k}": v for k, v in undefined.items()})
+                            seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device, terms=terms)
+        end = state_to_arrays(model)
+        uplink, algo_state = finish_round(settings, manifest, start=start, end=end, steps=stats.steps,
+                                          extras=extras, local=local)
+        return TrainResult(end, stats.n_samples, stats.steps, stats.mean_loss, stats.seconds,
+                           val, {f"val.{k}": v for k, v in undefined.items()}, uplink, algo_state)
 
     def evaluate(self, spec: ModelSpec, weights: dict[str, np.ndarray], splits: tuple[str, ...]
                  ) -> tuple[dict[str, Metrics], dict[str, int], dict[str, str]]:

@@ -2,18 +2,114 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from fedmqtt.errors import ConfigError
-from fedmqtt.strategies.base import SiteUpdate, Strategy, Weights
+from fedmqtt.strategies.adafed import AdaFed, DAdaFed, FAdaFed
+from fedmqtt.strategies.base import (
+    AggregateResult,
+    Manifest,
+    RoundInput,
+    SiteUpdate,
+    Strategy,
+    TensorSpec,
+    Weights,
+    manifest_from_dict,
+)
+from fedmqtt.strategies.base_local import Base
+from fedmqtt.strategies.fedadp import FedAdp
 from fedmqtt.strategies.fedavg import FedAvg
+from fedmqtt.strategies.fedbn import FedBN
+from fedmqtt.strategies.feddkw import FedDkw
+from fedmqtt.strategies.feddyn import FedDyn
+from fedmqtt.strategies.fedfbn import FedFBN
+from fedmqtt.strategies.fednova import FedNova
+from fedmqtt.strategies.fedopt import FedAdagrad, FedAdam, FedYogi
+from fedmqtt.strategies.fedper import FedPer
+from fedmqtt.strategies.fedprox import FedProx
+from fedmqtt.strategies.fedpxn import FedPxN
+from fedmqtt.strategies.rule import ServerRule
+from fedmqtt.strategies.scaffold import Scaffold
 
-STRATEGIES: dict[str, type] = {"fedavg": FedAvg}
+# In the order of algorithms.md, so `fedmqtt algorithms` lists them as the spec does.
+_CLASSES: tuple[type[ServerRule], ...] = (
+    FedAvg,
+    FedProx,
+    FedBN,
+    FedPxN,
+    FedAdam,
+    FedAdagrad,
+    FedYogi,
+    FedDyn,
+    Scaffold,
+    FedNova,
+    FedAdp,
+    FedDkw,
+    AdaFed,
+    DAdaFed,
+    FAdaFed,
+    FedPer,
+    Base,
+    FedFBN,
+)
+STRATEGIES: dict[str, type[ServerRule]] = {cls.name: cls for cls in _CLASSES}
 
 
-def build_strategy(name: str) -> Strategy:
+def build_strategy(name: str, params: Mapping[str, Any] | None = None) -> ServerRule:
+    """The strategy registered as `name`, with validated hyper-parameters.
+
+    Args:
+        name: registry name, e.g. "fedavg", "fedadam", "d-adafed".
+        params: hyper-parameters of that rule (None: all defaults).
+
+    Raises:
+        ConfigError: unknown name (the message lists the known ones) or a bad parameter.
+    """
     try:
-        return STRATEGIES[name]()
+        cls = STRATEGIES[name]
     except KeyError:
-        raise ConfigError(f"unknown algorithm {name!r}; available: {', '.join(sorted(STRATEGIES))}") from None
+        raise ConfigError(f"unknown algorithm {name!r}; available: {', '.join(STRATEGIES)}") from None
+    return cls(params)
 
 
-__all__ = ["STRATEGIES", "SiteUpdate", "Strategy", "Weights", "build_strategy"]
+def describe_strategies() -> list[tuple[str, str, list[tuple[str, Any, str]]]]:
+    """(name, summary, [(param, default, description)]) for every registered rule, for a CLI listing."""
+    rows = []
+    for name, cls in STRATEGIES.items():
+        fields = [(field, info.default, info.description or "") for field, info in cls.Params.model_fields.items()]
+        rows.append((name, cls.summary, fields))
+    return rows
+
+
+__all__ = [
+    "STRATEGIES",
+    "AdaFed",
+    "AggregateResult",
+    "Base",
+    "DAdaFed",
+    "FAdaFed",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAdp",
+    "FedAvg",
+    "FedBN",
+    "FedDkw",
+    "FedDyn",
+    "FedFBN",
+    "FedNova",
+    "FedPer",
+    "FedProx",
+    "FedPxN",
+    "FedYogi",
+    "Manifest",
+    "RoundInput",
+    "Scaffold",
+    "ServerRule",
+    "SiteUpdate",
+    "Strategy",
+    "TensorSpec",
+    "Weights",
+    "build_strategy",
+    "describe_strategies",
+    "manifest_from_dict",
+]

@@ -1,12 +1,53 @@
-"""Aggregation maths shared by the strategies (numpy only)."""
+"""Aggregation maths shared by the strategies (numpy only): weights, convex sums, buffer rules, groups."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fedmqtt.strategies.base import SiteUpdate, Weights
+from fedmqtt.strategies.base import Manifest, SiteUpdate, Weights
+
+
+@dataclass(frozen=True)
+class TensorGroups:
+    """Shared tensor names split by how the server may treat them (algorithms.md 0.2).
+
+    `train` may go through optimizer-like rules (moments, corrections, control variates);
+    `floatbuf` (float buffers, and frozen float parameters) only ever gets the convex weights;
+    `intbuf` (integer buffers) is the maximum over participants.
+    """
+
+    train: list[str]
+    floatbuf: list[str]
+    intbuf: list[str]
+
+
+def is_integer(array: np.ndarray) -> bool:
+    """Integer and bool tensors are counters, never averaged."""
+    return bool(np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_)
+
+
+def split_groups(names: Iterable[str], manifest: Manifest, current: Weights) -> TensorGroups:
+    """Classify `names` by their manifest tags.
+
+    A name the manifest does not list falls back to its dtype (float: TRAIN, integer: INTBUF), so
+    a plain model without buffers works with an empty manifest. A float tensor that is neither TRAIN
+    nor a buffer (a frozen parameter) is treated like a float buffer: averaged, never transformed.
+    """
+    train: list[str] = []
+    floatbuf: list[str] = []
+    intbuf: list[str] = []
+    for name in names:
+        spec = manifest.get(name)
+        if is_integer(current[name]) or (spec is not None and spec.is_intbuf):
+            intbuf.append(name)
+        elif spec is None or spec.is_train:
+            train.append(name)
+        else:
+            floatbuf.append(name)
+    return TensorGroups(train, floatbuf, intbuf)
 
 
 def sample_weights(updates: Sequence[SiteUpdate]) -> np.ndarray:
@@ -18,26 +59,81 @@ def sample_weights(updates: Sequence[SiteUpdate]) -> np.ndarray:
     return counts / total
 
 
+def uniform_weights(count: int) -> np.ndarray:
+    """1/|S_t| for each of `count` participants."""
+    return np.full(count, 1.0 / max(count, 1))
+
+
+def participant_weights(updates: Sequence[SiteUpdate], weighting: str) -> np.ndarray:
+    """Renormalised participation weights: `samples` gives p_i, `uniform` gives 1/|S_t|."""
+    return uniform_weights(len(updates)) if weighting == "uniform" else sample_weights(updates)
+
+
+def population_weights(
+    enrolled: Mapping[str, int], updates: Sequence[SiteUpdate], weighting: str
+) -> dict[str, float]:
+    """pi_i = n_i / n over every enrolled site (uniform: 1/N); unlisted participants count too."""
+    sizes = {site: float(n) for site, n in enrolled.items()}
+    for u in updates:
+        sizes.setdefault(u.site_id, float(u.n_samples))
+    total = sum(sizes[s] for s in sorted(sizes))
+    if weighting == "uniform" or total <= 0:
+        return {site: 1.0 / len(sizes) for site in sizes}
+    return {site: n / total for site, n in sizes.items()}
+
+
+def convex_combine(arrays: Sequence[np.ndarray], weights: Sequence[float], like: np.ndarray) -> np.ndarray:
+    """sum_i weights_i * arrays_i, accumulated in float64 in the given order, cast to `like`'s dtype."""
+    acc = np.zeros(like.shape, dtype=np.float64)
+    for w, arr in zip(weights, arrays):
+        acc += float(w) * np.asarray(arr, dtype=np.float64)
+    return acc.astype(like.dtype)
+
+
+def max_combine(arrays: Sequence[np.ndarray], like: np.ndarray) -> np.ndarray:
+    """Integer buffers (BN `num_batches_tracked`): maximum over participants (algorithms.md 0.2 DECISION)."""
+    return np.asarray(np.maximum.reduce([np.asarray(a) for a in arrays]), dtype=like.dtype).reshape(
+        like.shape
+    )
+
+
+def combine(
+    updates: Sequence[SiteUpdate], weights: Sequence[float], names: Iterable[str], current: Weights
+) -> Weights:
+    """Convex combination of the float tensors `names`; integer tensors take the maximum."""
+    out: Weights = {}
+    for name in names:
+        ref = current[name]
+        arrays = [np.asarray(u.tensors[name]) for u in updates]
+        out[name] = max_combine(arrays, ref) if is_integer(ref) else convex_combine(arrays, weights, ref)
+    return out
+
+
+def mean_delta(
+    updates: Sequence[SiteUpdate], weights: Sequence[float], name: str, current: Weights
+) -> np.ndarray:
+    """sum_i weights_i * (w_i - w_t) for one tensor, in float64 (the FedOpt/SCAFFOLD pseudo-gradient)."""
+    ref = np.asarray(current[name], dtype=np.float64)
+    acc = np.zeros(ref.shape, dtype=np.float64)
+    for w, u in zip(weights, updates):
+        acc += float(w) * (np.asarray(u.tensors[name], dtype=np.float64) - ref)
+    return acc
+
+
+def copy_weights(weights: Mapping[str, np.ndarray]) -> Weights:
+    """Fresh copies, so callers never share arrays with the strategy's state."""
+    return {name: np.array(value, copy=True) for name, value in weights.items()}
+
+
 def weighted_mean(updates: Sequence[SiteUpdate], weights: np.ndarray, current: Weights) -> Weights:
     """Convex combination of every tensor in `current`; integer buffers take the maximum.
 
     Sums run in the order of `updates` (callers sort by site id) and in float64, so the result does
-    not depend on message arrival order. Integer buffers (BN `num_batches_tracked`) are never
-    averaged: the maximum over participants (algorithms.md 0.2 DECISION).
+    not depend on message arrival order. With no update, copies of `current`.
     """
     if not updates:
-        return {name: value.copy() for name, value in current.items()}
-    out: Weights = {}
-    for name, reference in current.items():
-        arrays = [np.asarray(u.tensors[name]) for u in updates]
-        if np.issubdtype(reference.dtype, np.floating):
-            acc = np.zeros(reference.shape, dtype=np.float64)
-            for w, arr in zip(weights, arrays):
-                acc += w * arr.astype(np.float64)
-            out[name] = acc.astype(reference.dtype)
-        else:
-            out[name] = np.asarray(np.maximum.reduce(arrays), dtype=reference.dtype).reshape(reference.shape)
-    return out
+        return copy_weights(current)
+    return combine(updates, weights, list(current), current)
 
 
 def check_update_shapes(update: SiteUpdate, current: Weights) -> str | None:
@@ -51,3 +147,10 @@ def check_update_shapes(update: SiteUpdate, current: Weights) -> str | None:
         if got.shape != ref.shape or got.dtype != ref.dtype:
             return f"tensor {name!r}: {got.dtype}{list(got.shape)} != global {ref.dtype}{list(ref.shape)}"
     return None
+
+
+def require_extra(update: SiteUpdate, key: str, algorithm: str) -> object:
+    """The uplink extra `key` of `update`, or ValueError naming site and field (a protocol error)."""
+    if key not in update.extras:
+        raise ValueError(f"{algorithm}: update from {update.site_id!r} lacks extras[{key!r}]")
+    return update.extras[key]

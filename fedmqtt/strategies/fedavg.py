@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from fedmqtt.strategies.aggregate import sample_weights
+from fedmqtt.strategies.base import AggregateResult, RoundInput
+from fedmqtt.strategies.rule import ServerRule
 
-from fedmqtt.strategies.aggregate import sample_weights, weighted_mean
-from fedmqtt.strategies.base import SiteUpdate, Weights
 
+class FedAvg(ServerRule):
+    """FedAvg (McMahan et al., AISTATS 2017): w_{t+1} = sum_{i in S_t} p_i w_i^t, p_i = n_i / n_S.
 
-class FedAvg:
-    """w_{t+1} = sum_i p_i w_i^t with p_i = n_i / n_S; BN float buffers alike, integer buffers max."""
+    Float buffers get the same p_i; integer buffers the maximum; everything is shared.
+    """
 
     name = "fedavg"
+    summary = "FedAvg: sample-weighted mean of the site models (McMahan et al. 2017)"
 
-    def aggregate_train(self, round_no: int, current: Weights, updates: list[SiteUpdate]) -> Weights:
-        return weighted_mean(updates, sample_weights(updates), current)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state  # FedAvg keeps no server state beyond the global model
+    def aggregate_train(self, inp: RoundInput) -> AggregateResult:
+        return AggregateResult(weights=self.average(inp, sample_weights(inp.updates)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedmqtt.training.client_rules import GradTerms
 from schemas.messages import TrainSettings
 
 
@@ -40,13 +41,14 @@ def train_local(
     *,
     seed: int,
     device: str | torch.device = "cpu",
+    terms: GradTerms | None = None,
 ) -> TrainStats:
     """Train `model` in place for `settings.epochs` passes over `(x, y)` with binary cross-entropy.
 
     Shuffling uses a `torch.Generator` seeded with `seed`; dropout uses the global RNG, reseeded
     inside a fork so the caller's RNG state is untouched. The optimizer is new on every call
-    (algorithms.md 0.5). `settings.hyper["mu"] > 0` adds FedProx's `mu/2 * ||w - w_start||^2` over
-    trainable parameters, where `w_start` are the weights this call started from.
+    (algorithms.md 0.5). `terms` adds the algorithm's client-side gradient terms (FedProx/FedPxN
+    proximal, FedDyn, SCAFFOLD correction), anchored on the weights this call started from.
     """
     started = time.perf_counter()
     dev = torch.device(device)
@@ -55,10 +57,12 @@ def train_local(
     yt = torch.as_tensor(np.asarray(y, dtype=np.float32), device=dev).reshape(-1)
     if xt.ndim != 2 or xt.shape[0] != yt.shape[0]:
         raise ValueError(f"features {tuple(xt.shape)} and labels {tuple(yt.shape)} do not match")
+    terms = terms or GradTerms()
+    if terms.freeze_norm:
+        _freeze_batchnorm(model)
     params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
     optimizer = _make_optimizer(params, settings)
-    mu = float(settings.hyper.get("mu", 0.0))
-    anchor = [p.detach().clone() for p in params] if mu > 0 else []
+    correct = _gradient_terms(model, terms, dev)
     loss_fn = nn.BCEWithLogitsLoss()
     shuffle = torch.Generator().manual_seed(seed)
     steps, loss_sum, loss_rows = 0, 0.0, 0
@@ -69,8 +73,9 @@ def train_local(
                 optimizer.zero_grad(set_to_none=True)
                 logits = model(xt[idx]).reshape(-1)
                 loss = loss_fn(logits, yt[idx])
-                total = loss + _proximal(params, anchor, mu) if mu > 0 else loss
-                total.backward()
+                loss.backward()
+                if correct is not None:
+                    correct()
                 optimizer.step()
                 steps += 1
                 loss_sum += float(loss.detach()) * len(idx)
@@ -99,10 +104,39 @@ def _make_optimizer(params: list[nn.Parameter], settings: TrainSettings) -> torc
     return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
-def _proximal(params: list[nn.Parameter], anchor: list[torch.Tensor], mu: float) -> torch.Tensor:
-    """FedProx term (mu/2) * sum ||w - w_global||^2 over trainable parameters (never buffers)."""
-    sq = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
-    return 0.5 * mu * sq  # type: ignore[return-value]
+def _gradient_terms(model: nn.Module, terms: GradTerms, dev: torch.device) -> Callable[[], None] | None:
+    """A function adding the algorithm's terms to the gradients, or None when there are none.
+
+    Written into the gradient explicitly, so `mu`, `alpha` and the SCAFFOLD shift mean exactly what
+    algorithms.md says whatever the optimizer (never delegated to weight decay).
+    """
+    named = dict(model.named_parameters())
+    prox = [n for n in terms.prox_names if n in named] if terms.prox_mu > 0 else []
+    dyn = {n: torch.as_tensor(v, device=dev) for n, v in terms.dyn_s.items() if n in named}
+    shift = {n: torch.as_tensor(v, device=dev) for n, v in terms.shift.items() if n in named}
+    if not (prox or dyn or shift):
+        return None
+    anchor = {n: named[n].detach().clone() for n in {*prox, *dyn}}
+
+    def apply() -> None:
+        with torch.no_grad():
+            for n in prox:
+                named[n].grad.add_(named[n] - anchor[n], alpha=terms.prox_mu)
+            for n, s in dyn.items():
+                named[n].grad.add_(s + named[n] - anchor[n], alpha=terms.dyn_alpha)
+            for n, c in shift.items():
+                named[n].grad.add_(c)
+
+    return apply
+
+
+def _freeze_batchnorm(model: nn.Module) -> None:
+    """FedFBN: BatchNorm runs on its pretrained statistics and is never trained (algorithms.md 14)."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.eval()
+            for p in module.parameters():
+                p.requires_grad_(False)
 
 
 @contextmanager

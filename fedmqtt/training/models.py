@@ -157,3 +157,9 @@ def tensor_manifest(model: nn.Module, *, head: Iterable[str] = ()) -> dict[str, 
             "tags": tags,
         }
     return manifest
+
+
+def model_manifest(spec_name: str, args: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The tensor manifest of a registry model; its output layer (`head`, if any) is tagged HEAD (FedPer)."""
+    model = build_model(spec_name, args)
+    return tensor_manifest(model, head=("head",) if hasattr(model, "head") else ())

@@ -11,6 +11,7 @@ from fedmqtt.data.heart_disease import bundled_path, load_site_file  # noqa: E40
 from fedmqtt.data.splits import split_and_normalise  # noqa: E402
 from fedmqtt.errors import ConfigError  # noqa: E402
 from fedmqtt.training.evaluate import evaluate_split, predict_scores  # noqa: E402
+from fedmqtt.training.client_rules import GradTerms
 from fedmqtt.training.loop import derive_seed, train_local  # noqa: E402
 from fedmqtt.training.models import build_model, gn_groups, tensor_manifest  # noqa: E402
 from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays  # noqa: E402
@@ -133,8 +134,9 @@ def test_fedprox_term_pulls_towards_start() -> None:
     drift = {}
     for mu in (0.0, 10.0):
         model = _fresh()
-        settings = TrainSettings(epochs=3, batch_size=8, lr=0.05, optimizer="sgd", hyper={"mu": mu})
-        train_local(model, x, y, settings, seed=0)
+        settings = TrainSettings(epochs=3, batch_size=8, lr=0.05, optimizer="sgd")
+        names = frozenset(name for name, _ in model.named_parameters())
+        train_local(model, x, y, settings, seed=0, terms=GradTerms(prox_mu=mu, prox_names=names))
         end = state_to_arrays(model)
         drift[mu] = sum(float(((end[k] - start[k]) ** 2).sum()) for k in start)
     assert drift[10.0] < drift[0.0]

@@ -1,0 +1,105 @@
+"""FedDkw (Li et al. 2023; algorithms.md section 10): weights inversely proportional to label KL."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from pydantic import Field
+
+from fedmqtt.strategies.aggregate import copy_weights
+from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate
+from fedmqtt.strategies.params import StrategyParams
+from fedmqtt.strategies.rule import ServerRule
+
+Histogram = dict[str, float]
+
+
+class FedDkwParams(StrategyParams):
+    kl_floor: float = Field(
+        default=1e-6, gt=0.0, description="floor on KL_i before 1/KL (DECISION 1e-6), > 0"
+    )
+    multiply_by_n: bool = Field(
+        default=False, description="weight proportional to n_i / KL_i instead of 1 / KL_i"
+    )
+
+
+def as_histogram(raw: object) -> Histogram:
+    """Label counts keyed by class name (str): from a mapping, or a sequence indexed by class."""
+    if isinstance(raw, Mapping):
+        return {str(k): float(v) for k, v in raw.items()}
+    return {str(k): float(v) for k, v in enumerate(np.asarray(raw, dtype=np.float64).ravel())}
+
+
+def pooled_distribution(histograms: Sequence[Histogram]) -> Histogram:
+    """P_g = sum_i h_i / total count over every histogram given (the sites reported so far)."""
+    counts: Histogram = {}
+    for h in histograms:
+        for label in sorted(h):
+            counts[label] = counts.get(label, 0.0) + h[label]
+    total = sum(counts[label] for label in sorted(counts))
+    return {label: c / total for label, c in counts.items()} if total > 0 else {}
+
+
+def kl_divergence(histogram: Histogram, pooled: Histogram) -> float:
+    """KL(q_i || P_g) = sum_c q_i(c) ln(q_i(c) / P_g(c)); terms with q_i(c) = 0 are 0."""
+    total = sum(histogram[label] for label in sorted(histogram))
+    kl = 0.0
+    for label in sorted(histogram):
+        q = histogram[label] / total
+        if q > 0:
+            kl += q * math.log(q / pooled[label])
+    return kl
+
+
+class FedDkw(ServerRule):
+    """FedDkw (Li et al., ACM TALLIP 2023):
+
+        omega_i = (1 / max(KL_i, floor)) / sum_{j in S_t} (1 / max(KL_j, floor)),  w_{t+1} = sum omega_i w_i^t
+
+    KL_i = KL(q_i || P_g) with P_g pooled from the latest histogram of every site reported so far.
+    Float buffers get omega_i; integer buffers the maximum.
+    """
+
+    name = "feddkw"
+    summary = (
+        "FedDkw: weights 1/KL between each site's label distribution and the pooled one (Li et al. 2023)"
+    )
+    Params = FedDkwParams
+    params: FedDkwParams
+    uplink_extras = ("label_histogram",)
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        super().__init__(params)
+        self.histograms: dict[str, Histogram] = {}  # latest h_i of every site that has reported
+
+    def aggregate_train(self, inp: RoundInput) -> AggregateResult:
+        for u in inp.updates:
+            if "label_histogram" in u.extras:
+                self.histograms[u.site_id] = as_histogram(u.extras["label_histogram"])
+        # A site whose histogram the server never got (egress policy) cannot take part (algorithms.md 0.3).
+        updates = [u for u in inp.updates if sum(self.histograms.get(u.site_id, {}).values()) > 0]
+        if not updates:
+            return AggregateResult(weights=copy_weights(inp.current))
+        return AggregateResult(weights=self.average(inp, self.weights_of(updates), updates))
+
+    def weights_of(self, updates: Sequence[SiteUpdate]) -> np.ndarray:
+        """omega_i for `updates` (all with a stored histogram) against the current pooled distribution."""
+        pooled = pooled_distribution([self.histograms[s] for s in sorted(self.histograms)])
+        inverse = np.array(
+            [
+                1.0 / max(kl_divergence(self.histograms[u.site_id], pooled), self.params.kl_floor)
+                for u in updates
+            ]
+        )
+        if self.params.multiply_by_n:
+            sized = inverse * np.array([u.n_samples for u in updates], dtype=np.float64)
+            inverse = sized if sized.sum() > 0 else inverse  # every n_i = 0: 1/KL alone
+        return inverse / inverse.sum()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"histograms": {site: dict(h) for site, h in self.histograms.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.histograms = {str(s): as_histogram(h) for s, h in state.get("histograms", {}).items()}

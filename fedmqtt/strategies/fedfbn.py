@@ -1,0 +1,128 @@
+"""FedFBN (Kulkarni et al. 2023; algorithms.md section 14): frozen BN, uniform mean, surgical output layer."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+from pydantic import Field
+
+from fedmqtt.strategies.aggregate import combine, copy_weights, uniform_weights
+from fedmqtt.strategies.base import AggregateResult, RoundInput, TensorSpec, Weights
+from fedmqtt.strategies.params import StrategyParams
+from fedmqtt.strategies.rule import ServerRule, keeps_norm_local
+
+LabelRows = dict[str, dict[str, np.ndarray]]  # label -> output-layer tensor name -> that label's row
+
+
+class FedFBNParams(StrategyParams):
+    partial_labels: Literal["surgical", "masked_loss"] = Field(
+        default="surgical",
+        description="partial labels: surgical (per-label mean of output rows) or masked_loss (plain mean)",
+    )
+
+
+def surgical_aggregate(
+    uploads: Mapping[str, tuple[Sequence[str], Mapping[str, np.ndarray]]],
+    previous: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> tuple[LabelRows, dict[str, Weights]]:
+    """Surgical aggregation of the output layer for partial labels (arXiv 2301.06683).
+
+    For each label of the union, each output tensor's row is the uniform mean over the sites that
+    have this label (sites summed in id order, float64, cast back); a label nobody uploaded keeps
+    its `previous` rows.
+
+    Args:
+        uploads: site id -> (its labels in row order, {tensor name: array with one row per label}),
+            e.g. {"a": (["L1", "L2"], {"fc.weight": [[1, 1], [2, 2]], "fc.bias": [0.1, 0.2]})}.
+        previous: the last global rows per label (server state).
+
+    Returns:
+        (global rows per label, per site {tensor name: the rows of its own labels in its own order}).
+    """
+    rows: LabelRows = {label: copy_weights(r) for label, r in (previous or {}).items()}
+    sites = sorted(uploads)
+    for site in sites:
+        labels, tensors = uploads[site]
+        for name, array in tensors.items():
+            if np.shape(array)[:1] != (len(labels),):
+                raise ValueError(
+                    f"fedfbn: {site!r} sent {len(labels)} labels but {name!r} has shape {np.shape(array)}"
+                )
+    union = sorted({str(label) for site in sites for label in uploads[site][0]})
+    for label in union:
+        holders = [(site, list(uploads[site][0]).index(label)) for site in sites if label in uploads[site][0]]
+        names = uploads[holders[0][0]][1]
+        merged: dict[str, np.ndarray] = {}
+        for name in names:
+            arrays = [np.asarray(uploads[site][1][name])[k] for site, k in holders]
+            merged[name] = combine_rows(arrays)
+        rows[label] = merged
+    personal = {
+        site: {name: np.stack([rows[label][name] for label in uploads[site][0]]) for name in uploads[site][1]}
+        for site in sites
+    }
+    return rows, personal
+
+
+def combine_rows(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Uniform mean of one label's rows in float64, in the rows' dtype."""
+    acc = np.zeros(np.shape(arrays[0]), dtype=np.float64)
+    for arr in arrays:
+        acc += np.asarray(arr, dtype=np.float64) / len(arrays)
+    return acc.astype(np.asarray(arrays[0]).dtype)
+
+
+class FedFBN(ServerRule):
+    """FedFBN (Kulkarni et al. 2023, seed 004 Algorithm 1): BatchNorm frozen and never sent;
+    w_{t+1} = (1/|S_t|) sum_{i in S_t} w_i^t over every other tensor, regardless of n_i.
+
+    Output layer (HEAD tensors): averaged like the rest when the sites share one label set (no
+    `label_set` extras). When every update carries extras["label_set"] (its labels in row order),
+    the HEAD tensors are aggregated surgically (`surgical_aggregate`), each site receives its own
+    rows in `personal`, the global rows per label are server state, and `weights` keeps the HEAD
+    tensors of `current`.
+    """
+
+    name = "fedfbn"
+    summary = "FedFBN: frozen BatchNorm, uniform mean, surgical output layer (Kulkarni et al. 2023)"
+    Params = FedFBNParams
+    params: FedFBNParams
+    uplink_extras = ("label_set",)
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        super().__init__(params)
+        self.label_rows: LabelRows = {}
+
+    def keeps_local(self, spec: TensorSpec) -> bool:
+        return keeps_norm_local(spec, ("batchnorm",))
+
+    def aggregate_train(self, inp: RoundInput) -> AggregateResult:
+        if not inp.updates:
+            return AggregateResult(weights=copy_weights(inp.current))
+        g = self.groups(inp)
+        names = g.train + g.floatbuf + g.intbuf
+        head = [n for n in g.train + g.floatbuf if n in inp.manifest and inp.manifest[n].is_head]
+        labelled = [u for u in inp.updates if "label_set" in u.extras]
+        surgical = self.params.partial_labels == "surgical" and bool(head) and bool(labelled)
+        if surgical and len(labelled) != len(inp.updates):
+            missing = sorted(u.site_id for u in inp.updates if "label_set" not in u.extras)
+            raise ValueError(
+                f"fedfbn: surgical aggregation needs extras['label_set'] from every site; missing {missing}"
+            )
+        body = [n for n in names if not (surgical and n in head)]
+        out = combine(inp.updates, uniform_weights(len(inp.updates)), body, inp.current)
+        if not surgical:
+            return AggregateResult(weights=self.complete(inp, out))
+        uploads = {
+            u.site_id: ([str(x) for x in u.extras["label_set"]], {n: np.asarray(u.tensors[n]) for n in head})
+            for u in inp.updates
+        }
+        self.label_rows, personal = surgical_aggregate(uploads, self.label_rows)
+        return AggregateResult(weights=self.complete(inp, out), personal=personal)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"label_rows": {label: copy_weights(r) for label, r in self.label_rows.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.label_rows = {str(k): copy_weights(r) for k, r in state.get("label_rows", {}).items()}

@@ -1,0 +1,101 @@
+"""FedNova (Wang et al. 2020; algorithms.md section 8): normalised averaging of unequal local work."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+import numpy as np
+from pydantic import Field
+
+from fedmqtt.strategies.aggregate import combine, copy_weights, sample_weights
+from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate
+from fedmqtt.strategies.params import StrategyParams
+from fedmqtt.strategies.rule import ServerRule, float_state
+
+
+class FedNovaParams(StrategyParams):
+    eta_g: float = Field(default=1.0, gt=0.0, description="server learning rate eta_g, > 0")
+    tau_eff: Literal["norm", "steps"] = Field(
+        default="norm", description="tau_eff = sum p_i ||a_i||_1 (norm, paper) or sum p_i tau_i (steps, code)"
+    )
+    gmf: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="server momentum factor (reference code); 0: off"
+    )
+
+
+def a_norm_momentum(steps: int, rho: float) -> float:
+    """||a_i||_1 of heavy-ball SGD (PyTorch form, fresh buffer): sum_{s=1..tau} (1 - rho^s)/(1 - rho).
+
+    Args:
+        steps: local steps tau_i actually taken.
+        rho: momentum factor in [0, 1); 0 is plain SGD (||a_i||_1 = tau_i).
+    """
+    if rho == 0.0:
+        return float(steps)
+    return (steps - rho * (1.0 - rho**steps) / (1.0 - rho)) / (1.0 - rho)
+
+
+def a_norm_proximal(steps: int, lr_mu: float) -> float:
+    """||a_i||_1 of SGD with a FedProx term, no momentum: (1 - (1 - eta_l mu)^tau) / (eta_l mu).
+
+    Args:
+        steps: local steps tau_i actually taken.
+        lr_mu: eta_l * mu; 0 is plain SGD.
+    """
+    if lr_mu == 0.0:
+        return float(steps)
+    return (1.0 - (1.0 - lr_mu) ** steps) / lr_mu
+
+
+class FedNova(ServerRule):
+    """FedNova (Wang et al., NeurIPS 2020), on TRAIN tensors (Delta_i = x - y_i):
+
+        x <- x - eta_g tau_eff sum_{i in S_t} p_i Delta_i / ||a_i||_1,   tau_eff = sum_i p_i ||a_i||_1
+
+    Float buffers get p_i and no normalisation; integer buffers the maximum. Optional server momentum
+    (`gmf`): buf = gmf buf + update, x <- x - buf, the reference code's rule for a constant eta_l.
+    """
+
+    name = "fednova"
+    summary = "FedNova: averages updates normalised by local work ||a_i||_1 (Wang et al. 2020)"
+    Params = FedNovaParams
+    params: FedNovaParams
+    uplink_extras = ("a_norm",)
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        super().__init__(params)
+        self.momentum: dict[str, np.ndarray] = {}
+
+    def aggregate_train(self, inp: RoundInput) -> AggregateResult:
+        if not inp.updates:
+            return AggregateResult(weights=copy_weights(inp.current))
+        p = sample_weights(inp.updates)
+        norms = [_a_norm(u) for u in inp.updates]
+        work = norms if self.params.tau_eff == "norm" else [float(u.local_steps) for u in inp.updates]
+        tau_eff = float(sum(w * a for w, a in zip(p, work)))
+        g = self.groups(inp)
+        out = combine(inp.updates, p, g.floatbuf + g.intbuf, inp.current)
+        for name in g.train:
+            ref = inp.current[name]
+            x = np.asarray(ref, dtype=np.float64)
+            d = np.zeros(x.shape)
+            for w, a, u in zip(p, norms, inp.updates):
+                if a > 0:  # a site that took no step moved nowhere and contributes nothing
+                    d += w * (x - np.asarray(u.tensors[name], dtype=np.float64)) / a
+            update = self.params.eta_g * tau_eff * d
+            if self.params.gmf > 0:
+                update = self.params.gmf * self.momentum.get(name, np.zeros(x.shape)) + update
+                self.momentum[name] = update
+            out[name] = (x - update).astype(ref.dtype)
+        return AggregateResult(weights=self.complete(inp, out))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"momentum": float_state(self.momentum)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.momentum = float_state(state.get("momentum", {}))
+
+
+def _a_norm(update: SiteUpdate) -> float:
+    """||a_i||_1 from the uplink; without it, plain SGD's tau_i (algorithms.md 8, non-SGD reading)."""
+    return float(update.extras.get("a_norm", update.local_steps))

@@ -1,0 +1,74 @@
+"""Hyper-parameters of the server rules: frozen pydantic models, errors naming algorithm and field."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fedmqtt.errors import ConfigError
+
+P = TypeVar("P", bound="StrategyParams")
+
+Weighting = Literal["samples", "uniform"]
+NormFamily = Literal["batchnorm", "groupnorm", "layernorm", "instancenorm"]
+ALL_NORMS: tuple[NormFamily, ...] = ("batchnorm", "groupnorm", "layernorm", "instancenorm")
+
+
+class StrategyParams(BaseModel):
+    """Base of every `Params` model: frozen, unknown keys refused, every field has a default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class NoParams(StrategyParams):
+    """For rules without hyper-parameters."""
+
+
+class WeightingParams(StrategyParams):
+    """Sample weights p_i = n_i / n_S by default; `uniform` gives 1/|S_t| (the original papers' choice)."""
+
+    weighting: Weighting = Field(
+        default="samples", description="participant weights: samples (p_i = n_i/n_S) or uniform (1/|S_t|)"
+    )
+
+
+def expand_norm_types(value: object) -> object:
+    """Validator for `norm_types`: "all" (or ["all"]) means every family; a bare string is one family."""
+    if value == "all" or (isinstance(value, (list, tuple)) and list(value) == ["all"]):
+        return ALL_NORMS
+    return (value,) if isinstance(value, str) else value
+
+
+def mu_field(default: float = 0.01) -> Any:
+    """The proximal coefficient shared by FedProx and FedPxN (algorithms.md 2 and 4)."""
+    return Field(default=default, ge=0.0, description="proximal coefficient mu (squared-norm term), >= 0")
+
+
+def parse_params(algorithm: str, model: type[P], raw: Mapping[str, Any] | None) -> P:
+    """Validate `raw` against `model`, or raise ConfigError naming the algorithm and every bad field.
+
+    Args:
+        algorithm: registry name used as the message prefix, e.g. "fedprox".
+        model: the rule's `Params` class.
+        raw: user-supplied values (None or empty: all defaults).
+
+    Returns:
+        The frozen, validated parameters.
+
+    Raises:
+        ConfigError: e.g. "fedprox: mu must be greater than or equal to 0 (got -1)".
+    """
+    try:
+        return model.model_validate(dict(raw or {}))
+    except ValidationError as exc:
+        known = ", ".join(model.model_fields) or "none"
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "(params)"
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown parameter {field!r} (known: {known})")
+                continue
+            msg = str(err["msg"]).replace("Input should be", "must be").replace("Value error, ", "")
+            problems.append(f"{field} {msg} (got {err.get('input')!r})")
+        raise ConfigError(f"{algorithm}: " + "; ".join(problems)) from None

@@ -1,0 +1,104 @@
+"""Common plumbing of the server rules: params, the shared/local split by tags, local pass-through."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from fedmqtt.strategies.aggregate import TensorGroups, combine, copy_weights, split_groups
+from fedmqtt.strategies.base import AggregateResult, Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
+from fedmqtt.strategies.params import NoParams, StrategyParams, parse_params
+
+NORM_FAMILIES = ("batchnorm", "instancenorm", "groupnorm", "layernorm")
+
+
+def norm_family(spec: TensorSpec) -> str | None:
+    """`batchnorm` (BatchNorm1d/2d/3d, SyncBatchNorm, lazy ones), `instancenorm`, `groupnorm`, `layernorm`,
+    another lowered module type name for an unknown normalization layer, or None for a non-NORM tensor.
+    """
+    for tag in spec.tags:
+        if tag.startswith("NORM:"):
+            kind = tag[len("NORM:") :].lower()
+            return next((family for family in NORM_FAMILIES if family in kind), kind)
+    return None
+
+
+def keeps_norm_local(spec: TensorSpec, norm_types: Sequence[str]) -> bool:
+    """Whether `spec` belongs to a normalization layer of one of `norm_types` (families, see `norm_family`).
+
+    A normalization type outside the known families is local only when every family is (seed 000's intent).
+    """
+    family = norm_family(spec)
+    if family is None:
+        return False
+    return family in norm_types or set(norm_types) >= set(NORM_FAMILIES)
+
+
+class ServerRule:
+    """Base class of every strategy: validated `Params`, everything shared unless `keeps_local` says not."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    Params: ClassVar[type[StrategyParams]] = NoParams
+    # Keys of SiteUpdate.extras the rule reads (algorithms.md 18.2), so callers can check uplinks first.
+    uplink_extras: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        self.params = parse_params(self.name, self.Params, params)
+
+    def keeps_local(self, spec: TensorSpec) -> bool:
+        """Whether the tensor stays on the site (never sent, never aggregated)."""
+        del spec
+        return False
+
+    def shared_names(self, manifest: Manifest) -> list[str]:
+        """Tensors that travel between sites and server (sorted). The rest stays on the sites."""
+        return sorted(name for name, spec in manifest.items() if not self.keeps_local(spec))
+
+    def site_hyper(self, site_id: str, enrolled: Mapping[str, int]) -> dict[str, float]:
+        """Per-site hyper-parameters for the downlink; none by default."""
+        del site_id, enrolled
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server state to checkpoint; stateless rules have none."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` output; stateless rules accept only an empty state."""
+        if state:
+            raise ValueError(f"{self.name}: keeps no server state, got keys {sorted(state)}")
+
+    def aggregate_train(self, inp: RoundInput) -> AggregateResult:
+        raise NotImplementedError
+
+    # -- helpers for subclasses ---------------------------------------------------------------------
+    def groups(self, inp: RoundInput) -> TensorGroups:
+        """The shared names in `inp.current` by treatment; names missing from the manifest count as shared."""
+        names = [n for n in inp.current if n not in inp.manifest or not self.keeps_local(inp.manifest[n])]
+        return split_groups(names, inp.manifest, inp.current)
+
+    def complete(self, inp: RoundInput, aggregated: Weights) -> Weights:
+        """`aggregated` plus copies of the local tensors `current` happened to carry, in `current`'s order.
+
+        Keeping the local tensors (e.g. FedBN's round-1 NORM values) makes the result a drop-in
+        replacement for `current`; they are never changed by the server.
+        """
+        kept = copy_weights(inp.current)
+        return {name: aggregated.get(name, kept[name]) for name in inp.current}
+
+    def average(
+        self, inp: RoundInput, weights: Sequence[float], updates: Sequence[SiteUpdate] | None = None
+    ) -> Weights:
+        """Convex combination of every shared tensor (integer buffers: max), local tensors unchanged."""
+        updates = inp.updates if updates is None else updates
+        if not updates:
+            return copy_weights(inp.current)
+        g = self.groups(inp)
+        return self.complete(inp, combine(updates, weights, g.train + g.floatbuf + g.intbuf, inp.current))
+
+
+def float_state(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Copies of float64 server-state arrays (moments, variates) for `state_dict`."""
+    return {name: np.array(value, dtype=np.float64, copy=True) for name, value in arrays.items()}

@@ -1,0 +1,103 @@
+"""Client-side rules of the algorithms (algorithms.md 2-8, 14): what a site adds to its local
+gradient, and what it computes after local training (uplink extras, its own persistent state).
+
+Every term is written into the gradient explicitly (not delegated to optimizer weight decay),
+on TRAIN parameters only, never on buffers (algorithms.md 0.2, 19.1 items 6, 7, 9).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from schemas.messages import TrainSettings
+
+log = logging.getLogger(__name__)
+Weights = dict[str, np.ndarray]
+SGD_ONLY = {"scaffold": "SCAFFOLD option II", "fednova": "FedNova's ||a_i||_1"}
+
+
+@dataclass(frozen=True)
+class GradTerms:
+    """Additions to the minibatch gradient of named parameters, anchored on the round's start weights."""
+
+    prox_mu: float = 0.0
+    prox_names: frozenset[str] = frozenset()
+    dyn_alpha: float = 0.0
+    dyn_s: Mapping[str, np.ndarray] = field(default_factory=dict)  # FedDyn: + alpha*(s_i + w - theta_send)
+    shift: Mapping[str, np.ndarray] = field(default_factory=dict)  # SCAFFOLD: + (c - c_i)
+    freeze_norm: bool = False  # FedFBN: BN layers in eval mode and not trained
+
+
+def _train_names(manifest: Mapping[str, Any]) -> list[str]:
+    return sorted(n for n, spec in manifest.items() if "TRAIN" in spec["tags"])
+
+
+def _is_norm(spec: Mapping[str, Any]) -> bool:
+    return any(t.startswith("NORM:") for t in spec["tags"])
+
+
+def plan_terms(settings: TrainSettings, manifest: Mapping[str, Any], *, extras: Mapping[str, Weights],
+               local: Mapping[str, Weights]) -> GradTerms:
+    """The gradient terms of `settings.algorithm` for this round."""
+    algo, hyper = settings.algorithm, settings.hyper
+    train = _train_names(manifest)
+    if algo in SGD_ONLY and (settings.optimizer != "sgd" or hyper.get("momentum", 0.0) and algo == "scaffold"):
+        raise ValueError(f"{algo} needs plain SGD for {SGD_ONLY[algo]} (got {settings.optimizer})")
+    if algo == "fedprox":
+        return GradTerms(prox_mu=float(hyper.get("mu", 0.0)), prox_names=frozenset(train))
+    if algo == "fedpxn":  # proximal term on non-normalization parameters only (paper; 19.1 item 7)
+        names = frozenset(n for n in train if not _is_norm(manifest[n]))
+        return GradTerms(prox_mu=float(hyper.get("mu", 0.0)), prox_names=names)
+    if algo == "feddyn":
+        s_i = local.get("s_i") or {n: np.zeros(manifest[n]["shape"], np.float32) for n in train}
+        return GradTerms(dyn_alpha=float(hyper["alpha"]), dyn_s=s_i)
+    if algo == "scaffold":
+        c = extras.get("c") or {}
+        c_i = local.get("c_i") or {}
+        zeros = {n: np.zeros(manifest[n]["shape"], np.float32) for n in train}
+        return GradTerms(shift={n: c.get(n, zeros[n]) - c_i.get(n, zeros[n]) for n in train})
+    if algo == "fedfbn":
+        return GradTerms(freeze_norm=True)
+    return GradTerms()
+
+
+def finish_round(settings: TrainSettings, manifest: Mapping[str, Any], *, start: Weights, end: Weights,
+                 steps: int, extras: Mapping[str, Weights], local: Mapping[str, Weights]
+                 ) -> tuple[dict[str, Any], dict[str, Weights]]:
+    """Uplink extras and the site's new algorithm state (pending until the PS accepts the update)."""
+    algo, hyper = settings.algorithm, settings.hyper
+    train = _train_names(manifest)
+    if algo == "scaffold":  # option II: c_i+ = c_i - c + (x - y) / (K * eta_l)
+        c = extras.get("c") or {}
+        c_i = local.get("c_i") or {}
+        zero = {n: np.zeros(manifest[n]["shape"], np.float32) for n in train}
+        scale = 1.0 / (max(steps, 1) * settings.lr)
+        new = {n: (c_i.get(n, zero[n]) - c.get(n, zero[n]) + (start[n] - end[n]) * scale).astype(np.float32)
+               for n in train}
+        delta = {n: (new[n] - c_i.get(n, zero[n])).astype(np.float32) for n in train}
+        return {"delta_c": delta}, {"c_i": new}
+    if algo == "feddyn":  # s_i <- s_i + (theta_i - theta_send)
+        s_i = local.get("s_i") or {n: np.zeros(manifest[n]["shape"], np.float32) for n in train}
+        return {}, {"s_i": {n: (s_i[n] + end[n] - start[n]).astype(np.float32) for n in train}}
+    if algo == "fednova":
+        return {"a_norm": fednova_a_norm(steps, lr=settings.lr, rho=float(hyper.get("momentum", 0.0)),
+                                         mu=float(hyper.get("mu", 0.0)))}, {}
+    return {}, {}
+
+
+def fednova_a_norm(steps: int, *, lr: float, rho: float = 0.0, mu: float = 0.0) -> float:
+    """||a_i||_1 of FedNova (algorithms.md 8): tau for SGD; running forms for momentum and proximal SGD."""
+    a, counter = 0.0, 0.0
+    for _ in range(steps):
+        if rho > 0:
+            counter = rho * counter + 1.0
+            a += counter
+        elif mu > 0:
+            a = a * (1.0 - lr * mu) + 1.0
+        else:
+            a += 1.0
+    return a

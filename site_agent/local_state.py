@@ -1,0 +1,71 @@
+"""What a site keeps between rounds (local layers, SCAFFOLD c_i, FedDyn s_i), with the commit rule.
+
+algorithms.md 0.6: state changed in round t is written as *pending for round t* before the update
+is published; the next downlink's `accepted_prev` says whether the PS aggregated that update:
+if yes the pending state becomes committed, if no it is discarded. So a site whose update was
+lost never drifts away from the server's view of it (SCAFFOLD's c = sum pi_i c_i, FedDyn's S_bar).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from schemas.tensors import TensorBlob, arrays_to_blobs
+
+log = logging.getLogger(__name__)
+Groups = dict[str, dict[str, np.ndarray]]
+
+
+class LocalState:
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._committed = self.folder / "committed.msgpack"
+        self._pending = self.folder / "pending.msgpack"
+
+    def committed(self) -> Groups:
+        return self._read(self._committed)[1]
+
+    def stage(self, round_no: int, groups: Groups) -> None:
+        """Write the state produced by round `round_no` as pending (durable before the uplink leaves)."""
+        committed = self.committed()
+        merged = {**committed, **groups}  # groups not touched this round stay as committed
+        self._write(self._pending, round_no, merged)
+
+    def resolve(self, accepted_prev: bool | None, round_no: int) -> None:
+        """Apply the PS's verdict on our update of the round before `round_no`."""
+        if accepted_prev is None or not self._pending.exists():
+            return
+        pending_round, _ = self._read(self._pending)
+        if pending_round >= round_no:
+            return  # pending belongs to this very round (a re-sent task): keep it
+        if accepted_prev:
+            os.replace(self._pending, self._committed)
+        else:
+            log.warning("the PS did not aggregate our round %d update: discarding its local state", pending_round)
+            self._pending.unlink()
+
+    @staticmethod
+    def _read(path: Path) -> tuple[int, Groups]:
+        if not path.exists():
+            return 0, {}
+        raw = msgpack.unpackb(path.read_bytes(), raw=False)
+        groups = {g: {b["name"]: TensorBlob.model_validate(b).to_numpy().copy() for b in blobs}
+                  for g, blobs in raw["groups"].items()}
+        return int(raw["round"]), groups
+
+    @staticmethod
+    def _write(path: Path, round_no: int, groups: Groups) -> None:
+        data = {"round": round_no,
+                "groups": {g: [b.model_dump() for b in arrays_to_blobs(w)] for g, w in groups.items()}}
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(msgpack.packb(data, use_bin_type=True))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
