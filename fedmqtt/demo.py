@@ -36,7 +36,8 @@ DEMO_TRAIN = {"epochs": 2, "batch_size": 32, "lr": 0.001, "optimizer": "adam"}
 def write_role_configs(layout: FederationLayout, work: Path, *, rounds: int, seed: int,
                        round_timeout_s: float = 120.0, train: dict[str, Any] | None = None,
                        algorithm: str = "fedavg", hyper: dict[str, float] | None = None,
-                       model: dict[str, Any] | None = None) -> tuple[Path, dict[str, Path]]:
+                       model: dict[str, Any] | None = None,
+                       share_label_histogram: bool = False) -> tuple[Path, dict[str, Path]]:
     """The PS config and one config per site, as a deployment would have them."""
     ps = {
         "run_id": layout.run_id, "algorithm": algorithm, "hyper": hyper or {}, "rounds": rounds,
@@ -51,6 +52,7 @@ def write_role_configs(layout: FederationLayout, work: Path, *, rounds: int, see
     for site in layout.site_ids:
         cfg = {"site_id": site, "run_id": layout.run_id, "credentials": str(layout.credentials[site]),
                "state_dir": str(work / "state" / site), "device": "auto", "threads": 1,
+               "share_label_histogram": share_label_histogram,
                "data": {"format": "heart_disease", "path": str(bundled_path(site))}}
         site_paths[site] = work / "sites" / f"{site}.toml"
         site_paths[site].parent.mkdir(parents=True, exist_ok=True)

@@ -33,9 +33,9 @@ class Machine:
         self.hash_weights = hash_weights
         self.selection_metric = "auroc"
 
-    def initial_state(self, weights: Weights, manifest: Manifest) -> DaemonState:
+    def initial_state(self, weights: Weights, manifest: Manifest | None = None) -> DaemonState:
         """Round 1 sends every tensor (all sites start identical); later rounds only the shared ones."""
-        state = DaemonState(phase="waiting_for_sites", round=0, weights=weights, model_hash="", manifest=manifest)
+        state = DaemonState(phase="waiting_for_sites", round=0, weights=weights, model_hash="", manifest=manifest or {})
         return replace(state, model_hash=self.hash_weights(self.published(state)))
 
     def shared_names(self, state: DaemonState) -> list[str]:

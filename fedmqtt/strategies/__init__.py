@@ -76,7 +76,9 @@ def describe_strategies() -> list[tuple[str, str, list[tuple[str, Any, str]]]]:
     """(name, summary, [(param, default, description)]) for every registered rule, for a CLI listing."""
     rows = []
     for name, cls in STRATEGIES.items():
-        fields = [(field, info.default, info.description or "") for field, info in cls.Params.model_fields.items()]
+        fields = [
+            (field, info.default, info.description or "") for field, info in cls.Params.model_fields.items()
+        ]
         rows.append((name, cls.summary, fields))
     return rows
 

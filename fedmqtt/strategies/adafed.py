@@ -86,7 +86,7 @@ def mixing_weights(distances: np.ndarray, lam: float) -> np.ndarray:
     else:
         inverse = 1.0 / distances
         share = inverse / inverse.sum()
-    return (1.0 - lam) * share
+    return np.asarray((1.0 - lam) * share, dtype=np.float64)
 
 
 def similarity_from_distances(d: np.ndarray, lam: float) -> np.ndarray:
@@ -102,9 +102,7 @@ def similarity_from_distances(d: np.ndarray, lam: float) -> np.ndarray:
     return w
 
 
-def similarity_matrix(
-    stats: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]], lam: float
-) -> np.ndarray:
+def similarity_matrix(stats: Mapping[str, LayerStats], lam: float) -> np.ndarray:
     """AdaFed's W from per-site, per-layer (mean, var) statistics; rows and columns in sorted site order.
 
     Args:
@@ -205,7 +203,11 @@ class DAdaFed(AdaFed):
 
 
 class FAdaFed(AdaFed):
-    """f-AdaFed: FedBN for `warmup_rounds` rounds, then AdaFed with W from the BN running statistics."""
+    """f-AdaFed: FedBN for `warmup_rounds` rounds, then AdaFed with W from the BN running statistics.
+
+    The warm-up is FedBN's p_i-weighted mean over AdaFed's shared tensors (BN local), so the set of
+    tensors that travel stays the same for the whole run.
+    """
 
     name = "f-adafed"
     summary = "f-AdaFed: FedBN warm-up, then AdaFed with W from BN running statistics (no pretrained model)"

@@ -9,6 +9,9 @@ import numpy as np
 
 from fedmqtt.strategies.base import Manifest, SiteUpdate, Weights
 
+# Participation weights: a float array or any sequence of floats, in the order of the updates.
+Coefficients = Sequence[float] | np.ndarray
+
 
 @dataclass(frozen=True)
 class TensorGroups:
@@ -56,7 +59,7 @@ def sample_weights(updates: Sequence[SiteUpdate]) -> np.ndarray:
     total = counts.sum()
     if total <= 0:
         return np.full(len(updates), 1.0 / max(len(updates), 1))
-    return counts / total
+    return np.asarray(counts / total, dtype=np.float64)
 
 
 def uniform_weights(count: int) -> np.ndarray:
@@ -82,7 +85,7 @@ def population_weights(
     return {site: n / total for site, n in sizes.items()}
 
 
-def convex_combine(arrays: Sequence[np.ndarray], weights: Sequence[float], like: np.ndarray) -> np.ndarray:
+def convex_combine(arrays: Sequence[np.ndarray], weights: Coefficients, like: np.ndarray) -> np.ndarray:
     """sum_i weights_i * arrays_i, accumulated in float64 in the given order, cast to `like`'s dtype."""
     acc = np.zeros(like.shape, dtype=np.float64)
     for w, arr in zip(weights, arrays):
@@ -98,7 +101,7 @@ def max_combine(arrays: Sequence[np.ndarray], like: np.ndarray) -> np.ndarray:
 
 
 def combine(
-    updates: Sequence[SiteUpdate], weights: Sequence[float], names: Iterable[str], current: Weights
+    updates: Sequence[SiteUpdate], weights: Coefficients, names: Iterable[str], current: Weights
 ) -> Weights:
     """Convex combination of the float tensors `names`; integer tensors take the maximum."""
     out: Weights = {}
@@ -110,7 +113,7 @@ def combine(
 
 
 def mean_delta(
-    updates: Sequence[SiteUpdate], weights: Sequence[float], name: str, current: Weights
+    updates: Sequence[SiteUpdate], weights: Coefficients, name: str, current: Weights
 ) -> np.ndarray:
     """sum_i weights_i * (w_i - w_t) for one tensor, in float64 (the FedOpt/SCAFFOLD pseudo-gradient)."""
     ref = np.asarray(current[name], dtype=np.float64)

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pydantic import Field
 
-from fedmqtt.strategies.aggregate import copy_weights, sample_weights
+from fedmqtt.strategies.aggregate import Coefficients, copy_weights, sample_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule
@@ -23,7 +23,7 @@ def gompertz(theta: float, a: float = 5.0) -> float:
     return a * (1.0 - math.exp(-math.exp(-a * (theta - 1.0))))
 
 
-def update_angles(directions: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+def update_angles(directions: Sequence[np.ndarray], weights: Coefficients) -> np.ndarray:
     """theta_i = arccos(<g, g_i> / (||g|| ||g_i||)) in radians, g = sum_i weights_i g_i.
 
     A zero vector has no direction: its angle is pi/2 (algorithms.md 9 DECISION; Plato's 0 would give
@@ -84,7 +84,7 @@ class FedAdp(ServerRule):
         sized = np.array([u.n_samples for u in inp.updates], dtype=np.float64) * scores
         # every n_i = 0 would divide by zero: fall back to the angle term alone
         sized = sized if sized.sum() > 0 else scores
-        return sized / sized.sum()
+        return np.asarray(sized / sized.sum(), dtype=np.float64)
 
     def state_dict(self) -> dict[str, Any]:
         return {"theta_bar": dict(self.theta_bar), "count": dict(self.count)}

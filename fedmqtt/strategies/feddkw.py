@@ -96,7 +96,7 @@ class FedDkw(ServerRule):
         if self.params.multiply_by_n:
             sized = inverse * np.array([u.n_samples for u in updates], dtype=np.float64)
             inverse = sized if sized.sum() > 0 else inverse  # every n_i = 0: 1/KL alone
-        return inverse / inverse.sum()
+        return np.asarray(inverse / inverse.sum(), dtype=np.float64)
 
     def state_dict(self) -> dict[str, Any]:
         return {"histograms": {site: dict(h) for site, h in self.histograms.items()}}

@@ -83,7 +83,7 @@ class FedAdam(FedOpt):
     params: FedAdamParams
 
     def second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
-        return self.params.b2 * v + (1.0 - self.params.b2) * delta_sq
+        return np.asarray(self.params.b2 * v + (1.0 - self.params.b2) * delta_sq, dtype=np.float64)
 
 
 class FedAdagrad(FedOpt):
@@ -93,7 +93,7 @@ class FedAdagrad(FedOpt):
     summary = "FedAdagrad: Adagrad-style server step on the mean client delta (Reddi et al. 2021)"
 
     def second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
-        return v + delta_sq
+        return np.asarray(v + delta_sq, dtype=np.float64)
 
 
 class FedYogi(FedOpt):
@@ -105,4 +105,4 @@ class FedYogi(FedOpt):
     params: FedAdamParams
 
     def second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
-        return v - (1.0 - self.params.b2) * delta_sq * np.sign(v - delta_sq)
+        return np.asarray(v - (1.0 - self.params.b2) * delta_sq * np.sign(v - delta_sq), dtype=np.float64)

@@ -18,7 +18,7 @@ ALL_NORMS: tuple[NormFamily, ...] = ("batchnorm", "groupnorm", "layernorm", "ins
 class StrategyParams(BaseModel):
     """Base of every `Params` model: frozen, unknown keys refused, every field has a default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class NoParams(StrategyParams):

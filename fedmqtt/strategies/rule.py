@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from fedmqtt.strategies.aggregate import TensorGroups, combine, copy_weights, split_groups
+from fedmqtt.strategies.aggregate import Coefficients, TensorGroups, combine, copy_weights, split_groups
 from fedmqtt.strategies.base import AggregateResult, Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
 from fedmqtt.strategies.params import NoParams, StrategyParams, parse_params
 
@@ -38,8 +38,8 @@ def keeps_norm_local(spec: TensorSpec, norm_types: Sequence[str]) -> bool:
 class ServerRule:
     """Base class of every strategy: validated `Params`, everything shared unless `keeps_local` says not."""
 
-    name: ClassVar[str] = ""
-    summary: ClassVar[str] = ""
+    name: str = ""  # registry name (a plain attribute, as the Strategy protocol declares it)
+    summary: str = ""  # one line for `fedmqtt algorithms`
     Params: ClassVar[type[StrategyParams]] = NoParams
     # Keys of SiteUpdate.extras the rule reads (algorithms.md 18.2), so callers can check uplinks first.
     uplink_extras: ClassVar[tuple[str, ...]] = ()
@@ -89,7 +89,7 @@ class ServerRule:
         return {name: aggregated.get(name, kept[name]) for name in inp.current}
 
     def average(
-        self, inp: RoundInput, weights: Sequence[float], updates: Sequence[SiteUpdate] | None = None
+        self, inp: RoundInput, weights: Coefficients, updates: Sequence[SiteUpdate] | None = None
     ) -> Weights:
         """Convex combination of every shared tensor (integer buffers: max), local tensors unchanged."""
         updates = inp.updates if updates is None else updates

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -47,10 +47,10 @@ class Scaffold(ServerRule):
 
     def aggregate_train(self, inp: RoundInput) -> AggregateResult:
         g = self.groups(inp)
-        for name in g.train:
-            self.c.setdefault(name, np.zeros(inp.current[name].shape))
         if not inp.updates:
-            return AggregateResult(weights=copy_weights(inp.current), extras={"c": self._c_for(inp.current)})
+            return AggregateResult(
+                weights=copy_weights(inp.current), extras={"c": self._c_for(inp.current, g.train)}
+            )
         p = participant_weights(inp.updates, self.params.weighting)
         pi = population_weights(inp.enrolled, inp.updates, self.params.weighting)
         out = combine(inp.updates, p, g.floatbuf + g.intbuf, inp.current)
@@ -58,15 +58,20 @@ class Scaffold(ServerRule):
             ref = inp.current[name]
             step = self.params.eta_g * mean_delta(inp.updates, p, name, inp.current)
             out[name] = (np.asarray(ref, dtype=np.float64) + step).astype(ref.dtype)
-            acc = self.c[name]
+            acc = self.c.get(name, np.zeros(ref.shape))
             for u in inp.updates:
                 acc = acc + pi[u.site_id] * _delta_c(u, name)
             self.c[name] = acc
-        return AggregateResult(weights=self.complete(inp, out), extras={"c": self._c_for(inp.current)})
+        return AggregateResult(
+            weights=self.complete(inp, out), extras={"c": self._c_for(inp.current, g.train)}
+        )
 
-    def _c_for(self, current: Weights) -> Weights:
-        """c in the dtype of the tensors it corrects (float32 on the wire)."""
-        return {name: c.astype(current[name].dtype) for name, c in self.c.items() if name in current}
+    def _c_for(self, current: Weights, train: Sequence[str]) -> Weights:
+        """c for every TRAIN tensor (0 before any update), in the dtype of the tensor it corrects."""
+        return {
+            name: self.c.get(name, np.zeros(current[name].shape)).astype(current[name].dtype)
+            for name in train
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"c": float_state(self.c)}

@@ -36,7 +36,8 @@ class CliFederation:
     """Broker, PS and site processes of one federation, plus an observer connection to watch them."""
 
     def __init__(self, work: Path, *, run_id: str, rounds: int, sites: tuple[str, ...] = SITES,
-                 round_timeout_s: float = 60.0, algorithm: str = "fedavg", hyper: dict | None = None) -> None:
+                 round_timeout_s: float = 60.0, algorithm: str = "fedavg", hyper: dict | None = None,
+                 train: dict | None = None, model: dict | None = None, share_label_histogram: bool = False) -> None:
         self.work = work
         self.logs = work / "logs"
         fed = work / "federation"
@@ -46,8 +47,8 @@ class CliFederation:
         subprocess.run([sys.executable, "-m", "fedmqtt", *args], check=True, capture_output=True)
         self.layout: FederationLayout = load_federation(fed)
         self.ps_config, self.site_configs = write_role_configs(
-            self.layout, work, rounds=rounds, seed=0, round_timeout_s=round_timeout_s, train=FAST_TRAIN,
-            algorithm=algorithm, hyper=hyper)
+            self.layout, work, rounds=rounds, seed=0, round_timeout_s=round_timeout_s, train=train or FAST_TRAIN,
+            algorithm=algorithm, hyper=hyper, model=model, share_label_histogram=share_label_histogram)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.observer: Channel | None = None
 

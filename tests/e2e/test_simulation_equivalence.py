@@ -6,36 +6,53 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from fedmqtt.demo import DEMO_MODEL
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from harness import FAST_TRAIN
 
 pytestmark = pytest.mark.e2e
 ROUNDS = 2
-# Algorithms whose whole client and server rule run in both runners; each gets one tiny federation.
-ALGORITHMS = [("fedavg", {})]
+SITES = ("cleveland", "switzerland")
+# A BatchNorm model, so FLOATBUF/INTBUF and local normalisation layers take their real paths.
+BN_MODEL = {"name": "mlp", "args": {"in_features": 15, "hidden": [16], "norm": "bn"}}
+SGD = {**FAST_TRAIN, "optimizer": "sgd", "lr": 0.05}
+# Every algorithm whose client and server rule runs end to end (AdaFed's setup phase is not wired yet).
+ALGORITHMS = [
+    ("fedavg", {}, FAST_TRAIN), ("fedprox", {"mu": 0.1}, FAST_TRAIN), ("fedbn", {}, FAST_TRAIN),
+    ("fedpxn", {"mu": 0.1}, FAST_TRAIN), ("fedadam", {}, FAST_TRAIN), ("fedadagrad", {}, FAST_TRAIN),
+    ("fedyogi", {}, FAST_TRAIN), ("feddyn", {}, SGD), ("scaffold", {}, SGD), ("fednova", {}, SGD),
+    ("fedadp", {}, FAST_TRAIN), ("feddkw", {}, FAST_TRAIN), ("fedper", {}, FAST_TRAIN), ("fedfbn", {}, FAST_TRAIN),
+    ("base", {}, FAST_TRAIN),
+]
 
 
-@pytest.mark.parametrize(("algorithm", "hyper"), ALGORITHMS, ids=[a for a, _ in ALGORITHMS])
-def test_simulation_matches_mqtt_bit_for_bit(cli_federation, tmp_path, algorithm, hyper) -> None:
-    """The same config and seed give identical final weights in simulation and over Mosquitto."""
+def _final(path) -> dict[str, np.ndarray]:
+    return load_file(str(path / "final_model.safetensors"))
+
+
+@pytest.mark.parametrize(("algorithm", "hyper", "train"), ALGORITHMS, ids=[a for a, _, _ in ALGORITHMS])
+def test_simulation_matches_mqtt_bit_for_bit(cli_federation, tmp_path, algorithm, hyper, train) -> None:
+    """The same config and seed give identical final weights and site metrics in simulation and over Mosquitto."""
     # Prepare
-    sites = ("cleveland", "switzerland")
     run_id = f"eq-{algorithm}"
-    fed = cli_federation(algorithm, run_id=run_id, rounds=ROUNDS, sites=sites, algorithm=algorithm, hyper=hyper)
+    fed = cli_federation(algorithm, run_id=run_id, rounds=ROUNDS, sites=SITES, algorithm=algorithm, hyper=hyper,
+                         train=train, model=BN_MODEL, share_label_histogram=True)
     sim = SimulationConfig(run_id=run_id, algorithm=algorithm, hyper=hyper, rounds=ROUNDS, seed=0,
-                           out_dir=tmp_path / "sim", model=DEMO_MODEL, train=FAST_TRAIN,
-                           sites={s: d for s, d in bundled_sites().items() if s in sites})
+                           out_dir=tmp_path / "sim", model=BN_MODEL, train=train,
+                           sites={s: d for s, d in bundled_sites().items() if s in SITES})
     # Execute
     fed.start_broker()
     fed.start_ps()
-    for site in sites:
+    for site in SITES:
         fed.start_site(site)
     fed.wait_ps_done(240)
-    run_simulation(sim, progress=False)
-    # Assert
-    over_mqtt = fed.final_weights()
-    simulated = load_file(str(tmp_path / "sim" / "final_model.safetensors"))
+    sim_report = run_simulation(sim, progress=False)
+    # Assert: server weights and every site's final metrics (personalised models included).
+    over_mqtt, simulated = _final(fed.work / "ps"), _final(tmp_path / "sim")
     assert sorted(over_mqtt) == sorted(simulated)
     for name in over_mqtt:
         np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
+    import json
+
+    mqtt_report = json.loads((fed.work / "ps" / "report.json").read_text())
+    assert mqtt_report["final"]["per_site"] == sim_report["final"]["per_site"]
+    assert [r["per_site"] for r in mqtt_report["rounds"]] == [r["per_site"] for r in sim_report["rounds"]]

@@ -8,12 +8,20 @@ import numpy as np
 import pytest
 
 from fedmqtt.strategies import FedAvg, SiteUpdate, build_strategy
+from fedmqtt.strategies.base import RoundInput
 from fedmqtt.strategies.aggregate import check_update_shapes, sample_weights
 from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline, UpdateReceived
 from ps_daemon.machine import Machine
 from ps_daemon.runner import hash_weights
+
+
+def _aggregate(round_no, current, updates):
+    """FedAvg's new weights for one round (no manifest: every tensor is shared)."""
+    inp = RoundInput(round_no=round_no, current=current, updates=list(updates),
+                     enrolled={u.site_id: u.n_samples for u in updates}, manifest={})
+    return FedAvg().aggregate_train(inp).weights
 
 
 def _update(site: str, n: int, **tensors: np.ndarray) -> SiteUpdate:
@@ -37,7 +45,7 @@ def test_worked_example_weights() -> None:
         _update("site-2", 3, w=np.array([3.0, 0.0], np.float32)),
     ]
     # Execute
-    new = FedAvg().aggregate_train(1, current, updates)
+    new = _aggregate(1, current, updates)
     # Assert
     np.testing.assert_array_equal(sample_weights(updates), [0.25, 0.75])
     assert new["w"].dtype == np.float32
@@ -70,7 +78,7 @@ def test_worked_example_batchnorm_buffers() -> None:
         ),
     ]
     # Execute
-    new = FedAvg().aggregate_train(1, current, updates)
+    new = _aggregate(1, current, updates)
     # Assert
     np.testing.assert_array_equal(new["bn.running_var"], np.array([1.75], np.float32))
     assert new["bn.running_var"].dtype == np.float32 and new["bn.running_var"].shape == (1,)
@@ -88,7 +96,7 @@ def test_partial_participation_renormalises_over_the_reporting_sites() -> None:
     reported = ["site-1", "site-2"]
     updates = [_update(s, enrolled[s], w=np.array(tensors[s], np.float32)) for s in reported]
     # Execute
-    new = FedAvg().aggregate_train(1, {"w": np.zeros(2, np.float32)}, updates)
+    new = _aggregate(1, {"w": np.zeros(2, np.float32)}, updates)
     # Assert
     np.testing.assert_array_equal(sample_weights(updates), [0.25, 0.75])
     np.testing.assert_array_equal(new["w"], np.array([2.5, 0.5], np.float32))
@@ -105,7 +113,7 @@ def test_toy_round(counts: tuple[int, int], expected: float) -> None:
         for i, (n, w) in enumerate(zip(counts, local))
     ]
     # Execute
-    new = FedAvg().aggregate_train(1, {"w": np.zeros(1, np.float64)}, updates)
+    new = _aggregate(1, {"w": np.zeros(1, np.float64)}, updates)
     # Assert
     closed_form = sum(n * w for n, w in zip(counts, local)) / sum(counts)
     assert float(new["w"][0]) == pytest.approx(closed_form, abs=1e-12)
@@ -115,7 +123,7 @@ def test_toy_round(counts: tuple[int, int], expected: float) -> None:
 def test_no_updates_leave_the_weights_unchanged() -> None:
     """With no update the global tensors come back equal (as copies, not the same arrays)."""
     current = {"w": np.array([1.5, -2.0], np.float32), "n": np.array(7, np.int64)}
-    new = FedAvg().aggregate_train(3, current, [])
+    new = _aggregate(3, current, [])
     assert set(new) == set(current)
     for name, value in current.items():
         np.testing.assert_array_equal(new[name], value)
@@ -171,8 +179,7 @@ def test_aggregation_is_independent_of_arrival_order() -> None:
     """Updates fed to the Machine in every arrival order give bit-identical weights (it sorts by site id)."""
     # Prepare: the raw strategy does depend on the order it is given, so this data can show a difference
     direct = {
-        FedAvg()
-        .aggregate_train(1, {"w": np.zeros(1)}, [_update(s, 1, w=np.array([VALUES[s]])) for s in p])["w"]
+        _aggregate(1, {"w": np.zeros(1)}, [_update(s, 1, w=np.array([VALUES[s]])) for s in p])["w"]
         .tobytes()
         for p in itertools.permutations(SITES)
     }
@@ -181,7 +188,7 @@ def test_aggregation_is_independent_of_arrival_order() -> None:
     results = {_aggregate_in_arrival_order(order).tobytes() for order in itertools.permutations(SITES)}
     # Assert
     assert len(results) == 1
-    sorted_result = FedAvg().aggregate_train(
+    sorted_result = _aggregate(
         1, {"w": np.zeros(1)}, [_update(s, 1, w=np.array([VALUES[s]])) for s in sorted(SITES)]
     )["w"]
     assert results == {sorted_result.tobytes()}

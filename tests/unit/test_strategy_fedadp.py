@@ -13,7 +13,9 @@ from fedmqtt.strategies.fedadp import gompertz, update_angles
 
 MANIFEST = {
     "w": TensorSpec("w", (2,), "float64", frozenset({"TRAIN"})),
-    "bn.running_mean": TensorSpec("bn.running_mean", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})),
+    "bn.running_mean": TensorSpec(
+        "bn.running_mean", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})
+    ),
 }
 ENROLLED = {"s1": 1, "s2": 3}
 
@@ -43,9 +45,13 @@ def test_worked_example() -> None:
     assert list(theta) == pytest.approx([1.2490457724, 0.3217505544], abs=1e-10)
     f = [gompertz(t) for t in theta]
     assert f == pytest.approx([1.2507234720, 5.0000000000], abs=1e-10)
-    assert [n * math.exp(v) for n, v in zip((1, 3), f)] == pytest.approx([3.4928690367, 445.2394773074], abs=1e-10)
+    assert [n * math.exp(v) for n, v in zip((1, 3), f)] == pytest.approx(
+        [3.4928690367, 445.2394773074], abs=1e-10
+    )
     np.testing.assert_allclose(new["w"], [-0.0077838584, -0.9922161416], rtol=0, atol=1e-10)
-    assert rule.state_dict()["theta_bar"] == pytest.approx({"s1": 1.2490457724, "s2": 0.3217505544}, abs=1e-10)
+    assert rule.state_dict()["theta_bar"] == pytest.approx(
+        {"s1": 1.2490457724, "s2": 0.3217505544}, abs=1e-10
+    )
     assert rule.state_dict()["count"] == {"s1": 1, "s2": 1}
 
 
@@ -54,7 +60,7 @@ def test_second_participation_smooths_by_own_count() -> None:
     # Prepare: round 1 as in the worked example
     rule = FedAdp()
     rule.aggregate_train(_input(np.array([1.0, 0.0]), np.array([0.0, 1.0])))
-    # round 2: g_1 at +0.5 rad and g_2 at -1.0 rad from the x axis, scaled so g = 0.25 g_1 + 0.75 g_2 lies on it
+    # round 2: g_1 at +0.5 rad, g_2 at -1.0 rad from the x axis, scaled so g = 0.25 g_1 + 0.75 g_2 lies on it
     r2 = 1.0
     r1 = 3.0 * r2 * math.sin(1.0) / math.sin(0.5)
     g1 = r1 * np.array([math.cos(0.5), math.sin(0.5)])
@@ -65,7 +71,9 @@ def test_second_participation_smooths_by_own_count() -> None:
     # Assert
     theta_bar = rule.state_dict()["theta_bar"]
     assert theta_bar == pytest.approx({"s1": 0.8745228862, "s2": 0.6608752772}, abs=1e-10)
-    assert [gompertz(theta_bar[s]) for s in ("s1", "s2")] == pytest.approx([4.2314657848, 4.9785194137], abs=1e-10)
+    assert [gompertz(theta_bar[s]) for s in ("s1", "s2")] == pytest.approx(
+        [4.2314657848, 4.9785194137], abs=1e-10
+    )
     assert rule.state_dict()["count"] == {"s1": 2, "s2": 2}
     scores = np.array([1 * math.exp(gompertz(theta_bar["s1"])), 3 * math.exp(gompertz(theta_bar["s2"]))])
     psi = scores / scores.sum()
@@ -73,11 +81,13 @@ def test_second_participation_smooths_by_own_count() -> None:
 
 
 def test_count_is_per_client_participation() -> None:
-    """A site absent in round 2 keeps t_i = 1; the next time it comes, its mean uses 2, not the round index."""
+    """A site absent in round 2 keeps t_i = 1; its next mean divides by 2, not by the round index."""
     # Prepare
     rule = FedAdp()
     rule.aggregate_train(_input(np.array([1.0, 0.0]), np.array([0.0, 1.0])))
-    only_s2 = RoundInput(2, {"w": np.zeros(2)}, [SiteUpdate("s2", {"w": np.array([0.0, -1.0])}, 3, 1)], ENROLLED, MANIFEST)
+    only_s2 = RoundInput(
+        2, {"w": np.zeros(2)}, [SiteUpdate("s2", {"w": np.array([0.0, -1.0])}, 3, 1)], ENROLLED, MANIFEST
+    )
     # Execute
     rule.aggregate_train(only_s2)
     # Assert
@@ -94,12 +104,17 @@ def test_zero_norm_update_gets_a_right_angle() -> None:
 
 
 def test_float_buffers_get_psi_and_stay_out_of_the_angle() -> None:
-    """running_mean equal at both sites stays exactly that value; a huge buffer difference does not change psi."""
+    """An equal running_mean stays exactly that value; a huge buffer difference does not change psi."""
+
     # Prepare
     def run(buffer_2: float) -> dict[str, np.ndarray]:
         updates = [
-            SiteUpdate("s1", {"w": np.array([-1.0, 0.0]), "bn.running_mean": np.array([4.0], np.float32)}, 1, 1),
-            SiteUpdate("s2", {"w": np.array([0.0, -1.0]), "bn.running_mean": np.array([buffer_2], np.float32)}, 3, 1),
+            SiteUpdate(
+                "s1", {"w": np.array([-1.0, 0.0]), "bn.running_mean": np.array([4.0], np.float32)}, 1, 1
+            ),
+            SiteUpdate(
+                "s2", {"w": np.array([0.0, -1.0]), "bn.running_mean": np.array([buffer_2], np.float32)}, 3, 1
+            ),
         ]
         current = {"w": np.zeros(2), "bn.running_mean": np.zeros(1, np.float32)}
         return FedAdp().aggregate_train(RoundInput(1, current, updates, ENROLLED, MANIFEST)).weights

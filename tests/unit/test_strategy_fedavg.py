@@ -9,7 +9,9 @@ from fedmqtt.strategies import FedAvg, RoundInput, SiteUpdate, TensorSpec
 
 MANIFEST = {
     "fc.weight": TensorSpec("fc.weight", (2,), "float32", frozenset({"TRAIN"})),
-    "bn.running_var": TensorSpec("bn.running_var", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})),
+    "bn.running_var": TensorSpec(
+        "bn.running_var", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})
+    ),
     "bn.num_batches_tracked": TensorSpec(
         "bn.num_batches_tracked", (), "int64", frozenset({"INTBUF", "NORM:BatchNorm1d"})
     ),
@@ -91,7 +93,10 @@ def test_toy_round(counts: tuple[int, int], expected: float) -> None:
     # Prepare
     local = [_toy_local(1.0), _toy_local(5.0)]
     assert local == pytest.approx([0.19, 0.95], abs=1e-12)
-    updates = [_update(f"site-{k + 1}", n, **{"fc.weight": np.array([w])}) for k, (n, w) in enumerate(zip(counts, local))]
+    updates = [
+        _update(f"site-{k + 1}", n, **{"fc.weight": np.array([w])})
+        for k, (n, w) in enumerate(zip(counts, local))
+    ]
     # Execute
     new = _round({"fc.weight": np.zeros(1)}, updates).weights
     # Assert
@@ -100,7 +105,10 @@ def test_toy_round(counts: tuple[int, int], expected: float) -> None:
 
 def test_no_participant_leaves_the_model_unchanged() -> None:
     """No update: equal copies of the current tensors, never the same arrays."""
-    current = {"fc.weight": np.array([1.5, -2.0], np.float32), "bn.num_batches_tracked": np.array(7, np.int64)}
+    current = {
+        "fc.weight": np.array([1.5, -2.0], np.float32),
+        "bn.num_batches_tracked": np.array(7, np.int64),
+    }
     new = _round(current, []).weights
     for name, value in current.items():
         np.testing.assert_array_equal(new[name], value)
@@ -119,13 +127,16 @@ def test_shares_everything_and_keeps_no_state() -> None:
 def test_sums_run_in_the_given_site_order_in_float64() -> None:
     """0.1, 0.2, 0.3 with equal weights: the float64 sum in site order, cast once to float32."""
     # Prepare
-    updates = [_update(s, 1, **{"fc.weight": np.array([v], np.float32)}) for s, v in (("a", 0.1), ("b", 0.2), ("c", 0.3))]
+    updates = [
+        _update(s, 1, **{"fc.weight": np.array([v], np.float32)})
+        for s, v in (("a", 0.1), ("b", 0.2), ("c", 0.3))
+    ]
     # Execute
     new = _round({"fc.weight": np.zeros(1, np.float32)}, updates).weights
     # Assert
     third = 1.0 / 3.0
-    expected = (third * np.float64(np.float32(0.1)) + third * np.float64(np.float32(0.2))) + third * np.float64(
-        np.float32(0.3)
-    )
+    expected = (
+        third * np.float64(np.float32(0.1)) + third * np.float64(np.float32(0.2))
+    ) + third * np.float64(np.float32(0.3))
     assert new["fc.weight"].dtype == np.float32
     assert new["fc.weight"][0] == np.float32(expected)

@@ -1,4 +1,4 @@
-"""FedBN (algorithms.md section 3): NORM tensors stay local, the rest is averaged; norm_types and weighting."""
+"""FedBN (algorithms.md section 3): NORM tensors stay local, the rest is averaged; norm_types, weighting."""
 
 from __future__ import annotations
 
@@ -39,7 +39,11 @@ def test_shared_names_leave_every_normalization_layer_local_by_default() -> None
 
 def test_batchnorm_only_option_shares_group_and_layer_norm() -> None:
     """norm_types = ['batchnorm'] (original FedBN) keeps only BatchNorm local."""
-    assert FedBN({"norm_types": ["batchnorm"]}).shared_names(MANIFEST) == ["fc.weight", "gn.weight", "ln.weight"]
+    assert FedBN({"norm_types": ["batchnorm"]}).shared_names(MANIFEST) == [
+        "fc.weight",
+        "gn.weight",
+        "ln.weight",
+    ]
     assert FedBN({"norm_types": "all"}).shared_names(MANIFEST) == ["fc.weight"]
 
 
@@ -52,7 +56,9 @@ def test_worked_example_shared_average_and_local_norm_untouched() -> None:
         SiteUpdate("site-2", {"fc.weight": np.array([3.0, 0.0], np.float32)}, 3, 2),
     ]
     # Execute
-    new = FedBN().aggregate_train(RoundInput(2, current, updates, {"site-1": 1, "site-2": 3}, MANIFEST)).weights
+    new = (
+        FedBN().aggregate_train(RoundInput(2, current, updates, {"site-1": 1, "site-2": 3}, MANIFEST)).weights
+    )
     # Assert
     np.testing.assert_array_equal(new["fc.weight"], np.array([2.5, 0.5], np.float32))
     np.testing.assert_array_equal(new["bn.weight"], np.ones(1, np.float32))
@@ -68,11 +74,16 @@ def test_toy_shared_u_aggregated_local_g_kept() -> None:
     # Prepare
     (u1, g1), (u2, g2) = _toy_local(1.0, 2.0), _toy_local(5.0, 0.0)
     assert (g1, g2) == pytest.approx((1.19, 0.81), abs=1e-12)
-    manifest = {"u": TensorSpec("u", (1,), "float64", frozenset({"TRAIN"})), "g": _spec("g", "TRAIN", "NORM:BatchNorm1d")}
+    manifest = {
+        "u": TensorSpec("u", (1,), "float64", frozenset({"TRAIN"})),
+        "g": _spec("g", "TRAIN", "NORM:BatchNorm1d"),
+    }
     updates = [SiteUpdate("s1", {"u": np.array([u1])}, 5, 2), SiteUpdate("s2", {"u": np.array([u2])}, 5, 2)]
     # Execute
     rule = FedBN()
-    new = rule.aggregate_train(RoundInput(1, {"u": np.zeros(1)}, updates, {"s1": 5, "s2": 5}, manifest)).weights
+    new = rule.aggregate_train(
+        RoundInput(1, {"u": np.zeros(1)}, updates, {"s1": 5, "s2": 5}, manifest)
+    ).weights
     # Assert
     assert rule.shared_names(manifest) == ["u"]
     assert float(new["u"][0]) == pytest.approx(0.57, abs=1e-12)
@@ -85,7 +96,9 @@ def test_uniform_weighting_option() -> None:
         SiteUpdate("site-2", {"fc.weight": np.array([3.0, 0.0])}, 3, 2),
     ]
     inp = RoundInput(1, {"fc.weight": np.zeros(2)}, updates, {"site-1": 1, "site-2": 3}, MANIFEST)
-    np.testing.assert_allclose(FedBN({"weighting": "uniform"}).aggregate_train(inp).weights["fc.weight"], [2.0, 1.0])
+    np.testing.assert_allclose(
+        FedBN({"weighting": "uniform"}).aggregate_train(inp).weights["fc.weight"], [2.0, 1.0]
+    )
 
 
 def test_bad_norm_type_is_a_config_error() -> None:

@@ -11,7 +11,9 @@ from fedmqtt.strategies.feddkw import kl_divergence, pooled_distribution
 
 MANIFEST = {
     "w": TensorSpec("w", (1,), "float64", frozenset({"TRAIN"})),
-    "bn.running_mean": TensorSpec("bn.running_mean", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})),
+    "bn.running_mean": TensorSpec(
+        "bn.running_mean", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})
+    ),
 }
 OMEGA = (0.4653012654, 0.5346987346)
 
@@ -22,14 +24,16 @@ def _update(site: str, w: float, histogram: object | None, n: int = 10) -> SiteU
 
 
 def test_worked_example_kl_and_weights() -> None:
-    """h_1=[8,2], h_2=[5,5]: P_g=[0.65,0.35], KL=(0.0541883342, 0.0471553397), omega=(0.4653012654, 0.5346987346)."""
+    """h=[8,2],[5,5]: P_g=[0.65,0.35], KL=(0.0541883342, 0.0471553397), omega=(0.4653012654, 0.5346987346)."""
     # Prepare
     h1, h2 = {"0": 8.0, "1": 2.0}, {"0": 5.0, "1": 5.0}
     pooled = pooled_distribution([h1, h2])
     # Execute: the toy round's local results 0.19 and 0.95 (w_t = 0)
     rule = FedDkw()
     updates = [_update("s1", 0.19, {"0": 8, "1": 2}), _update("s2", 0.95, [5, 5])]
-    new = rule.aggregate_train(RoundInput(1, {"w": np.zeros(1)}, updates, {"s1": 10, "s2": 10}, MANIFEST)).weights
+    new = rule.aggregate_train(
+        RoundInput(1, {"w": np.zeros(1)}, updates, {"s1": 10, "s2": 10}, MANIFEST)
+    ).weights
     # Assert
     assert pooled == pytest.approx({"0": 0.65, "1": 0.35}, abs=1e-12)
     assert kl_divergence(h1, pooled) == pytest.approx(0.0541883342, abs=1e-10)
@@ -46,7 +50,9 @@ def test_histograms_persist_and_sample_size_is_ignored() -> None:
     rule.aggregate_train(RoundInput(1, {"w": np.zeros(1)}, first, {"s1": 1, "s2": 100}, MANIFEST))
     # Execute
     second = [_update("s1", 1.0, None, n=1), _update("s2", 2.0, None, n=100)]
-    new = rule.aggregate_train(RoundInput(2, {"w": np.zeros(1)}, second, {"s1": 1, "s2": 100}, MANIFEST)).weights
+    new = rule.aggregate_train(
+        RoundInput(2, {"w": np.zeros(1)}, second, {"s1": 1, "s2": 100}, MANIFEST)
+    ).weights
     # Assert
     assert rule.state_dict()["histograms"] == {"s1": {"0": 8.0, "1": 2.0}, "s2": {"0": 5.0, "1": 5.0}}
     assert float(new["w"][0]) == pytest.approx(OMEGA[0] * 1.0 + OMEGA[1] * 2.0, abs=1e-10)
@@ -62,7 +68,7 @@ def test_multiply_by_n_option() -> None:
 
 
 def test_kl_floor_caps_a_perfectly_matching_site() -> None:
-    """A site equal to the pooled distribution has KL = 0; the floor keeps 1/KL finite and gives it most weight."""
+    """A site equal to the pooled distribution has KL = 0: floored 1/KL is finite and dominant."""
     rule = FedDkw({"kl_floor": 1e-6})
     updates = [_update("s1", 0.0, [5, 5]), _update("s2", 0.0, [9, 1]), _update("s3", 1.0, [1, 9])]
     rule.aggregate_train(RoundInput(1, {"w": np.zeros(1)}, updates, {"s1": 10, "s2": 10, "s3": 10}, MANIFEST))
@@ -76,8 +82,12 @@ def test_site_without_any_histogram_does_not_take_part() -> None:
     rule = FedDkw()
     updates = [_update("s1", 3.0, [8, 2]), _update("s2", 100.0, None)]
     # Execute
-    new = rule.aggregate_train(RoundInput(1, {"w": np.zeros(1)}, updates, {"s1": 10, "s2": 10}, MANIFEST)).weights
-    lone = FedDkw().aggregate_train(RoundInput(1, {"w": np.zeros(1)}, [_update("s2", 5.0, None)], {"s2": 1}, MANIFEST))
+    new = rule.aggregate_train(
+        RoundInput(1, {"w": np.zeros(1)}, updates, {"s1": 10, "s2": 10}, MANIFEST)
+    ).weights
+    lone = FedDkw().aggregate_train(
+        RoundInput(1, {"w": np.zeros(1)}, [_update("s2", 5.0, None)], {"s2": 1}, MANIFEST)
+    )
     # Assert
     assert float(new["w"][0]) == pytest.approx(3.0, abs=1e-12)
     assert float(lone.weights["w"][0]) == 0.0
@@ -87,10 +97,20 @@ def test_float_buffers_get_omega() -> None:
     """running_mean 1.0 and 3.0 -> omega_1 * 1 + omega_2 * 3 (float32)."""
     current = {"w": np.zeros(1), "bn.running_mean": np.zeros(1, np.float32)}
     updates = [
-        SiteUpdate("s1", {"w": np.zeros(1), "bn.running_mean": np.array([1.0], np.float32)}, 1, 1,
-                   extras={"label_histogram": [8, 2]}),
-        SiteUpdate("s2", {"w": np.zeros(1), "bn.running_mean": np.array([3.0], np.float32)}, 1, 1,
-                   extras={"label_histogram": [5, 5]}),
+        SiteUpdate(
+            "s1",
+            {"w": np.zeros(1), "bn.running_mean": np.array([1.0], np.float32)},
+            1,
+            1,
+            extras={"label_histogram": [8, 2]},
+        ),
+        SiteUpdate(
+            "s2",
+            {"w": np.zeros(1), "bn.running_mean": np.array([3.0], np.float32)},
+            1,
+            1,
+            extras={"label_histogram": [5, 5]},
+        ),
     ]
     new = FedDkw().aggregate_train(RoundInput(1, current, updates, {"s1": 1, "s2": 1}, MANIFEST)).weights
     assert new["bn.running_mean"].dtype == np.float32

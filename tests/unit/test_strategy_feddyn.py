@@ -10,11 +10,13 @@ from fedmqtt.strategies import FedDyn, RoundInput, SiteUpdate, TensorSpec
 
 MANIFEST = {
     "w": TensorSpec("w", (1,), "float64", frozenset({"TRAIN"})),
-    "bn.running_var": TensorSpec("bn.running_var", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})),
+    "bn.running_var": TensorSpec(
+        "bn.running_var", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})
+    ),
 }
 A = (1.0, 5.0)
 
-# algorithms.md 6 table: (client models, s_1 s_2, S_bar, theta_avg, theta_send next), printed digits -> tolerance
+# algorithms.md 6: (client models, s_1 s_2, S_bar, theta_avg, next theta_send, printed tolerance)
 TABLE = [
     ((0.189, 0.945), (0.189, 0.945), 0.567, 0.567, 1.134, 1e-12),
     ((1.1051019, 1.8468135), (0.1601019, 1.6578135), 0.9089577, 1.4759577, 2.3849154, 5e-8),
@@ -29,7 +31,9 @@ TABLE = [
 ]
 
 
-def _local(a: float, theta_send: float, s: float, *, alpha: float, lr: float = 0.1, steps: int = 2) -> list[float]:
+def _local(
+    a: float, theta_send: float, s: float, *, alpha: float, lr: float = 0.1, steps: int = 2
+) -> list[float]:
     """GD on 0.5 (w - a)^2 + alpha <w, s> + (alpha/2)(w - theta_send)^2 from theta_send; returns the path."""
     path = [theta_send]
     for _ in range(steps):
@@ -54,7 +58,9 @@ def test_three_round_toy_table() -> None:
         s = [s_k + (m - theta_send) for s_k, m in zip(s, models)]
         updates = [SiteUpdate(site, {"w": np.array([m])}, 10, 2) for site, m in zip(("s1", "s2"), models)]
         # Execute
-        result = rule.aggregate_train(RoundInput(round_no, {"w": np.array([theta_send])}, updates, enrolled, MANIFEST))
+        result = rule.aggregate_train(
+            RoundInput(round_no, {"w": np.array([theta_send])}, updates, enrolled, MANIFEST)
+        )
         # Assert
         assert models == pytest.approx(models_exp, abs=tol)
         assert s == pytest.approx(s_exp, abs=tol)
@@ -69,7 +75,10 @@ def test_partial_participation_divides_by_all_enrolled() -> None:
     """N=3, only clients 1 and 2 in round 1: S_bar = 0.378, theta_avg = 0.567, theta_send = 0.945."""
     # Prepare
     rule = FedDyn({"alpha": 0.1})
-    updates = [SiteUpdate("s1", {"w": np.array([0.189])}, 10, 2), SiteUpdate("s2", {"w": np.array([0.945])}, 10, 2)]
+    updates = [
+        SiteUpdate("s1", {"w": np.array([0.189])}, 10, 2),
+        SiteUpdate("s2", {"w": np.array([0.945])}, 10, 2),
+    ]
     enrolled = {"s1": 10, "s2": 10, "s3": 10}
     # Execute
     result = rule.aggregate_train(RoundInput(1, {"w": np.zeros(1)}, updates, enrolled, MANIFEST))
@@ -114,7 +123,10 @@ def test_no_participant_keeps_send_and_evaluated_models() -> None:
     """An empty round returns theta_send unchanged and the last theta_avg for evaluation."""
     # Prepare
     rule = FedDyn({"alpha": 0.1})
-    updates = [SiteUpdate("s1", {"w": np.array([0.189])}, 10, 2), SiteUpdate("s2", {"w": np.array([0.945])}, 10, 2)]
+    updates = [
+        SiteUpdate("s1", {"w": np.array([0.189])}, 10, 2),
+        SiteUpdate("s2", {"w": np.array([0.945])}, 10, 2),
+    ]
     first = rule.aggregate_train(RoundInput(1, {"w": np.zeros(1)}, updates, {"s1": 10, "s2": 10}, MANIFEST))
     # Execute
     empty = rule.aggregate_train(RoundInput(2, first.weights, [], {"s1": 10, "s2": 10}, MANIFEST))

@@ -11,7 +11,9 @@ from fedmqtt.strategies.fednova import a_norm_momentum, a_norm_proximal
 
 MANIFEST = {
     "w": TensorSpec("w", (1,), "float64", frozenset({"TRAIN"})),
-    "bn.running_var": TensorSpec("bn.running_var", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})),
+    "bn.running_var": TensorSpec(
+        "bn.running_var", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})
+    ),
 }
 
 
@@ -31,7 +33,7 @@ def _updates(y1: float, y2: float, a1: float, a2: float) -> list[SiteUpdate]:
 
 
 def test_worked_example_unequal_steps() -> None:
-    """Client 2 runs 4 steps: y = (0.19, 1.7195), ||a|| = (2, 4), tau_eff = 3, x = 0.7873125 (FedAvg 0.95475)."""
+    """Client 2 runs 4 steps: y = (0.19, 1.7195), ||a|| = (2, 4), tau_eff = 3, x = 0.7873125 (not 0.95475)."""
     # Prepare
     y1, y2 = _local(1.0, 2), _local(5.0, 4)
     assert (y1, y2) == pytest.approx((0.19, 1.7195), abs=1e-12)
@@ -50,7 +52,7 @@ def test_equal_work_is_fedavg() -> None:
 
 
 def test_a_norm_formulas() -> None:
-    """Momentum 0.9 for 3 steps gives 5.61; proximal with eta_l mu = 0.05 for 3 steps gives 2.8525; SGD: tau."""
+    """Momentum 0.9, 3 steps: 5.61; proximal with eta_l mu = 0.05, 3 steps: 2.8525; plain SGD: tau."""
     assert a_norm_momentum(3, 0.9) == pytest.approx(5.61, abs=1e-12)
     assert a_norm_proximal(3, 0.05) == pytest.approx(2.8525, abs=1e-12)
     assert a_norm_momentum(7, 0.0) == a_norm_proximal(7, 0.0) == 7.0
@@ -78,10 +80,20 @@ def test_float_buffers_are_averaged_not_normalised() -> None:
     # Prepare
     current = {"w": np.zeros(1), "bn.running_var": np.array([7.0], np.float32)}
     updates = [
-        SiteUpdate("s1", {"w": np.array([0.19]), "bn.running_var": np.array([1.0], np.float32)}, 10, 2,
-                   extras={"a_norm": 2.0}),
-        SiteUpdate("s2", {"w": np.array([1.7195]), "bn.running_var": np.array([3.0], np.float32)}, 10, 4,
-                   extras={"a_norm": 4.0}),
+        SiteUpdate(
+            "s1",
+            {"w": np.array([0.19]), "bn.running_var": np.array([1.0], np.float32)},
+            10,
+            2,
+            extras={"a_norm": 2.0},
+        ),
+        SiteUpdate(
+            "s2",
+            {"w": np.array([1.7195]), "bn.running_var": np.array([3.0], np.float32)},
+            10,
+            4,
+            extras={"a_norm": 4.0},
+        ),
     ]
     # Execute
     new = FedNova().aggregate_train(RoundInput(1, current, updates, {"s1": 10, "s2": 10}, MANIFEST)).weights
@@ -91,7 +103,10 @@ def test_float_buffers_are_averaged_not_normalised() -> None:
 
 def test_missing_a_norm_falls_back_to_steps() -> None:
     """Without extras['a_norm'] the server uses tau_i (plain SGD): the worked example again."""
-    updates = [SiteUpdate("s1", {"w": np.array([0.19])}, 10, 2), SiteUpdate("s2", {"w": np.array([1.7195])}, 10, 4)]
+    updates = [
+        SiteUpdate("s1", {"w": np.array([0.19])}, 10, 2),
+        SiteUpdate("s2", {"w": np.array([1.7195])}, 10, 4),
+    ]
     inp = RoundInput(1, {"w": np.zeros(1)}, updates, {"s1": 10, "s2": 10}, MANIFEST)
     assert float(FedNova().aggregate_train(inp).weights["w"][0]) == pytest.approx(0.7873125, abs=1e-12)
 

@@ -10,8 +10,12 @@ from fedmqtt.strategies import RoundInput, SiteUpdate, TensorSpec, build_strateg
 
 MANIFEST = {
     "w": TensorSpec("w", (2,), "float64", frozenset({"TRAIN"})),
-    "bn.running_mean": TensorSpec("bn.running_mean", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})),
-    "bn.running_var": TensorSpec("bn.running_var", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})),
+    "bn.running_mean": TensorSpec(
+        "bn.running_mean", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})
+    ),
+    "bn.running_var": TensorSpec(
+        "bn.running_var", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})
+    ),
 }
 PARAMS = {"eta_g": 0.01, "tau": 0.001, "b1": 0.9}
 
@@ -69,7 +73,9 @@ def test_running_var_with_far_current_is_the_weighted_average() -> None:
         SiteUpdate("s2", {"w": np.array([3.0, -2.0]), "bn.running_var": np.array([2.0], np.float32)}, 3, 5),
     ]
     # Execute
-    new = build_strategy("fedadam").aggregate_train(RoundInput(1, current, updates, {"s1": 1, "s2": 3}, MANIFEST))
+    new = build_strategy("fedadam").aggregate_train(
+        RoundInput(1, current, updates, {"s1": 1, "s2": 3}, MANIFEST)
+    )
     # Assert
     np.testing.assert_array_equal(new.weights["bn.running_var"], np.array([1.75], np.float32))
     assert "bn.running_var" not in build_strategy("fedadam").state_dict()["m"]
@@ -92,7 +98,10 @@ def test_no_participant_keeps_model_and_moments() -> None:
 def test_uniform_weighting_option() -> None:
     """weighting = uniform (Reddi et al.) averages the deltas 1/|S|: n=(1,3) still gives Delta = [2, 0]."""
     # Prepare
-    updates = [SiteUpdate("s1", {"w": np.array([1.0, 2.0])}, 1, 5), SiteUpdate("s2", {"w": np.array([3.0, -2.0])}, 3, 5)]
+    updates = [
+        SiteUpdate("s1", {"w": np.array([1.0, 2.0])}, 1, 5),
+        SiteUpdate("s2", {"w": np.array([3.0, -2.0])}, 3, 5),
+    ]
     rule = build_strategy("fedadam", {**PARAMS, "weighting": "uniform"})
     # Execute
     rule.aggregate_train(RoundInput(1, {"w": np.zeros(2)}, updates, {"s1": 1, "s2": 3}, MANIFEST))
@@ -128,4 +137,6 @@ def test_second_round_uses_persisted_moments() -> None:
     rule.aggregate_train(_input(2, first))
     # Assert
     delta_2 = np.array([2.0, 0.0]) - first["w"]
-    np.testing.assert_allclose(rule.state_dict()["m"]["w"], 0.9 * np.array([0.2, 0.0]) + 0.1 * delta_2, atol=1e-15)
+    np.testing.assert_allclose(
+        rule.state_dict()["m"]["w"], 0.9 * np.array([0.2, 0.0]) + 0.1 * delta_2, atol=1e-15
+    )

@@ -21,7 +21,7 @@ def test_head_stays_local() -> None:
 
 
 def test_worked_example() -> None:
-    """base.weight [1,2],[3,0], n=(1,3) -> [2.5,0.5] for both sites; heads 0.7 and -0.2 never reach the server."""
+    """base.weight [1,2],[3,0], n=(1,3) -> [2.5,0.5] for both; heads 0.7 and -0.2 never reach the server."""
     # Prepare
     current = {"base.weight": np.zeros(2, np.float32)}
     updates = [

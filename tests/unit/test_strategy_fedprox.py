@@ -56,7 +56,10 @@ def test_first_round_skip_option_is_forwarded() -> None:
 
 @pytest.mark.parametrize(
     ("params", "message"),
-    [({"mu": -1}, "fedprox: mu must be greater than or equal to 0 (got -1)"), ({"nu": 1.0}, "unknown parameter 'nu'")],
+    [
+        ({"mu": -1}, "fedprox: mu must be greater than or equal to 0 (got -1)"),
+        ({"nu": 1.0}, "unknown parameter 'nu'"),
+    ],
 )
 def test_bad_parameters_name_algorithm_and_field(params: dict[str, float], message: str) -> None:
     """A negative mu or an unknown key is a ConfigError naming fedprox and the field."""

@@ -14,7 +14,9 @@ MANIFEST = {
 }
 
 
-def _toy_local(a: float, b: float, *, mu: float, lr: float = 0.1, steps: int = 2) -> tuple[list[float], float]:
+def _toy_local(
+    a: float, b: float, *, mu: float, lr: float = 0.1, steps: int = 2
+) -> tuple[list[float], float]:
     """GD from u=0, g=1 on 0.5(u-a)^2 + 0.5(g-b)^2 + (mu/2)(u - 0)^2: the proximal term touches u only."""
     u_path, g = [0.0], 1.0
     for _ in range(steps):
@@ -31,10 +33,15 @@ def test_toy_worked_example() -> None:
     assert path_1 == pytest.approx([0.0, 0.1, 0.185], abs=1e-12)
     assert path_2 == pytest.approx([0.0, 0.5, 0.925], abs=1e-12)
     assert (g1, g2) == pytest.approx((1.19, 0.81), abs=1e-12)
-    updates = [SiteUpdate("s1", {"u": np.array([path_1[-1]])}, 4, 2), SiteUpdate("s2", {"u": np.array([path_2[-1]])}, 4, 2)]
+    updates = [
+        SiteUpdate("s1", {"u": np.array([path_1[-1]])}, 4, 2),
+        SiteUpdate("s2", {"u": np.array([path_2[-1]])}, 4, 2),
+    ]
     # Execute
     rule = FedPxN({"mu": 0.5})
-    new = rule.aggregate_train(RoundInput(1, {"u": np.zeros(1)}, updates, {"s1": 4, "s2": 4}, MANIFEST)).weights
+    new = rule.aggregate_train(
+        RoundInput(1, {"u": np.zeros(1)}, updates, {"s1": 4, "s2": 4}, MANIFEST)
+    ).weights
     # Assert
     assert float(new["u"][0]) == pytest.approx(0.555, abs=1e-12)
     assert rule.shared_names(MANIFEST) == FedBN().shared_names(MANIFEST) == ["u"]

@@ -10,7 +10,9 @@ from fedmqtt.strategies import RoundInput, Scaffold, SiteUpdate, TensorSpec
 
 MANIFEST = {
     "w": TensorSpec("w", (1,), "float64", frozenset({"TRAIN"})),
-    "bn.running_mean": TensorSpec("bn.running_mean", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})),
+    "bn.running_mean": TensorSpec(
+        "bn.running_mean", (1,), "float32", frozenset({"FLOATBUF", "NORM:BatchNorm1d"})
+    ),
 }
 A = {"s1": 1.0, "s2": 5.0}
 LR, K = 0.1, 2
@@ -24,7 +26,7 @@ TABLE = [
 
 
 def _local(a: float, x: float, c: float, c_i: float) -> tuple[list[float], float]:
-    """K steps y <- y - lr (g(y) - c_i + c) with g(y) = y - a, then option II c_i_new = c_i - c + (x - y)/(K lr)."""
+    """K steps y <- y - lr (g(y) - c_i + c), g(y) = y - a; option II c_i_new = c_i - c + (x - y)/(K lr)."""
     path = [x]
     for _ in range(K):
         y = path[-1]
@@ -37,7 +39,7 @@ def _update(site: str, y: float, delta_c: float, n: int = 10) -> SiteUpdate:
 
 
 def test_three_round_toy_table() -> None:
-    """Uniform weights, N=2, eta_g=1: every printed y, x, c_1, c_2, c; round 2 client 1 goes 0.57, 0.803, 1.0127."""
+    """Uniform weights, N=2, eta_g=1: printed y, x, c_1, c_2, c; round 2 client 1: 0.57, 0.803, 1.0127."""
     # Prepare
     rule = Scaffold({"weighting": "uniform"})
     enrolled = {"s1": 10, "s2": 10}
@@ -55,7 +57,9 @@ def test_three_round_toy_table() -> None:
         assert float(result.weights["w"][0]) == pytest.approx(x_exp, abs=1e-9)
         assert (c_i["s1"], c_i["s2"]) == pytest.approx((c1_exp, c2_exp), abs=1e-9)
         assert float(result.extras["c"]["w"][0]) == pytest.approx(c_exp, abs=1e-9)
-        assert float(result.extras["c"]["w"][0]) == pytest.approx(0.5 * c_i["s1"] + 0.5 * c_i["s2"], abs=1e-12)
+        assert float(result.extras["c"]["w"][0]) == pytest.approx(
+            0.5 * c_i["s1"] + 0.5 * c_i["s2"], abs=1e-12
+        )
         x, c = float(result.weights["w"][0]), float(result.extras["c"]["w"][0])
 
 
@@ -88,13 +92,25 @@ def test_float_buffers_get_p_i_and_no_control_variate() -> None:
     # Prepare
     current = {"w": np.zeros(1), "bn.running_mean": np.array([10.0], np.float32)}
     updates = [
-        SiteUpdate("s1", {"w": np.array([1.0]), "bn.running_mean": np.array([1.0], np.float32)}, 5, 2,
-                   extras={"delta_c": {"w": np.zeros(1)}}),
-        SiteUpdate("s2", {"w": np.array([3.0]), "bn.running_mean": np.array([3.0], np.float32)}, 5, 2,
-                   extras={"delta_c": {"w": np.zeros(1)}}),
+        SiteUpdate(
+            "s1",
+            {"w": np.array([1.0]), "bn.running_mean": np.array([1.0], np.float32)},
+            5,
+            2,
+            extras={"delta_c": {"w": np.zeros(1)}},
+        ),
+        SiteUpdate(
+            "s2",
+            {"w": np.array([3.0]), "bn.running_mean": np.array([3.0], np.float32)},
+            5,
+            2,
+            extras={"delta_c": {"w": np.zeros(1)}},
+        ),
     ]
     # Execute
-    result = Scaffold({"eta_g": 2.0}).aggregate_train(RoundInput(1, current, updates, {"s1": 5, "s2": 5}, MANIFEST))
+    result = Scaffold({"eta_g": 2.0}).aggregate_train(
+        RoundInput(1, current, updates, {"s1": 5, "s2": 5}, MANIFEST)
+    )
     # Assert
     np.testing.assert_array_equal(result.weights["bn.running_mean"], np.array([2.0], np.float32))
     assert float(result.weights["w"][0]) == pytest.approx(4.0, abs=1e-12)  # x + 2 * mean delta
