@@ -24,6 +24,7 @@ from fedmqtt.errors import FedMqttError
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
+from ps_daemon.config import SGD_ONLY, load_daemon_config
 from ps_daemon.report import final_table, render_table
 from schemas import messages as m
 
@@ -37,14 +38,15 @@ def write_role_configs(layout: FederationLayout, work: Path, *, rounds: int, see
                        round_timeout_s: float = 120.0, train: dict[str, Any] | None = None,
                        algorithm: str = "fedavg", hyper: dict[str, float] | None = None,
                        model: dict[str, Any] | None = None,
-                       share_label_histogram: bool = False) -> tuple[Path, dict[str, Path]]:
+                       share_label_histogram: bool = False,
+                       ps_extra: dict[str, Any] | None = None) -> tuple[Path, dict[str, Path]]:
     """The PS config and one config per site, as a deployment would have them."""
     ps = {
         "run_id": layout.run_id, "algorithm": algorithm, "hyper": hyper or {}, "rounds": rounds,
         "sites": list(layout.site_ids),
         "quorum": 1, "round_timeout_s": round_timeout_s, "seed": seed, "out_dir": str(work / "ps"),
         "credentials": str(layout.credentials["ps"]),
-        "model": model or DEMO_MODEL, "train": train or DEMO_TRAIN,
+        "model": model or DEMO_MODEL, "train": train or DEMO_TRAIN, **(ps_extra or {}),
     }
     ps_path = work / "ps.toml"
     ps_path.write_text(dump_toml(ps))
@@ -86,7 +88,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM gets the same orderly teardown as Ctrl-C
 
 
-def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float) -> dict[str, Any]:
+def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algorithm: str = "fedavg") -> dict[str, Any]:
     """Run the demo federation; every process it started is stopped on return, error or Ctrl-C."""
     started = time.time()
     signal.signal(signal.SIGTERM, _interrupt)
@@ -94,8 +96,11 @@ def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float) -> d
         work = Path(out).resolve() if out else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmqtt-demo-")))
         work.mkdir(parents=True, exist_ok=True)
         layout = init_federation(work / "federation", run_id=RUN_ID, site_ids=list(SITES), port=free_port(), force=True)
-        ps_cfg, site_cfgs = write_role_configs(layout, work, rounds=rounds, seed=seed)
-        print(f"fedmqtt demo: FedAvg, {rounds} rounds, sites {', '.join(SITES)} (UCI heart disease, CC BY 4.0)")
+        train = {**DEMO_TRAIN, "optimizer": "sgd", "lr": 0.05} if algorithm in SGD_ONLY else DEMO_TRAIN
+        ps_cfg, site_cfgs = write_role_configs(layout, work, rounds=rounds, seed=seed, algorithm=algorithm,
+                                               train=train, share_label_histogram=algorithm == "feddkw")
+        load_daemon_config(ps_cfg)  # a bad algorithm or setting fails here, before any process starts
+        print(f"fedmqtt demo: {algorithm}, {rounds} rounds, sites {', '.join(SITES)} (UCI heart disease, CC BY 4.0)")
         broker = stack.enter_context(BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.host))
         print(f"  broker      mosquitto pid {broker.pid} on {layout.host}:{layout.port}")
         procs = {"ps": spawn(["ps", "start", "--config", str(ps_cfg)], work / "logs" / "ps.log")}

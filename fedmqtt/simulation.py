@@ -48,12 +48,17 @@ class SimulationConfig(BaseModel):
     sites: dict[str, DataSpec] = Field(default_factory=bundled_sites)
     # In a simulation the researcher holds every site's data, so histograms may "leave" (FedDkw needs them).
     share_label_histograms: bool = True
+    pretrained: Path | None = None  # AdaFed / d-AdaFed: a model trained outside the federation
+    # Simulation only, as seed 001 does: pretrain that model on this fraction of the pooled training rows.
+    pretrain_fraction: float | None = Field(default=None, gt=0, le=1)
 
     def daemon_config(self) -> DaemonConfig:
         return validate_config({
             "run_id": self.run_id, "algorithm": self.algorithm, "rounds": self.rounds, "seed": self.seed,
             "sites": sorted(self.sites), "out_dir": self.out_dir, "model": self.model, "train": self.train,
             "credentials": IN_PROCESS, **({"hyper": self.hyper} if self.hyper else {}),
+            # pretrain_fraction: the model is pretrained when the run starts (placeholder for validation)
+            "pretrained": self.pretrained or (Path("(pretrained at start)") if self.pretrain_fraction else None),
         }, DaemonConfig, source="simulation config")
 
     def site_configs(self) -> list[SiteConfig]:
@@ -82,6 +87,8 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
     from site_agent.agent import SiteAgent
     import json
 
+    if config.pretrain_fraction is not None and config.pretrained is None:
+        config = config.model_copy(update={"pretrained": pretrain_pooled(config)})
     daemon_cfg = config.daemon_config()
     shutil.rmtree(config.out_dir / "state", ignore_errors=True)  # a fresh run: no stored uplinks
     broker = MemoryBroker()
@@ -108,3 +115,34 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
             agent.close()
         runner.close()
     return json.loads((config.out_dir / "report.json").read_text())
+
+
+def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
+    """Train the model on a stratified `pretrain_fraction` of every site's training rows, pooled.
+
+    Only a simulation can do this (seed 001 pretrains AdaFed's model so); in a hospital network the
+    pretrained model must come from outside the federation. Written to out_dir/pretrained.safetensors.
+    """
+    import numpy as np
+    from safetensors.numpy import save_file
+    from sklearn.model_selection import train_test_split
+
+    from fedmqtt.training.loop import derive_seed, train_local
+    from fedmqtt.training.models import build_model
+    from fedmqtt.training.weights import state_to_arrays
+    from site_agent.data import load_site_data
+
+    xs, ys = [], []
+    for site, spec in sorted(config.sites.items()):
+        data = load_site_data(spec)
+        x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=config.pretrain_fraction,
+                                      random_state=config.seed, stratify=data.y_train)
+        xs.append(x)
+        ys.append(y)
+    model = build_model(config.model.name, dict(config.model.args))
+    settings = config.train.model_copy(update={"epochs": epochs})
+    train_local(model, np.concatenate(xs), np.concatenate(ys), settings, seed=derive_seed(config.seed, "pretrain", 0))
+    path = config.out_dir / "pretrained.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state_to_arrays(model), str(path))
+    return path

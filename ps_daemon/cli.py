@@ -13,6 +13,7 @@ app = typer.Typer(help="Run the parameter-server daemon (PS).", no_args_is_help=
 def start(
     config: Path = typer.Option(..., "--config", help="PS config file (TOML)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in out_dir."),
+    algorithm: str = typer.Option(None, "--algorithm", "-a", help="Override the config's algorithm (see `fedmqtt algorithms`)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Wait for the sites, run every round (aggregate, checkpoint, publish), then write the final model and report.
@@ -24,7 +25,7 @@ def start(
     from ps_daemon.runner import DaemonRunner
 
     setup_logging(verbose)
-    cfg = load_daemon_config(config)
+    cfg = load_daemon_config(config, algorithm=algorithm)
     runner = DaemonRunner(cfg, resume=resume)
     runner.run()
     if runner.finished is None:

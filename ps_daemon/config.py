@@ -9,15 +9,22 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedmqtt.config_io import load_toml
+from fedmqtt.config_io import load_toml, validate_config
 from fedmqtt.strategies import STRATEGIES, build_strategy
 
 # Rules whose formulas hold for plain SGD only (algorithms.md 7 and 8).
+NEEDS_PRETRAINED = ("adafed", "d-adafed")
 SGD_ONLY = {"scaffold": "SCAFFOLD option II estimates gradients from SGD steps",
             "fednova": "FedNova's ||a_i||_1 is defined for SGD"}
 from fedmqtt.transport.settings import BrokerSettings
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
+
+
+class _Raw(BaseModel):
+    """The file's tables before validation (so a CLI override can replace a key first)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class DaemonConfig(BaseModel):
@@ -39,6 +46,7 @@ class DaemonConfig(BaseModel):
     model: ModelSpec
     train: TrainSettings = TrainSettings()
     credentials: Path = Field(description="TOML file with a [broker] table (host, port, username, password)")
+    pretrained: Path | None = Field(default=None, description="safetensors model for AdaFed's statistics")
 
     @model_validator(mode="after")
     def _check(self) -> "DaemonConfig":
@@ -49,7 +57,10 @@ class DaemonConfig(BaseModel):
             raise ValueError("sites: duplicate site id")
         if self.algorithm not in STRATEGIES:
             raise ValueError(f"algorithm {self.algorithm!r} unknown; available: {', '.join(sorted(STRATEGIES))}")
-        build_strategy(self.algorithm, self.hyper)  # a bad hyper-parameter fails here, before anything starts
+        build_strategy(self.algorithm, self.strategy_params())  # a bad hyper-parameter fails here, before start
+        if self.algorithm in NEEDS_PRETRAINED and self.pretrained is None:
+            raise ValueError(f"{self.algorithm} computes its similarity matrix with a pretrained model: set "
+                             "`pretrained` to a safetensors file of the same model (f-adafed needs none)")
         if self.algorithm in SGD_ONLY and self.train.optimizer != "sgd":
             raise ValueError(f"{self.algorithm} requires train.optimizer = \"sgd\" ({SGD_ONLY[self.algorithm]}); "
                              f"got {self.train.optimizer!r}")
@@ -58,6 +69,12 @@ class DaemonConfig(BaseModel):
         if self.quorum > len(self.sites):
             raise ValueError(f"quorum {self.quorum} > number of sites {len(self.sites)}")
         return self
+
+    def strategy_params(self) -> dict[str, float]:
+        """`hyper`, plus the run length for f-AdaFed's default warm-up (floor(T/2))."""
+        if self.algorithm == "f-adafed":
+            return {"total_rounds": self.rounds, **self.hyper}
+        return dict(self.hyper)
 
     @property
     def sorted_sites(self) -> tuple[str, ...]:
@@ -69,19 +86,25 @@ class DaemonConfig(BaseModel):
 
     def config_hash(self) -> str:
         """What must not change across `--resume` (the broker, credentials and out_dir may)."""
-        keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints"})
+        keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints", "pretrained"})
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def broker_settings(self) -> BrokerSettings:
         return load_toml(self.credentials, BrokerSettings, section="broker")
 
 
-def load_daemon_config(path: Path) -> DaemonConfig:
-    cfg = load_toml(path, DaemonConfig)
+def load_daemon_config(path: Path, *, algorithm: str | None = None) -> DaemonConfig:
+    """The PS config file; `algorithm` (the CLI's --algorithm) overrides its algorithm key."""
+    if algorithm is not None:
+        raw = load_toml(path, _Raw)
+        cfg = validate_config({**raw.model_dump(), "algorithm": algorithm}, DaemonConfig, source=str(path))
+    else:
+        cfg = load_toml(path, DaemonConfig)
     base = Path(path).resolve().parent
     return cfg.model_copy(
         update={
             "out_dir": cfg.out_dir if cfg.out_dir.is_absolute() else base / cfg.out_dir,
             "credentials": cfg.credentials if cfg.credentials.is_absolute() else base / cfg.credentials,
+            "pretrained": cfg.pretrained if cfg.pretrained is None or cfg.pretrained.is_absolute() else base / cfg.pretrained,
         }
     )

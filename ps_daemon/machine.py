@@ -22,6 +22,9 @@ from ps_daemon.events import (
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
 
 Result = tuple[DaemonState, list[fx.Effect]]
+# AdaFed family: what the sites compute (fedmqtt.training.statistics codes): BN inputs of the
+# pretrained model, its penultimate features, or their own BN running statistics.
+STATS_KIND = {"adafed": 1, "d-adafed": 2, "f-adafed": 3}
 
 
 class Machine:
@@ -33,9 +36,12 @@ class Machine:
         self.hash_weights = hash_weights
         self.selection_metric = "auroc"
 
-    def initial_state(self, weights: Weights, manifest: Manifest | None = None) -> DaemonState:
-        """Round 1 sends every tensor (all sites start identical); later rounds only the shared ones."""
-        state = DaemonState(phase="waiting_for_sites", round=0, weights=weights, model_hash="", manifest=manifest or {})
+    def initial_state(self, weights: Weights, manifest: Manifest | None = None,
+                      extras: dict[str, Weights] | None = None) -> DaemonState:
+        """Round 1 sends every tensor (all sites start identical); later rounds only the shared ones.
+        `extras` go out with the round-1 model (AdaFed's pretrained model)."""
+        state = DaemonState(phase="waiting_for_sites", round=0, weights=weights, model_hash="",
+                            manifest=manifest or {}, extras=extras or {})
         return replace(state, model_hash=self.hash_weights(self.published(state)))
 
     def shared_names(self, state: DaemonState) -> list[str]:
@@ -166,6 +172,7 @@ class Machine:
     def _close_round(self, state: DaemonState, now: float) -> Result:
         participants = tuple(sorted(state.updates))  # sorted: sums do not depend on arrival order
         self.strategy.load_state_dict(dict(state.strategy_state))
+        self._take_statistics(state, participants)
         result = self.strategy.aggregate_train(RoundInput(
             round_no=state.round, current=dict(state.weights), updates=[state.updates[s].update for s in participants],
             enrolled=dict(state.enrolled), manifest=state.manifest,
@@ -215,7 +222,7 @@ class Machine:
         for site in state.selected:
             out.append(fx.PublishTrainTask(
                 site, state.round, state.model_hash, state.deadline or 0.0, self._accepted(state, site),
-                dict(state.personal.get(site, {})), self.strategy.site_hyper(site, dict(state.enrolled)),
+                dict(state.personal.get(site, {})), self._site_hyper(state, site),
                 tuple(self.shared_names(state))))
         out.append(self._status(state, why or f"round {state.round}: training on {len(state.selected)} sites"))
         return out
@@ -226,6 +233,28 @@ class Machine:
                                       dict(state.personal.get(site, {}))) for site in state.selected)
         out.append(self._status(state, why or "evaluating the final model"))
         return out
+
+    def _stats_kind(self, round_no: int) -> int | None:
+        """Which feature statistics the sites send with this round's update (AdaFed family), if any."""
+        kind = STATS_KIND.get(self.strategy.name)
+        warmup = getattr(self.strategy, "warmup_rounds", lambda: 0)()
+        return kind if kind is not None and round_no == max(1, warmup) else None
+
+    def _take_statistics(self, state: DaemonState, participants: tuple[str, ...]) -> None:
+        """AdaFed: W is fixed once, from the statistics that came with the updates of the stats round."""
+        if not hasattr(self.strategy, "set_statistics") or self.strategy.similarity is not None:  # type: ignore[attr-defined]
+            return
+        stats = {s: state.updates[s].update.extras["feature_stats"] for s in participants
+                 if "feature_stats" in state.updates[s].update.extras}
+        if stats:
+            self.strategy.set_statistics(stats)  # type: ignore[attr-defined]
+
+    def _site_hyper(self, state: DaemonState, site: str) -> dict[str, float]:
+        hyper = dict(self.strategy.site_hyper(site, dict(state.enrolled)))
+        kind = self._stats_kind(state.round)
+        if kind is not None:
+            hyper["feature_stats"] = float(kind)
+        return hyper
 
     def _model_effect(self, state: DaemonState) -> fx.PublishModel:
         return fx.PublishModel(state.round, self.published(state), state.model_hash, self.published_extras(state))

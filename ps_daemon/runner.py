@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fedmqtt.errors import BrokerError
+from fedmqtt.faults import crash_point
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
@@ -53,14 +54,6 @@ def initial_model(config: DaemonConfig) -> tuple[dict, dict]:
     return initial_arrays(config.model.name, args, config.seed), model_manifest(config.model.name, args)
 
 
-def _crash_point(where: str, round_no: int) -> None:
-    """Fault injection for tests: FEDMQTT_FAULT=after_checkpoint:1 SIGKILLs the PS right after the
-    checkpoint of round 1 is durable and before anything of round 2 is published (the worst moment)."""
-    if os.environ.get("FEDMQTT_FAULT") == f"{where}:{round_no}":
-        log.warning("fault injection: SIGKILL at %s of round %d", where, round_no)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def stable_msg_id(*parts: object) -> str:
     """Same message, same id: a resumed PS re-sends the round with the ids receivers already know."""
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
@@ -74,7 +67,7 @@ class DaemonRunner:
         self.config = config
         self._transport_factory = transport_factory or (
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
-        self.machine = Machine(config, build_strategy(config.algorithm, config.hyper), hash_weights)
+        self.machine = Machine(config, build_strategy(config.algorithm, config.strategy_params()), hash_weights)
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
         self.resume = resume
         self.finished: DaemonState | None = None
@@ -90,7 +83,12 @@ class DaemonRunner:
             log.info("resuming from checkpoint of round %d (%s)", ckpt.round - 1, ckpt.phase)
             return checkpoint_to_state(ckpt)
         weights, manifest = initial_model(self.config)
-        return self.machine.initial_state(weights, manifest_from_dict(manifest))
+        extras = {}
+        if self.config.pretrained is not None:
+            from safetensors.numpy import load_file
+
+            extras["pretrained"] = load_file(str(self.config.pretrained))
+        return self.machine.initial_state(weights, manifest_from_dict(manifest), extras)
 
     def _status_msg(self, state: str, round_no: int = 0, **kw: Any) -> m.DaemonStatus:
         c = self.config
@@ -114,7 +112,11 @@ class DaemonRunner:
         """Handle at most one inbound message and the clock; True once the run is finished."""
         self._announce_if_reconnected()
         inbound = self.channel.receive(timeout_s)
-        event = self._to_event(inbound) if inbound is not None else None
+        try:
+            event = self._to_event(inbound) if inbound is not None else None
+        except (KeyError, ValueError) as exc:  # well-formed but inconsistent content: drop it, keep serving
+            log.warning("dropping a message from %s: %s", inbound.topic.site_id if inbound else "?", exc)
+            event = None
         if event is not None:
             self._apply(event)
         self._apply(Tick(time.time()))
@@ -174,6 +176,13 @@ class DaemonRunner:
                 extras["delta_c"] = blobs_to_arrays(msg.control_variates)
             if msg.label_histogram is not None:
                 extras["label_histogram"] = dict(msg.label_histogram)
+            if msg.feature_stats:
+                flat = blobs_to_arrays(msg.feature_stats)
+                layers = sorted({name.rsplit("/", 1)[0] for name in flat})
+                try:
+                    extras["feature_stats"] = {k: (flat[f"{k}/mean"], flat[f"{k}/var"]) for k in layers}
+                except KeyError as exc:
+                    raise ValueError(f"feature_stats lacks {exc.args[0]!r}") from None
             update = SiteUpdate(site, blobs_to_arrays(msg.tensors), msg.n_samples, msg.local_steps, extras)
             return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
                                   msg.val_metrics, msg.undefined)
@@ -192,7 +201,7 @@ class DaemonRunner:
         c, ch = self.config, self.channel
         if isinstance(effect, fx.SaveCheckpoint):
             self.store.save(state_to_checkpoint(effect.state, run_id=c.run_id, config_hash=c.config_hash()))
-            _crash_point("after_checkpoint", effect.state.round - 1)
+            crash_point("after_checkpoint", effect.state.round - 1)
         elif isinstance(effect, fx.PublishModel):
             msg = m.GlobalModel(run_id=c.run_id, sender=PS, round=effect.round, model=c.model,
                                 model_hash=effect.model_hash, tensors=arrays_to_blobs(effect.weights),

@@ -17,6 +17,7 @@ from fedmqtt.training.weights import initial_arrays
 
 from fedmqtt import __version__
 from fedmqtt.errors import BrokerError
+from fedmqtt.faults import crash_point
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
@@ -185,12 +186,15 @@ class SiteAgent:
             local_steps=result.steps, train_loss=result.train_loss, val_metrics=result.val_metrics,
             undefined=result.undefined, compute_seconds=result.seconds,
             control_variates=arrays_to_blobs(result.uplink_extras.get("delta_c", {})),
-            scalars={k: float(v) for k, v in result.uplink_extras.items() if k != "delta_c"},
+            scalars={k: float(v) for k, v in result.uplink_extras.items() if k not in ("delta_c", "feature_stats")},
+            feature_stats=_stats_blobs(result.uplink_extras.get("feature_stats", {})),
             label_histogram=self._histogram(task),
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
+        crash_point("site_before_publish", task.round)
         self.channel.transport.publish(topic, payload)
+        crash_point("site_after_publish", task.round)
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
 
@@ -213,6 +217,14 @@ class SiteAgent:
         self.channel.send(topics.site_report_topic(c.run_id, c.site_id), report)
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id), self._status("online", "final model evaluated"))
         log.info("evaluated model %s: test %s", task.model_hash[:8], metrics.get("test"))
+
+
+def _stats_blobs(stats: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple:
+    flat = {}
+    for layer, (mean, var) in stats.items():
+        flat[f"{layer}/mean"] = np.asarray(mean, np.float64)
+        flat[f"{layer}/var"] = np.asarray(var, np.float64)
+    return arrays_to_blobs(flat)
 
 
 def _arrays(blobs: tuple) -> dict[str, np.ndarray]:

@@ -13,6 +13,7 @@ from fedmqtt.training.evaluate import evaluate_split
 from fedmqtt.training.loop import derive_seed, train_local
 from fedmqtt.training.client_rules import finish_round, plan_terms
 from fedmqtt.training.models import build_model, model_manifest
+from fedmqtt.training.statistics import site_statistics
 from fedmqtt.training.weights import load_arrays, state_to_arrays
 from schemas.messages import ModelSpec, TrainSettings
 
@@ -70,15 +71,26 @@ class Trainer:
         if eval_weights is not None:
             load_arrays(model, weights)
         manifest = self.manifest(spec)
-        terms = plan_terms(settings, manifest, extras=extras, local=local)
+        terms = plan_terms(settings, manifest, extras=extras, local=local, round_no=round_no)
         start = state_to_arrays(model)
         stats = train_local(model, self.data.x_train, self.data.y_train, settings,
                             seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device, terms=terms)
         end = state_to_arrays(model)
         uplink, algo_state = finish_round(settings, manifest, start=start, end=end, steps=stats.steps,
                                           extras=extras, local=local)
+        kind = int(settings.hyper.get("feature_stats", 0))
+        if kind:
+            uplink["feature_stats"] = self._statistics(kind, spec, model, extras.get("pretrained"))
         return TrainResult(end, stats.n_samples, stats.steps, stats.mean_loss, stats.seconds,
                            val, {f"val.{k}": v for k, v in undefined.items()}, uplink, algo_state)
+
+    def _statistics(self, kind: int, spec: ModelSpec, trained: torch.nn.Module,
+                    pretrained: dict[str, np.ndarray] | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        f = None
+        if pretrained is not None:
+            f = build_model(spec.name, dict(spec.args))
+            load_arrays(f, pretrained)
+        return site_statistics(kind, pretrained=f, trained=trained, x_train=self.data.x_train)
 
     def evaluate(self, spec: ModelSpec, weights: dict[str, np.ndarray], splits: tuple[str, ...]
                  ) -> tuple[dict[str, Metrics], dict[str, int], dict[str, str]]:

@@ -41,9 +41,11 @@ def _is_norm(spec: Mapping[str, Any]) -> bool:
 
 
 def plan_terms(settings: TrainSettings, manifest: Mapping[str, Any], *, extras: Mapping[str, Weights],
-               local: Mapping[str, Weights]) -> GradTerms:
-    """The gradient terms of `settings.algorithm` for this round."""
+               local: Mapping[str, Weights], round_no: int = 0) -> GradTerms:
+    """The gradient terms of `settings.algorithm` for round `round_no`."""
     algo, hyper = settings.algorithm, settings.hyper
+    if algo in ("fedprox", "fedpxn") and round_no == 1 and hyper.get("prox_skip_first_round"):
+        return GradTerms()  # seed 000's variant: no proximal term in round 1 (option, off by default)
     train = _train_names(manifest)
     if algo in SGD_ONLY and (settings.optimizer != "sgd" or hyper.get("momentum", 0.0) and algo == "scaffold"):
         raise ValueError(f"{algo} needs plain SGD for {SGD_ONLY[algo]} (got {settings.optimizer})")

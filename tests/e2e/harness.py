@@ -37,7 +37,8 @@ class CliFederation:
 
     def __init__(self, work: Path, *, run_id: str, rounds: int, sites: tuple[str, ...] = SITES,
                  round_timeout_s: float = 60.0, algorithm: str = "fedavg", hyper: dict | None = None,
-                 train: dict | None = None, model: dict | None = None, share_label_histogram: bool = False) -> None:
+                 train: dict | None = None, model: dict | None = None, share_label_histogram: bool = False,
+                 ps_extra: dict | None = None) -> None:
         self.work = work
         self.logs = work / "logs"
         fed = work / "federation"
@@ -48,7 +49,8 @@ class CliFederation:
         self.layout: FederationLayout = load_federation(fed)
         self.ps_config, self.site_configs = write_role_configs(
             self.layout, work, rounds=rounds, seed=0, round_timeout_s=round_timeout_s, train=train or FAST_TRAIN,
-            algorithm=algorithm, hyper=hyper, model=model, share_label_histogram=share_label_histogram)
+            algorithm=algorithm, hyper=hyper, model=model, share_label_histogram=share_label_histogram,
+            ps_extra=ps_extra)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.observer: Channel | None = None
 
@@ -63,8 +65,11 @@ class CliFederation:
         self.procs["ps"] = cli("ps", "start", "--config", str(self.ps_config), *(["--resume"] if resume else []),
                                log=self.logs / "ps.log", env=env)
 
-    def start_site(self, site: str) -> None:
-        self.procs[site] = cli("site", "start", "--config", str(self.site_configs[site]), log=self.logs / f"{site}.log")
+    def start_site(self, site: str, *, fault: str | None = None) -> None:
+        """`fault` (e.g. "site_before_publish:2") makes the site SIGKILL itself at that point (FEDMQTT_FAULT)."""
+        env = {**os.environ, **({"FEDMQTT_FAULT": fault} if fault else {})}
+        self.procs[site] = cli("site", "start", "--config", str(self.site_configs[site]), log=self.logs / f"{site}.log",
+                               env=env)
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]
