@@ -176,8 +176,8 @@ class DaemonRunner:
                 extras["delta_c"] = blobs_to_arrays(msg.control_variates)
             if msg.label_histogram is not None:
                 extras["label_histogram"] = dict(msg.label_histogram)
-            if msg.feature_stats:
-                flat = blobs_to_arrays(msg.feature_stats)
+            if msg.layer_stats:
+                flat = blobs_to_arrays(msg.layer_stats)
                 layers = sorted({name.rsplit("/", 1)[0] for name in flat})
                 try:
                     extras["feature_stats"] = {k: (flat[f"{k}/mean"], flat[f"{k}/var"]) for k in layers}

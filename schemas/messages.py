@@ -86,8 +86,8 @@ class ClientUpdate(Header):
     undefined: dict[str, str] = Field(default_factory=dict)
     control_variates: tuple[TensorBlob, ...] = ()  # SCAFFOLD: Delta c_i
     scalars: dict[str, FiniteFloat] = Field(default_factory=dict)  # e.g. FedNova "a_norm"
-    # AdaFed: per layer "<layer>/mean" and "<layer>/var" of the site's features (algorithms.md 11.1)
-    feature_stats: tuple[TensorBlob, ...] = ()
+    # AdaFed: per layer "<layer>/mean" and "<layer>/var": aggregate statistics of layer inputs (11.1)
+    layer_stats: tuple[TensorBlob, ...] = ()
     label_histogram: dict[str, int] | None = None
     compute_seconds: float = Field(default=0.0, ge=0)
     done: bool = True

@@ -187,7 +187,7 @@ class SiteAgent:
             undefined=result.undefined, compute_seconds=result.seconds,
             control_variates=arrays_to_blobs(result.uplink_extras.get("delta_c", {})),
             scalars={k: float(v) for k, v in result.uplink_extras.items() if k not in ("delta_c", "feature_stats")},
-            feature_stats=_stats_blobs(result.uplink_extras.get("feature_stats", {})),
+            layer_stats=_stats_blobs(result.uplink_extras.get("feature_stats", {})),
             label_histogram=self._histogram(task),
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
