@@ -24,6 +24,7 @@ from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.machine import Machine
 from ps_daemon.report import build_report, render_markdown
+from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState
 from fedmqtt.strategies import SiteUpdate, build_strategy
 from fedmqtt.strategies.base import manifest_from_dict
@@ -69,6 +70,7 @@ class DaemonRunner:
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
         self.machine = Machine(config, build_strategy(config.algorithm, config.strategy_params()), hash_weights)
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
+        self.spool = UpdateSpool(config.out_dir / "spool")
         self.resume = resume
         self.finished: DaemonState | None = None
         self._stop = False
@@ -183,7 +185,8 @@ class DaemonRunner:
                     extras["feature_stats"] = {k: (flat[f"{k}/mean"], flat[f"{k}/var"]) for k in layers}
                 except KeyError as exc:
                     raise ValueError(f"feature_stats lacks {exc.args[0]!r}") from None
-            update = SiteUpdate(site, blobs_to_arrays(msg.tensors), msg.n_samples, msg.local_steps, extras)
+            tensors = self.spool.put(msg.round, site, msg.tensors)  # the message itself is dropped after this
+            update = SiteUpdate(site, tensors, msg.n_samples, msg.local_steps, extras)
             return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
                                   msg.val_metrics, msg.undefined)
         if isinstance(msg, m.EvalReport):
@@ -196,6 +199,8 @@ class DaemonRunner:
         self.state, effects = self.machine.step(self.state, event)
         for effect in effects:
             self._run_effect(effect)
+        if any(isinstance(e, fx.SaveCheckpoint) for e in effects):
+            self.spool.drop_before(self.state.round)
 
     def _run_effect(self, effect: fx.Effect) -> None:
         c, ch = self.config, self.channel

@@ -85,7 +85,7 @@ def population_weights(
     return {site: n / total for site, n in sizes.items()}
 
 
-def convex_combine(arrays: Sequence[np.ndarray], weights: Coefficients, like: np.ndarray) -> np.ndarray:
+def convex_combine(arrays: Iterable[np.ndarray], weights: Coefficients, like: np.ndarray) -> np.ndarray:
     """sum_i weights_i * arrays_i, accumulated in float64 in the given order, cast to `like`'s dtype."""
     acc = np.zeros(like.shape, dtype=np.float64)
     for w, arr in zip(weights, arrays):
@@ -93,11 +93,14 @@ def convex_combine(arrays: Sequence[np.ndarray], weights: Coefficients, like: np
     return acc.astype(like.dtype)
 
 
-def max_combine(arrays: Sequence[np.ndarray], like: np.ndarray) -> np.ndarray:
+def max_combine(arrays: Iterable[np.ndarray], like: np.ndarray) -> np.ndarray:
     """Integer buffers (BN `num_batches_tracked`): maximum over participants (algorithms.md 0.2 DECISION)."""
-    return np.asarray(np.maximum.reduce([np.asarray(a) for a in arrays]), dtype=like.dtype).reshape(
-        like.shape
-    )
+    out: np.ndarray | None = None
+    for arr in arrays:
+        out = np.array(arr, copy=True) if out is None else np.maximum(out, arr)
+    if out is None:
+        raise ValueError("max_combine of no arrays")
+    return np.asarray(out, dtype=like.dtype).reshape(like.shape)
 
 
 def combine(
@@ -107,7 +110,8 @@ def combine(
     out: Weights = {}
     for name in names:
         ref = current[name]
-        arrays = [np.asarray(u.tensors[name]) for u in updates]
+        # A generator: one site's tensor is read at a time (the PS keeps updates on disk, not in RAM).
+        arrays = (u.tensors[name] for u in updates)
         out[name] = max_combine(arrays, ref) if is_integer(ref) else convex_combine(arrays, weights, ref)
     return out
 
