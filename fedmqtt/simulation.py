@@ -48,6 +48,9 @@ class SimulationConfig(BaseModel):
     sites: dict[str, DataSpec] = Field(default_factory=bundled_sites)
     # In a simulation the researcher holds every site's data, so histograms may "leave" (FedDkw needs them).
     share_label_histograms: bool = True
+    selection: str = "all"  # all | fraction | recruited (validated by the PS config)
+    fraction: float | None = None
+    recruitment: dict[str, float] = Field(default_factory=dict)  # gamma_dv, gamma_sa, gamma_th
     pretrained: Path | None = None  # AdaFed / d-AdaFed: a model trained outside the federation
     # Simulation only, as seed 001 does: pretrain that model on this fraction of the pooled training rows.
     pretrain_fraction: float | None = Field(default=None, gt=0, le=1)
@@ -57,6 +60,7 @@ class SimulationConfig(BaseModel):
             "run_id": self.run_id, "algorithm": self.algorithm, "rounds": self.rounds, "seed": self.seed,
             "sites": sorted(self.sites), "out_dir": self.out_dir, "model": self.model, "train": self.train,
             "credentials": IN_PROCESS, **({"hyper": self.hyper} if self.hyper else {}),
+            "selection": self.selection, "fraction": self.fraction, "recruitment": self.recruitment,
             # pretrain_fraction: the model is pretrained when the run starts (placeholder for validation)
             "pretrained": self.pretrained or (Path("(pretrained at start)") if self.pretrain_fraction else None),
         }, DaemonConfig, source="simulation config")

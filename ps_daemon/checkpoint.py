@@ -61,6 +61,7 @@ def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) ->
         strategy_state=_pack(dict(state.strategy_state)), manifest=_manifest_to_dict(state.manifest),
         enrolled=dict(state.enrolled), personal={k: arrays_to_blobs(v) for k, v in state.personal.items()},
         extras={k: arrays_to_blobs(v) for k, v in state.extras.items()}, saved_at=time.time(),
+        recruited=state.recruited, recruitment=None if state.recruitment is None else dict(state.recruitment),
     )
 
 
@@ -77,6 +78,7 @@ def checkpoint_to_state(ckpt: Checkpoint) -> DaemonState:
         strategy_state=_unpack(dict(ckpt.strategy_state)), manifest=manifest_from_dict(ckpt.manifest),
         enrolled=dict(ckpt.enrolled), personal={k: _copy(blobs_to_arrays(v)) for k, v in ckpt.personal.items()},
         extras={k: _copy(blobs_to_arrays(v)) for k, v in ckpt.extras.items()},
+        recruited=ckpt.recruited, recruitment=ckpt.recruitment,
     )
 
 

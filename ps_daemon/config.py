@@ -7,6 +7,8 @@ import re
 import json
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedmqtt.config_io import load_toml, validate_config
@@ -27,6 +29,16 @@ class _Raw(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class RecruitmentConfig(BaseModel):
+    """Seed 002's gammas (algorithms.md 15): divergence weight, sample-size weight, threshold."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gamma_dv: float = Field(default=0.5, ge=0)
+    gamma_sa: float = Field(default=0.5, ge=0)
+    gamma_th: float = Field(default=0.1, ge=0, le=1)
+
+
 class DaemonConfig(BaseModel):
     """Everything the PS needs; relative paths are resolved against the config file's folder."""
 
@@ -39,6 +51,10 @@ class DaemonConfig(BaseModel):
     sites: tuple[str, ...] = Field(min_length=1, description="site ids allowed to take part")
     min_sites: int | None = Field(default=None, ge=1, description="sites online before round 1 (default: all)")
     quorum: int = Field(default=1, ge=1, description="updates needed to close a round at its deadline")
+    selection: Literal["all", "fraction", "recruited"] = Field(
+        default="all", description="all online sites; a seeded fraction per round; or the recruited set")
+    fraction: float | None = Field(default=None, gt=0, le=1, description="share of the pool drawn each round")
+    recruitment: RecruitmentConfig = RecruitmentConfig()
     round_timeout_s: float = Field(default=300.0, gt=0)
     seed: int = 0
     out_dir: Path = Path("runs/ps")
@@ -66,6 +82,8 @@ class DaemonConfig(BaseModel):
                              f"got {self.train.optimizer!r}")
         if self.min_sites is not None and self.min_sites > len(self.sites):
             raise ValueError(f"min_sites {self.min_sites} > number of sites {len(self.sites)}")
+        if self.selection == "fraction" and self.fraction is None:
+            raise ValueError("selection = \"fraction\" needs `fraction` (e.g. 0.1)")
         if self.quorum > len(self.sites):
             raise ValueError(f"quorum {self.quorum} > number of sites {len(self.sites)}")
         return self

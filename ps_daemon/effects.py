@@ -46,6 +46,16 @@ class PublishEvalTask:
 
 
 @dataclass(frozen=True)
+class PublishRecruitment:
+    site_id: str
+    recruited: bool
+    score: float | None
+    rank: int | None
+    candidates: int
+    detail: str
+
+
+@dataclass(frozen=True)
 class PublishStatus:
     state: str
     round: int
@@ -70,4 +80,5 @@ class Finish:
     state: "DaemonState"
 
 
-Effect = Union[SaveCheckpoint, PublishModel, PublishTrainTask, PublishEvalTask, PublishStatus, PublishRoundMetrics, Log, Finish]
+Effect = Union[SaveCheckpoint, PublishModel, PublishTrainTask, PublishEvalTask, PublishRecruitment, PublishStatus,
+               PublishRoundMetrics, Log, Finish]

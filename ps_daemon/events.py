@@ -20,6 +20,7 @@ class SiteOnline:
     site_id: str
     now: float
     n_train: int = 0
+    histogram: tuple[float, ...] | None = None  # only if the site's egress policy lets it leave
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from fedmqtt.metrics import mean_defined
 from fedmqtt.strategies.aggregate import check_update_shapes
 from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
 from ps_daemon import effects as fx
+from ps_daemon import selection
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import (
     Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived,
@@ -88,17 +89,23 @@ class Machine:
         if ev.site_id not in self.config.sites:
             return state, [fx.Log("warning", f"ignoring unknown site {ev.site_id!r} (not in the PS config)")]
         state = replace(state, online=state.online | {ev.site_id}, offline=state.offline - {ev.site_id},
-                        enrolled={**state.enrolled, ev.site_id: ev.n_train})
+                        enrolled={**state.enrolled, ev.site_id: ev.n_train},
+                        histograms={**state.histograms, ev.site_id: ev.histogram})
         if state.phase != "waiting_for_sites":
             return state, []
         ready = sorted(state.online & set(self.config.sites))
         if len(ready) < self.config.start_sites:
             return state, [self._status(state, f"{len(ready)}/{self.config.start_sites} sites online")]
+        effects: list[fx.Effect] = []
+        if self.config.selection == "recruited":
+            recruited, summary, effects = selection.run_recruitment(self.config, state, ready)
+            state = replace(state, recruited=recruited, recruitment=summary)
+        chosen = selection.select(self.config, state, 1)
         state = replace(
-            state, phase="training", round=1, selected=tuple(ready),
+            state, phase="training", round=1, selected=chosen,
             round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s,
         )
-        return state, [fx.Log("info", f"starting round 1 with {', '.join(ready)}"), *self._round_effects(state)]
+        return state, [*effects, fx.Log("info", f"starting round 1 with {', '.join(chosen)}"), *self._round_effects(state)]
 
     def _on_offline(self, state: DaemonState, ev: SiteOffline) -> Result:
         state = replace(state, online=state.online - {ev.site_id}, offline=state.offline | {ev.site_id})
@@ -183,10 +190,11 @@ class Machine:
         record = self._record(state, participants, now)
         best = self._better_best(state, record)
         nxt = state.round + 1
-        online_sites = tuple(sorted(state.online & set(self.config.sites)))
+        chosen = selection.pool(self.config, state) if nxt > self.config.rounds else selection.select(
+            self.config, state, nxt)  # the final evaluation goes to the whole pool
         state = replace(
             state, round=nxt, weights=dict(result.weights), personal={**state.personal, **result.personal},
-            extras=extras, selected=online_sites or self.config.sorted_sites, updates={},
+            extras=extras, selected=chosen, updates={},
             history=(*state.history, record), best=best, strategy_state=self.strategy.state_dict(),
             accepted_prev=frozenset(participants), round_started_at=now, deadline=now + self.config.round_timeout_s,
         )

@@ -17,6 +17,11 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
     per_site: dict[str, Any] = {}
     for site in config.sorted_sites:
         rep = state.final_reports.get(site)
+        if rep is None and state.recruited is not None and site not in state.recruited:
+            rank = next((r for r in (state.recruitment or {}).get("ranking", []) if r["site"] == site), None)
+            why = f"not recruited (score {rank['score']:.4f}, rank {rank['rank']})" if rank else "not recruited"
+            per_site[site] = {"missing": why}
+            continue
         if rep is None:
             per_site[site] = {"missing": "no final report (site offline or past the deadline)"}
             continue
@@ -35,6 +40,7 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         "final": {"model_hash": state.model_hash, "per_site": per_site, "mean": mean},
         "best_round": None if best is None else {"round": best.round, "score": best.score, "metric": "val auroc",
                                                  "model_hash": best.model_hash},
+        "recruitment": None if state.recruitment is None else dict(state.recruitment),
         "timings": timings,
         "traffic": traffic,
         "models": models,

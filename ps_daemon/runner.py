@@ -15,6 +15,7 @@ import numpy as np
 
 from fedmqtt.errors import BrokerError
 from fedmqtt.faults import crash_point
+from fedmqtt.recruitment import histogram_vector
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
@@ -53,6 +54,10 @@ def initial_model(config: DaemonConfig) -> tuple[dict, dict]:
         raise SystemExit(f"the PS needs torch once to initialise the model ({exc}); install fedmqtt[site]")
     args = dict(config.model.args)
     return initial_arrays(config.model.name, args, config.seed), model_manifest(config.model.name, args)
+
+
+def _as_tuple(values: list[float] | None) -> tuple[float, ...] | None:
+    return None if values is None else tuple(values)
 
 
 def stable_msg_id(*parts: object) -> str:
@@ -171,7 +176,7 @@ class DaemonRunner:
                 return SiteOffline(site, now)
             if msg.state == "error":
                 log.warning("site %s reports an error: %s", site, msg.detail)
-            return SiteOnline(site, now, msg.n_train)
+            return SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)))
         if isinstance(msg, m.ClientUpdate):
             extras: dict[str, Any] = dict(msg.scalars)
             if msg.control_variates:
@@ -227,6 +232,12 @@ class DaemonRunner:
                              model_hash=effect.model_hash, accepted_prev=effect.accepted_prev,
                              tensors=arrays_to_blobs(effect.tensors),
                              msg_id=stable_msg_id(c.run_id, "eval", effect.round, effect.site_id, effect.model_hash))
+            ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
+        elif isinstance(effect, fx.PublishRecruitment):
+            msg = m.RecruitmentResult(run_id=c.run_id, sender=PS, round=0, site_id=effect.site_id,
+                                      recruited=effect.recruited, score=effect.score, rank=effect.rank,
+                                      candidates=effect.candidates, detail=effect.detail,
+                                      msg_id=stable_msg_id(c.run_id, "recruit", effect.site_id))
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
         elif isinstance(effect, fx.PublishStatus):
             msg = self._status_msg(effect.state, effect.round, waiting_for=effect.waiting_for,

@@ -61,6 +61,9 @@ class DaemonState:
     enrolled: Mapping[str, int] = field(default_factory=dict)  # n_i of every site seen (from its status)
     personal: Mapping[str, Weights] = field(default_factory=dict)  # per-site tensors (ps/task/<site>)
     extras: Mapping[str, Weights] = field(default_factory=dict)  # server state sent with the model
+    histograms: Mapping[str, tuple[float, ...] | None] = field(default_factory=dict)  # from site statuses
+    recruited: tuple[str, ...] | None = None  # None: no recruitment in this run
+    recruitment: Mapping[str, Any] | None = None  # ranking, scores, threshold (for report and manifest)
     selected: tuple[str, ...] = ()
     online: frozenset[str] = frozenset()
     offline: frozenset[str] = frozenset()  # seen going offline (Will); never-seen sites are not in it

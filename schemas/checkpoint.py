@@ -33,4 +33,6 @@ class Checkpoint(Frozen):
     enrolled: dict[str, int] = {}
     personal: dict[str, tuple[TensorBlob, ...]] = {}
     extras: dict[str, tuple[TensorBlob, ...]] = {}
+    recruited: tuple[str, ...] | None = None
+    recruitment: dict[str, Any] | None = None
     saved_at: float

@@ -33,6 +33,8 @@ class TrainSettings(Frozen):
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     weight_decay: float = Field(default=0.0, ge=0)
     seed: int = 0
+    # auto: BCE for binary and (masked) multilabel, cross-entropy for multiclass, MSE for regression
+    loss: Literal["auto", "bce", "ce", "mse", "msle"] = "auto"
     hyper: dict[str, float] = Field(default_factory=dict)
 
 
@@ -71,6 +73,18 @@ class EvalTask(Header):
     splits: tuple[Literal["train", "val", "test"], ...] = ("val", "test")
     accepted_prev: bool | None = None
     tensors: tuple[TensorBlob, ...] = ()
+
+
+class RecruitmentResult(Header):
+    """`ps/task/<site>`: whether this site was recruited (seed 002), with its score and rank."""
+
+    kind: Literal["recruitment_result"] = "recruitment_result"
+    site_id: str = Field(pattern=ID_PATTERN)
+    recruited: bool
+    score: FiniteFloat | None = None
+    rank: int | None = None
+    candidates: int = 0
+    detail: str = ""
 
 
 class ClientUpdate(Header):
@@ -146,7 +160,8 @@ class RoundMetrics(Header):
 
 
 Message = Annotated[
-    Union[GlobalModel, TrainTask, EvalTask, ClientUpdate, EvalReport, SiteStatus, DaemonStatus, RoundMetrics],
+    Union[GlobalModel, TrainTask, EvalTask, RecruitmentResult, ClientUpdate, EvalReport, SiteStatus, DaemonStatus,
+          RoundMetrics],
     Field(discriminator="kind"),
 ]
 

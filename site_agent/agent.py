@@ -18,6 +18,7 @@ from fedmqtt.training.weights import initial_arrays
 from fedmqtt import __version__
 from fedmqtt.errors import BrokerError
 from fedmqtt.faults import crash_point
+from fedmqtt.recruitment import label_histogram
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
@@ -53,7 +54,7 @@ class SiteAgent:
 
     def _status(self, state: str, detail: str = "") -> m.SiteStatus:
         c, d = self.config, self.data
-        hist = d.label_histogram() if c.share_label_histogram else None
+        hist = label_histogram(d.task.kind, d.y_train, d.task.n_outputs) if c.share_label_histogram else None
         return m.SiteStatus(run_id=c.run_id, sender=c.site_id, round=0, state=state, device=self.device,
                             n_train=d.n_train, n_val=d.n_val, n_test=d.n_test, label_histogram=hist,
                             detail=detail, version=__version__)
@@ -110,6 +111,9 @@ class SiteAgent:
         if isinstance(msg, m.GlobalModel):
             self.models = {k: v for k, v in self.models.items() if v.round >= msg.round - 1}
             self.models[msg.model_hash] = msg
+        elif isinstance(msg, m.RecruitmentResult):
+            log.info("recruitment: %s", msg.detail)
+            self.channel.send(self.status_topic, self._status("online", msg.detail))
         elif isinstance(msg, (m.TrainTask, m.EvalTask)):
             if self.task is None or msg.round >= self.task.round:
                 self.task = msg
@@ -201,7 +205,7 @@ class SiteAgent:
     def _histogram(self, task: m.TrainTask) -> dict[str, int] | None:
         """Label counts leave the site only if its egress policy allows it; FedDkw cannot run without."""
         if self.config.share_label_histogram:
-            return self.data.label_histogram()
+            return label_histogram(self.data.task.kind, self.data.y_train, self.data.task.n_outputs)
         if task.settings.algorithm == "feddkw":
             raise ValueError("feddkw needs the label histogram, but this site's egress policy "
                              "(share_label_histogram = false) does not allow it to leave")

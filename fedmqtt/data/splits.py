@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.data.heart_disease import FEATURE_NAMES
 from fedmqtt.errors import DataError
 
@@ -28,6 +29,7 @@ class SiteData:
     feature_names: tuple[str, ...]
     # Human-readable remarks on how the split was made (e.g. why stratification was skipped).
     notes: tuple[str, ...] = field(default=())
+    task: TaskInfo = BINARY
 
     @property
     def n_train(self) -> int:

@@ -22,7 +22,7 @@ _KINDS_BY_TOPIC = {
     ("ps", "status"): {"daemon_status"},
     ("ps", "model"): {"global_model"},
     ("ps", "metrics"): {"round_metrics"},
-    ("ps", "task"): {"train_task", "eval_task"},
+    ("ps", "task"): {"train_task", "eval_task", "recruitment_result"},
     ("site", "status"): {"site_status"},
     ("site", "update"): {"client_update"},
     ("site", "report"): {"eval_report"},

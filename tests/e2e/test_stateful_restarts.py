@@ -105,8 +105,8 @@ def test_site_killed_after_publishing_republishes_its_stored_update(cli_federati
     fed.start_broker()
     fed.start_ps()
     fed.start_site(OTHER)
-    fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and OTHER in msg.sites_online, 120,
-                     f"{OTHER} online")
+    fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and msg.state == "waiting_for_sites"
+                     and msg.waiting_for == (KILLED,), 120, f"the PS to see {OTHER} online")
     fed.procs[OTHER].send_signal(signal.SIGSTOP)
     try:
         fed.start_site(KILLED, fault="site_after_publish:1")

@@ -1,0 +1,25 @@
+"""What a learning task is, independent of the data's modality (tables, images, ECG, ICU series)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+TaskKind = Literal["binary", "multiclass", "multilabel", "regression"]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """How labels look and how a model's outputs are read.
+
+    binary: y int64 (n,) in {0, 1}, one logit; multiclass: y int64 (n,) in [0, n_outputs), one logit
+    per class; multilabel: y float32 (n, n_outputs) in {0, 1} with NaN where a label is not annotated
+    (partial labels: masked in loss and metrics); regression: y float32 (n,), one output.
+    """
+
+    kind: TaskKind = "binary"
+    n_outputs: int = 1
+    label_names: tuple[str, ...] = ()
+
+
+BINARY = TaskInfo("binary", 1, ("0", "1"))
