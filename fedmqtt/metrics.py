@@ -1,8 +1,11 @@
-"""Binary classification metrics over a whole split, with None and a reason where undefined."""
+"""Whole-split metrics per task (algorithms.md 17.2-17.4), pooled metrics and best-round selection (17.1)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from sklearn.metrics import (
@@ -10,22 +13,49 @@ from sklearn.metrics import (
     average_precision_score,
     balanced_accuracy_score,
     log_loss,
+    mean_absolute_error,
+    mean_absolute_percentage_error,
+    mean_squared_error,
+    mean_squared_log_error,
+    recall_score,
     roc_auc_score,
 )
 
-METRIC_NAMES: tuple[str, ...] = ("auroc", "auprc", "accuracy", "balanced_accuracy", "loss")
+if TYPE_CHECKING:
+    from fedmqtt.data.base import TaskInfo
+
+Metrics = dict[str, float | None]
+Reasons = dict[str, str]
+Direction = Literal["max", "min"]
+
+METRIC_NAMES: tuple[str, ...] = ("auroc", "auprc", "accuracy", "balanced_accuracy", "loss")  # binary
+MULTICLASS_NAMES: tuple[str, ...] = METRIC_NAMES
+MULTILABEL_NAMES: tuple[str, ...] = ("auroc", "auprc", "accuracy", "loss")  # plus "auroc.<label>", ...
+REGRESSION_NAMES: tuple[str, ...] = ("mae", "mape", "mse", "msle")
+LOWER_IS_BETTER: frozenset[str] = frozenset({"loss", "mae", "mape", "mse", "msle"})
 # Probabilities are clipped before the log so a confident wrong prediction costs ~34.5, not inf.
 _EPS = 1e-15
 
 
+def _screen(names: Sequence[str], n: int, scores: np.ndarray) -> tuple[Metrics, Reasons] | None:
+    """All-None results for an empty split or non-finite scores (a diverged model), else None."""
+    if n == 0:
+        return dict.fromkeys(names), dict.fromkeys(names, "empty split (n=0)")
+    bad = int((~np.isfinite(scores)).sum())
+    if bad:
+        why = f"scores contain NaN or inf ({bad} of {scores.size} values, n={n})"
+        return dict.fromkeys(names), dict.fromkeys(names, why)
+    return None
+
+
 def binary_metrics(
     y_true: np.ndarray, score: np.ndarray, *, threshold: float = 0.5
-) -> tuple[dict[str, float | None], dict[str, str]]:
+) -> tuple[Metrics, Reasons]:
     """Metrics of positive-class probabilities `score` against 0/1 labels `y_true`.
 
     AUROC, AUPRC (average precision) and balanced accuracy need both classes in the split; with
     one class they are None (AP would be trivially 1 or undefined, balanced accuracy would just be
-    accuracy). Accuracy and loss (binary cross-entropy) are defined for any non-empty split.
+    accuracy). Accuracy (threshold 0.5) and loss (binary cross-entropy) are defined for any non-empty split.
 
     Returns:
         `(values, reasons)`: every name in `METRIC_NAMES` maps to a python float or None, and
@@ -42,16 +72,14 @@ def binary_metrics(
         raise ValueError(f"labels must be 0/1, got values {sorted(set(np.unique(y).tolist()))}")
     y = y.astype(np.int64)
     n = int(y.size)
-    if n == 0:
-        return _all_none("empty split (n=0)")
-    if not np.isfinite(p).all():
-        return _all_none(f"scores contain NaN or inf ({int((~np.isfinite(p)).sum())} of n={n})")
-    values: dict[str, float | None] = dict.fromkeys(METRIC_NAMES)
-    reasons: dict[str, str] = {}
+    early = _screen(METRIC_NAMES, n, p)
+    if early:
+        return early
+    values: Metrics = dict.fromkeys(METRIC_NAMES)
+    reasons: Reasons = {}
     pred = (p >= threshold).astype(np.int64)
     values["accuracy"] = float(accuracy_score(y, pred))
-    clipped = np.clip(p, _EPS, 1.0 - _EPS)
-    values["loss"] = float(log_loss(y, clipped, labels=[0, 1]))
+    values["loss"] = float(log_loss(y, np.clip(p, _EPS, 1.0 - _EPS), labels=[0, 1]))
     classes = np.unique(y)
     if classes.size < 2:
         which = "positive" if classes[0] == 1 else "negative"
@@ -65,11 +93,266 @@ def binary_metrics(
     return values, reasons
 
 
+def multiclass_metrics(y_true: np.ndarray, proba: np.ndarray) -> tuple[Metrics, Reasons]:
+    """Class indices `y_true` `(n,)` against softmax probabilities over all classes `proba` `(n, C)`.
+
+    AUROC/AUPRC: macro mean of "class c vs rest" over the classes with at least one positive and one
+    negative in the split (algorithms.md 17.2); balanced accuracy: mean recall over the classes
+    present. All three are None when fewer than two classes are present. Accuracy uses the argmax;
+    loss is the cross-entropy of the true class.
+
+    Raises:
+        ValueError: shapes differ, or a label is not a class index in [0, C).
+    """
+    y = np.asarray(y_true).reshape(-1)
+    p = np.asarray(proba, dtype=np.float64)
+    if p.ndim != 2 or p.shape[0] != y.shape[0]:
+        raise ValueError(f"{y.shape[0]} labels but probabilities of shape {p.shape}")
+    if y.size and not (np.isin(y, np.arange(p.shape[1]))).all():
+        raise ValueError(f"labels must be class indices in [0, {p.shape[1]}), got {sorted(set(y.tolist()))}")
+    y, n = y.astype(np.int64), int(y.size)
+    early = _screen(MULTICLASS_NAMES, n, p)
+    if early:
+        return early
+    pred = p.argmax(axis=1)
+    values: Metrics = dict.fromkeys(MULTICLASS_NAMES)
+    values["accuracy"] = float(accuracy_score(y, pred))
+    values["loss"] = float(-np.mean(np.log(np.clip(p[np.arange(n), y], _EPS, 1.0))))
+    present = np.unique(y)
+    if present.size < 2:
+        why = f"only one class ({present[0]}) in this split (n={n})"
+        return values, dict.fromkeys(("auroc", "auprc", "balanced_accuracy"), why)
+    # Classes absent from y have no positive and are skipped, never passed to sklearn (17.2).
+    values["auroc"] = float(np.mean([roc_auc_score(y == c, p[:, c]) for c in present]))
+    values["auprc"] = float(np.mean([average_precision_score(y == c, p[:, c]) for c in present]))
+    recall = recall_score(y, pred, labels=present, average="macro", zero_division=0)
+    values["balanced_accuracy"] = float(recall)
+    return values, {}
+
+
+def multilabel_metrics(
+    y_true: np.ndarray, proba: np.ndarray, *, label_names: Sequence[str] | None = None, threshold: float = 0.5
+) -> tuple[Metrics, Reasons]:
+    """0/1 label matrix `y_true` `(n, L)`, NaN where not annotated, against sigmoid probabilities `(n, L)`.
+
+    Per label j, over its annotated rows: "auroc.<name_j>" and "auprc.<name_j>" (None unless both
+    values occur). "auroc"/"auprc": macro mean over the defined labels. "accuracy": exact match of
+    the thresholded vector on the annotated entries, over rows with at least one. "loss": binary
+    cross-entropy averaged over annotated entries (the training loss). `per_label` regroups the result.
+
+    Raises:
+        ValueError: shapes differ, or an annotated label is not 0/1.
+    """
+    y = np.asarray(y_true, dtype=np.float64)
+    p = np.asarray(proba, dtype=np.float64)
+    y = y.reshape(y.shape[0], -1) if y.ndim else y
+    if p.shape != y.shape:
+        raise ValueError(f"labels of shape {y.shape} but probabilities of shape {p.shape}")
+    annotated = ~np.isnan(y)
+    if not np.isin(y[annotated], (0.0, 1.0)).all():
+        raise ValueError("annotated labels must be 0/1 (NaN = not annotated)")
+    names = [str(j) for j in range(y.shape[1])] if label_names is None else [str(s) for s in label_names]
+    keys = [*MULTILABEL_NAMES, *(f"{m}.{name}" for name in names for m in ("auroc", "auprc"))]
+    early = _screen(keys, int(y.shape[0]), p)
+    if early:
+        return early
+    values: Metrics = dict.fromkeys(keys)
+    reasons: Reasons = {}
+    for j, name in enumerate(names):
+        yj, pj = y[annotated[:, j], j], p[annotated[:, j], j]
+        classes = np.unique(yj)
+        if classes.size < 2:
+            which = "positive" if yj.size and classes[0] == 1 else "negative"
+            why = f"only one class ({which}) among n={yj.size} annotated"
+            why = why if yj.size else "no annotated samples"
+            reasons[f"auroc.{name}"] = reasons[f"auprc.{name}"] = why
+            continue
+        values[f"auroc.{name}"] = float(roc_auc_score(yj, pj))
+        values[f"auprc.{name}"] = float(average_precision_score(yj, pj))
+    for metric in ("auroc", "auprc"):
+        values[metric] = mean_defined(values[f"{metric}.{name}"] for name in names)
+        if values[metric] is None:
+            reasons[metric] = f"no label has both classes annotated in this split (n={y.shape[0]})"
+    _multilabel_accuracy_loss(y, p, annotated, threshold, values, reasons)
+    return values, reasons
+
+
+def _multilabel_accuracy_loss(
+    y: np.ndarray, p: np.ndarray, annotated: np.ndarray, threshold: float, values: Metrics, reasons: Reasons
+) -> None:
+    rows = annotated.any(axis=1)
+    if not rows.any():
+        reasons["accuracy"] = reasons["loss"] = "no annotated labels in this split"
+        return
+    exact = ((p >= threshold) == (y == 1.0)) | ~annotated
+    values["accuracy"] = float(exact.all(axis=1)[rows].mean())
+    q = np.clip(p[annotated], _EPS, 1.0 - _EPS)
+    t = y[annotated]
+    values["loss"] = float(-np.mean(t * np.log(q) + (1.0 - t) * np.log(1.0 - q)))
+
+
+def per_label(values: Mapping[str, float | None]) -> dict[str, dict[str, float | None]]:
+    """Regroup `multilabel_metrics` keys: `{"auroc.af": .9, "auprc.af": .8}` -> `{"af": {...}}`."""
+    table: dict[str, dict[str, float | None]] = {}
+    for key, value in values.items():
+        metric, dot, label = key.partition(".")
+        if dot:
+            table.setdefault(label, {})[metric] = value
+    return table
+
+
+def regression_metrics(y_true: np.ndarray, pred: np.ndarray) -> tuple[Metrics, Reasons]:
+    """MAE, MAPE (a fraction; denominator max(|y|, float64 eps)), MSE and MSLE (algorithms.md 17.3).
+
+    Rows whose target is NaN (unlabelled) are left out. MSLE is None when a target or a prediction
+    is negative (ln(1 + v) is not meant for them; predict with `nonnegative=True` for lengths of stay).
+
+    Raises:
+        ValueError: shapes differ.
+    """
+    y = np.asarray(y_true, dtype=np.float64).reshape(-1)
+    yh = np.asarray(pred, dtype=np.float64).reshape(-1)
+    if y.shape != yh.shape:
+        raise ValueError(f"{y.shape[0]} targets but {yh.shape[0]} predictions")
+    labelled = ~np.isnan(y)
+    y, yh = y[labelled], yh[labelled]
+    early = _screen(REGRESSION_NAMES, int(y.size), yh)
+    if early:
+        return early
+    values: Metrics = {
+        "mae": float(mean_absolute_error(y, yh)),
+        "mape": float(mean_absolute_percentage_error(y, yh)),
+        "mse": float(mean_squared_error(y, yh)),
+        "msle": None,
+    }
+    negative = (int((y < 0).sum()), int((yh < 0).sum()))
+    if any(negative):
+        return values, {"msle": f"negative values ({negative[0]} targets, {negative[1]} predictions)"}
+    values["msle"] = float(mean_squared_log_error(y, yh))
+    return values, {}
+
+
+def cinc_challenge_score(
+    labels: np.ndarray, outputs: np.ndarray, weights: np.ndarray, *, normal_index: int, threshold: float = 0.5
+) -> float:
+    """PhysioNet/CinC 2021 challenge score (algorithms.md 17.4; physionetchallenges/evaluation-2021).
+
+    Args:
+        labels: 0/1 matrix `(recordings, classes)`, complete (no NaN).
+        outputs: 0/1 decisions or probabilities, same shape; a class is output when > `threshold`.
+        weights: the challenge's `(classes, classes)` weight matrix, in the same class order.
+        normal_index: column of the normal class (sinus rhythm, 426783006).
+
+    Returns:
+        `(observed - inactive) / (correct - inactive)`, 0.0 when the denominator is 0.
+    """
+    lab = np.asarray(labels, dtype=np.float64)
+    if np.isnan(lab).any():
+        raise ValueError("the CinC score needs complete labels (no NaN)")
+    out = np.asarray(outputs, dtype=np.float64) > threshold
+    w = np.asarray(weights, dtype=np.float64)
+    if out.shape != lab.shape or w.shape != (lab.shape[1], lab.shape[1]):
+        raise ValueError(f"labels {lab.shape}, outputs {out.shape} and weights {w.shape} do not fit")
+    truth = lab == 1.0
+    normal = np.zeros_like(truth)
+    normal[:, normal_index] = True
+    observed, correct, inactive = (float(np.sum(w * _cinc_confusion(truth, o))) for o in (out, truth, normal))
+    return 0.0 if correct == inactive else (observed - inactive) / (correct - inactive)
+
+
+def _cinc_confusion(truth: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """A[j, k] += 1/u for every true class j and output class k of a recording; u = |labels or outputs|."""
+    u = np.maximum((truth | out).sum(axis=1), 1).astype(np.float64)
+    return (truth / u[:, None]).T @ out.astype(np.float64)
+
+
+def load_cinc_weights(path: str | Path) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    """Classes and weight matrix of the challenge's `weights.csv` (codes counted as one class joined by "|").
+
+    Raises:
+        ValueError: the row classes differ from the column classes.
+    """
+    rows = [line.split(",") for line in Path(path).read_text().splitlines() if line.strip()]
+    classes = [tuple(code.strip().split("|")) for code in rows[0][1:]]
+    if [tuple(r[0].strip().split("|")) for r in rows[1:]] != classes:
+        raise ValueError(f"{path}: row classes differ from column classes")
+    return classes, np.array([[float(v) for v in r[1:]] for r in rows[1:]], dtype=np.float64)
+
+
+def task_metrics(task: TaskInfo, y: np.ndarray, scores: np.ndarray) -> tuple[Metrics, Reasons]:
+    """The metrics of `task.kind` for labels `y` and `evaluate.predict`-shaped `scores`.
+
+    Multilabel per-label keys use `task.label_names` when it names every output, else indices.
+    """
+    if task.kind == "binary":
+        return binary_metrics(y, scores)
+    if task.kind == "multiclass":
+        return multiclass_metrics(y, scores)
+    if task.kind == "multilabel":
+        width = np.asarray(scores).shape[-1] if np.asarray(scores).ndim == 2 else -1
+        names = task.label_names if len(task.label_names) == width else None
+        return multilabel_metrics(y, scores, label_names=names)
+    if task.kind == "regression":
+        return regression_metrics(y, scores)
+    raise ValueError(f"unknown task kind {task.kind!r}")
+
+
+def pooled_metrics(
+    task: TaskInfo, parts: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> tuple[Metrics, Reasons]:
+    """Metrics of the pooled predictions of several sites: `[(y_i, scores_i), ...]` concatenated first.
+
+    Never an average of per-site AUROCs (algorithms.md 17.2); the per-site values are `task_metrics`
+    of each part, and their unweighted mean is `mean_defined`.
+    """
+    if not parts:
+        raise ValueError("pooled_metrics needs at least one site")
+    y = np.concatenate([np.asarray(yi) for yi, _ in parts])
+    scores = np.concatenate([np.asarray(si) for _, si in parts])
+    return task_metrics(task, y, scores)
+
+
 def mean_defined(values: Iterable[float | None]) -> float | None:
     """Unweighted mean of the values that are not None (None if there are none)."""
     defined = [float(v) for v in values if v is not None]
     return sum(defined) / len(defined) if defined else None
 
 
-def _all_none(reason: str) -> tuple[dict[str, float | None], dict[str, str]]:
-    return dict.fromkeys(METRIC_NAMES), dict.fromkeys(METRIC_NAMES, reason)
+def direction_of(metric: str) -> Direction:
+    """"min" for loss-type metrics (loss, mae, mape, mse, msle), "max" otherwise."""
+    return "min" if metric in LOWER_IS_BETTER else "max"
+
+
+def round_score(site_metrics: Mapping[str, Mapping[str, float | None]], metric: str) -> float | None:
+    """Unweighted mean of `metric` over the sites where it is defined (None, missing and NaN left out)."""
+    found = (m.get(metric) for m in site_metrics.values())
+    return mean_defined(v if v is not None and math.isfinite(v) else None for v in found)
+
+
+def best_round(
+    per_round_site_metrics: Mapping[int, Mapping[str, Mapping[str, float | None]]],
+    metric: str,
+    direction: Direction | None = None,
+) -> tuple[int, float] | None:
+    """Seed 000's best-round rule with the DECISIONS of algorithms.md 17.1.
+
+    Each round scores the unweighted mean of `metric` over sites where it is defined; a round with
+    none defined is not eligible. The search starts at minus infinity (plus infinity for "min"),
+    only a strict improvement moves it, so ties keep the earlier round.
+
+    Args:
+        per_round_site_metrics: `{round: {site: {metric: value or None}}}` (validation metrics).
+        metric: the selection metric, e.g. "auroc", "cinc_score", "loss".
+        direction: "max" or "min"; default `direction_of(metric)`.
+
+    Returns:
+        `(round, mean score)`, or None when no round is eligible.
+    """
+    sign = 1.0 if (direction or direction_of(metric)) == "max" else -1.0
+    best: tuple[int, float] | None = None
+    best_key = -math.inf
+    for rnd in sorted(per_round_site_metrics):
+        score = round_score(per_round_site_metrics[rnd], metric)
+        if score is not None and sign * score > best_key:
+            best, best_key = (rnd, score), sign * score
+    return best

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from fedmqtt.metrics import mean_defined
+from fedmqtt.means import mean_defined
 from fedmqtt.strategies.aggregate import check_update_shapes
 from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
 from ps_daemon import effects as fx

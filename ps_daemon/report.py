@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedmqtt.metrics import mean_defined
+from fedmqtt.means import mean_defined
 from ps_daemon.config import DaemonConfig
 from ps_daemon.state import DaemonState
 

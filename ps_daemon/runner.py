@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -42,18 +44,29 @@ def hash_weights(weights: dict) -> str:
 
 
 def initial_model(config: DaemonConfig) -> tuple[dict, dict]:
-    """Round-1 weights and the tensor manifest from the model registry.
+    """Round-1 weights and the tensor manifest from the model registry (algorithms.md 0.2).
 
-    The only place the PS touches torch, and only once at start: the weights need the model's own
-    initialisation, and the manifest its module types (algorithms.md 0.2).
+    Both need torch (the model's own initialisation, its module types). The PS daemon never imports
+    torch itself: it asks a short-lived child process (`fedmqtt.training.init_model`), so its own
+    memory stays small. In a simulation torch is loaded already and is used directly.
     """
-    try:
+    args = dict(config.model.args)
+    if "torch" in sys.modules:
         from fedmqtt.training.models import model_manifest
         from fedmqtt.training.weights import initial_arrays
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise SystemExit(f"the PS needs torch once to initialise the model ({exc}); install fedmqtt[site]")
-    args = dict(config.model.args)
-    return initial_arrays(config.model.name, args, config.seed), model_manifest(config.model.name, args)
+
+        return initial_arrays(config.model.name, args, config.seed), model_manifest(config.model.name, args)
+    from safetensors.numpy import load_file
+
+    out = config.out_dir / "initial"
+    out.mkdir(parents=True, exist_ok=True)
+    spec = json.dumps({"name": config.model.name, "args": args, "seed": config.seed})
+    done = subprocess.run([sys.executable, "-m", "fedmqtt.training.init_model", spec, str(out)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"could not initialise model {config.model.name!r} (needs torch: fedmqtt[site]):\n"
+                         f"{done.stderr[-2000:]}")
+    return load_file(str(out / "weights.safetensors")), json.loads((out / "manifest.json").read_text())
 
 
 def _as_tuple(values: list[float] | None) -> tuple[float, ...] | None:

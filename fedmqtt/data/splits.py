@@ -12,13 +12,19 @@ from sklearn.model_selection import train_test_split
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.data.heart_disease import FEATURE_NAMES
 from fedmqtt.errors import DataError
+from fedmqtt.recruitment import label_histogram
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class SiteData:
-    """One site's normalised splits (float32 features, int64 labels)."""
+    """One site's normalised splits; x is float32 with the items on axis 0, y follows `task` (base.TaskInfo).
+
+    Layout of x by format: tables (n, features); images (n, channels, height, width); 12-lead ECG
+    (n, 12, samples); ICU stays (n, 48 hours, channels) with channels = 37 variables, then 37 observed
+    masks when asked, then 8 static features repeated every hour (see fedmqtt.data.registry).
+    """
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -44,11 +50,9 @@ class SiteData:
         return int(self.y_test.shape[0])
 
     def label_histogram(self) -> dict[str, int]:
-        """Counts of each train label, keyed by the label as a string (always includes "0" and "1")."""
-        values, counts = np.unique(self.y_train, return_counts=True)
-        hist = {"0": 0, "1": 0}
-        hist.update({str(int(v)): int(c) for v, c in zip(values, counts)})
-        return hist
+        """Counts of each train label keyed "0", "1", ... (binary always has both); per-label positives for
+        multilabel and length-of-stay bins for regression (fedmqtt.recruitment.label_histogram)."""
+        return label_histogram(self.task.kind, self.y_train, self.task.n_outputs)
 
 
 def split_and_normalise(
@@ -95,6 +99,32 @@ def split_and_normalise(
     )  # fmt: skip
 
 
+def split_indices(
+    y: np.ndarray, *, seed: int, fractions: Sequence[float], stratify: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Sorted (train, val, test) row indices as `split_and_normalise` makes them, plus notes.
+
+    `stratify=False` for targets that cannot be stratified (multilabel, regression). Raises DataError
+    when a split cannot be made.
+    """
+    if len(fractions) != 3 or fractions[0] <= 0 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
+        raise DataError(f"fractions must be (train > 0, val >= 0, test >= 0) summing to 1, got {fractions}")
+    if len(y) < 3:
+        raise DataError(f"a site needs at least 3 rows to split, got {len(y)}")
+    notes: list[str] = []
+    strata = np.asarray(y) if stratify else np.zeros(len(y), dtype=np.int64)
+    idx = np.arange(len(y))
+    train_val, test = _split_off(idx, strata, fractions[2], seed, notes, "test")
+    val_share = fractions[1] / (fractions[0] + fractions[1])
+    train, val = _split_off(train_val, strata, val_share, seed, notes, "val")
+    return train, val, test, tuple(notes)
+
+
+def train_statistics(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-column (median fill, mean, std) of 2-D train rows, NaN-aware (the rule of split_and_normalise)."""
+    return _train_statistics(x_train)
+
+
 def _check_inputs(
     x: np.ndarray, y: np.ndarray, fractions: Sequence[float], names: Sequence[str]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -127,8 +157,15 @@ def _split_off(
         )
         log.warning("%s", notes[-1])
     try:
-        kept, held = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
-    except ValueError as exc:  # e.g. fewer held-out rows than classes
+        try:
+            kept, held = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
+        except ValueError as exc:  # e.g. fewer held-out rows than classes: a random split still works
+            if stratify is None:
+                raise
+            notes.append(f"{what} split not stratified: {exc}")
+            log.warning("%s", notes[-1])
+            kept, held = train_test_split(idx, test_size=fraction, random_state=seed)
+    except ValueError as exc:
         raise DataError(f"cannot make the {what} split from {len(idx)} rows: {exc}") from exc
     return np.sort(kept), np.sort(held)
 

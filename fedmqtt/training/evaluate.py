@@ -1,4 +1,4 @@
-"""Scoring a binary model on a split: sigmoid probabilities in eval mode, then whole-split metrics."""
+"""Scoring a model on a split: task-shaped probabilities in eval mode, then whole-split metrics."""
 
 from __future__ import annotations
 
@@ -6,15 +6,42 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedmqtt.metrics import binary_metrics
+from fedmqtt.data.base import BINARY, TaskInfo
+from fedmqtt.metrics import Metrics, Reasons, task_metrics
 
 
-def predict_scores(
-    model: nn.Module, x: np.ndarray, *, device: str | torch.device = "cpu", batch_size: int = 1024
+def _read_out(outputs: torch.Tensor, task: TaskInfo, nonnegative: bool) -> torch.Tensor:
+    """Model outputs -> what the metrics read, in float64 (sigmoid, softmax or the regression value)."""
+    out = outputs.double()
+    if task.kind == "binary":
+        return torch.sigmoid(out.reshape(-1))
+    if task.kind == "multiclass":
+        return torch.softmax(out.reshape(out.shape[0], -1), dim=1)  # over all classes (algorithms.md 17.2)
+    if task.kind == "multilabel":
+        return torch.sigmoid(out.reshape(out.shape[0], -1))
+    out = out.reshape(-1)
+    return out.clamp(min=0.0) if nonnegative else out
+
+
+def predict(
+    model: nn.Module,
+    x: np.ndarray,
+    task: TaskInfo = BINARY,
+    *,
+    device: str | torch.device = "cpu",
+    batch_size: int = 1024,
+    nonnegative: bool = False,
 ) -> np.ndarray:
-    """Positive-class probabilities `(n,)` as float64, in eval mode without gradients.
+    """The model's predictions on `x` (any rank, rows first) as float64, in eval mode without gradients.
 
-    The model's train/eval mode is restored afterwards.
+    Args:
+        model: restored to its train/eval mode afterwards.
+        x: inputs as the data layer gives them.
+        task: binary -> positive-class probabilities `(n,)`; multiclass -> softmax over all classes
+            `(n, C)`; multilabel -> per-label sigmoid `(n, L)`; regression -> values `(n,)`.
+        device: where the forward passes run; batches are moved there one at a time.
+        batch_size: rows per forward pass.
+        nonnegative: regression only, clamp predictions at 0 (length of stay, seed 002's final ReLU).
     """
     dev = torch.device(device)
     was_training = model.training
@@ -24,15 +51,32 @@ def predict_scores(
     try:
         with torch.inference_mode():
             for start in range(0, xt.shape[0], batch_size):
-                logits = model(xt[start : start + batch_size].to(dev)).reshape(-1)
-                parts.append(torch.sigmoid(logits.double()).cpu().numpy())
+                out = model(xt[start : start + batch_size].to(dev))
+                parts.append(_read_out(out, task, nonnegative).cpu().numpy())
     finally:
         model.train(was_training)
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
+    if parts:
+        return np.concatenate(parts)
+    width = () if task.kind in ("binary", "regression") else (task.n_outputs,)
+    return np.zeros((0, *width), dtype=np.float64)
+
+
+def predict_scores(
+    model: nn.Module, x: np.ndarray, *, device: str | torch.device = "cpu", batch_size: int = 1024
+) -> np.ndarray:
+    """Positive-class probabilities `(n,)` of a binary model (`predict` with the binary task)."""
+    return predict(model, x, BINARY, device=device, batch_size=batch_size)
 
 
 def evaluate_split(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, *, device: str | torch.device = "cpu"
-) -> tuple[dict[str, float | None], dict[str, str]]:
-    """`binary_metrics` of the model's probabilities on `(x, y)` (None + reason where undefined)."""
-    return binary_metrics(np.asarray(y), predict_scores(model, x, device=device))
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    task: TaskInfo = BINARY,
+    device: str | torch.device = "cpu",
+    nonnegative: bool = False,
+) -> tuple[Metrics, Reasons]:
+    """`task_metrics` of the model's predictions on `(x, y)`: values, and a reason for each None."""
+    scores = predict(model, x, task, device=device, nonnegative=nonnegative)
+    return task_metrics(task, np.asarray(y), scores)

@@ -1,4 +1,4 @@
-"""One site's local training pass: seeded, deterministic, with an optional FedProx proximal term."""
+"""One site's local training pass: seeded, deterministic, any task and input rank, algorithm terms added."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
+from fedmqtt.data.base import BINARY, TaskInfo
+from fedmqtt.errors import ConfigError
 from fedmqtt.training.client_rules import GradTerms
 from schemas.messages import TrainSettings
 
@@ -33,6 +36,61 @@ def derive_seed(run_seed: int, site_id: str, round_no: int) -> int:
     return int.from_bytes(digest[:8], "big") & (2**63 - 1)
 
 
+# The losses each task accepts; the first is what "auto" picks.
+TASK_LOSSES: dict[str, tuple[str, ...]] = {
+    "binary": ("bce",),
+    "multiclass": ("ce",),
+    "multilabel": ("bce",),
+    "regression": ("mse", "msle"),
+}
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def resolve_loss(loss: str, task: TaskInfo) -> str:
+    """The loss to train `task` with: `loss`, or the task's default for "auto".
+
+    Raises:
+        ConfigError: `loss` does not fit the task's kind.
+    """
+    allowed = TASK_LOSSES[task.kind]
+    if loss == "auto":
+        return allowed[0]
+    if loss not in allowed:
+        raise ConfigError(f"loss {loss!r} does not fit a {task.kind} task (use {list(allowed)} or auto)")
+    return loss
+
+
+def make_loss(name: str) -> LossFn:
+    """`(model output, labels) -> scalar loss` for a resolved loss name."""
+    return {"bce": _bce, "ce": _cross_entropy, "mse": _mse, "msle": _msle}[name]
+
+
+def _bce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if y.ndim == 1:  # binary: one logit per row
+        return F.binary_cross_entropy_with_logits(logits.reshape(-1), y)
+    # Multi-label with partial labels: NaN = not annotated, left out of the mean (seed 004). The target
+    # is zeroed there too, so no NaN reaches the graph even through a zero weight.
+    annotated = ~torch.isnan(y)
+    per_entry = F.binary_cross_entropy_with_logits(
+        logits.reshape(y.shape), torch.where(annotated, y, torch.zeros_like(y)), reduction="none"
+    )
+    mask = annotated.to(per_entry.dtype)
+    return (per_entry * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y)
+
+
+def _mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(pred.reshape(y.shape), y)
+
+
+def _msle(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    # Seed 002: the prediction is clamped at 0 before the log (its model ends in a ReLU).
+    return F.mse_loss(torch.log1p(pred.reshape(y.shape).clamp(min=0.0)), torch.log1p(y))
+
+
 def train_local(
     model: nn.Module,
     x: np.ndarray,
@@ -42,28 +100,36 @@ def train_local(
     seed: int,
     device: str | torch.device = "cpu",
     terms: GradTerms | None = None,
+    task: TaskInfo = BINARY,
 ) -> TrainStats:
-    """Train `model` in place for `settings.epochs` passes over `(x, y)` with binary cross-entropy.
+    """Train `model` in place for `settings.epochs` passes over `(x, y)`.
 
-    Shuffling uses a `torch.Generator` seeded with `seed`; dropout uses the global RNG, reseeded
-    inside a fork so the caller's RNG state is untouched. The optimizer is new on every call
-    (algorithms.md 0.5). `terms` adds the algorithm's client-side gradient terms (FedProx/FedPxN
-    proximal, FedDyn, SCAFFOLD correction), anchored on the weights this call started from.
+    `x` has any rank, rows first (tables, images, ECG, sequences). The loss is `settings.loss`, or
+    for "auto" the task's (`resolve_loss`); rows whose label is missing (NaN everywhere) are left
+    out. Shuffling uses a `torch.Generator` seeded with `seed`; dropout uses the global RNG,
+    reseeded inside a fork so the caller's RNG state is untouched. The optimizer is new on every
+    call (algorithms.md 0.5). `terms` adds the algorithm's client-side gradient terms
+    (FedProx/FedPxN proximal, FedDyn, SCAFFOLD correction), anchored on the weights this call
+    started from.
+
+    Raises:
+        ValueError: rows of x and y differ, or the labels do not fit the task or the loss.
+        ConfigError: the loss does not fit the task (e.g. "ce" for a regression).
     """
     started = time.perf_counter()
     dev = torch.device(device)
     model.to(dev).train()
-    xt = torch.as_tensor(np.asarray(x, dtype=np.float32), device=dev)
-    yt = torch.as_tensor(np.asarray(y, dtype=np.float32), device=dev).reshape(-1)
-    if xt.ndim != 2 or xt.shape[0] != yt.shape[0]:
-        raise ValueError(f"features {tuple(xt.shape)} and labels {tuple(yt.shape)} do not match")
+    loss_name = resolve_loss(settings.loss, task)
+    loss_fn = make_loss(loss_name)
+    xt, yt = _labelled_tensors(x, y, task, dev)
+    if loss_name == "msle" and bool((yt < 0).any()):
+        raise ValueError("msle needs targets >= 0 (algorithms.md 17.3)")
     terms = terms or GradTerms()
     if terms.freeze_norm:
         _freeze_batchnorm(model)
     params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
     optimizer = _make_optimizer(params, settings)
     correct = _gradient_terms(model, terms, dev)
-    loss_fn = nn.BCEWithLogitsLoss()
     shuffle = torch.Generator().manual_seed(seed)
     steps, loss_sum, loss_rows = 0, 0.0, 0
     with _seeded_global_rng(seed, dev):
@@ -71,8 +137,7 @@ def train_local(
             for idx in _batches(xt.shape[0], settings.batch_size, shuffle):
                 idx = idx.to(dev)
                 optimizer.zero_grad(set_to_none=True)
-                logits = model(xt[idx]).reshape(-1)
-                loss = loss_fn(logits, yt[idx])
+                loss = loss_fn(model(xt[idx]), yt[idx])
                 loss.backward()
                 if correct is not None:
                     correct()
@@ -83,6 +148,30 @@ def train_local(
     # NaN here (a diverged run) is reported as is; the caller decides what to do with it.
     mean_loss = loss_sum / loss_rows if loss_rows else None
     return TrainStats(int(xt.shape[0]), steps, mean_loss, time.perf_counter() - started)
+
+
+def _labelled_tensors(
+    x: np.ndarray, y: np.ndarray, task: TaskInfo, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x as float32 and y in the loss's dtype on `dev`, without rows whose label is entirely missing."""
+    xa = np.asarray(x, dtype=np.float32)
+    ya = np.asarray(y)
+    if xa.ndim < 2 or ya.ndim < 1 or xa.shape[0] != ya.shape[0]:
+        raise ValueError(f"features {xa.shape} and labels {ya.shape} do not match")
+    if task.kind == "multilabel":
+        ya = ya.astype(np.float32).reshape(ya.shape[0], -1)
+        keep = ~np.isnan(ya).all(axis=1)
+    elif task.kind == "multiclass":
+        ya = ya.reshape(-1)
+        keep = ~np.isnan(ya) if ya.dtype.kind == "f" else np.ones(ya.shape[0], bool)
+        ya = np.where(keep, ya, 0).astype(np.int64)
+    else:
+        ya = ya.astype(np.float32).reshape(-1)
+        keep = ~np.isnan(ya)
+    # Unlabelled rows take no part in training (algorithms.md 17.1); with none missing nothing moves.
+    if not keep.all():
+        xa, ya = xa[keep], ya[keep]
+    return torch.as_tensor(xa, device=dev), torch.as_tensor(ya, device=dev)
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:

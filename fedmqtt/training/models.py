@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from fedmqtt.errors import ConfigError
+from fedmqtt.training.zoo import (
+    MLP,
+    NORMS,
+    GRUNet,
+    LeNet5,
+    ResNet1dSE,
+    TransformerNet,
+    alexnet,
+    densenet121,
+    efficientnet_b0,
+    gn_groups,
+)
 
-NORMS: tuple[str, ...] = ("none", "bn", "ln", "gn")
+__all__ = [
+    "MLP", "MODELS", "NORMS", "build_model", "gn_groups", "model_manifest", "tensor_manifest", "wire_dtype",
+]
+
 # Classified by module type (algorithms.md 0.2): names like "bn" in keys are never trusted.
 _NORM_TYPES: tuple[type[nn.Module], ...] = tuple(
     t
@@ -19,79 +34,24 @@ _NORM_TYPES: tuple[type[nn.Module], ...] = tuple(
         nn.modules.batchnorm._BatchNorm,  # BatchNorm1d/2d/3d, SyncBatchNorm, lazy variants
         nn.modules.instancenorm._InstanceNorm,
         nn.GroupNorm,
-        nn.LayerNorm,
+        nn.LayerNorm,  # also the zoo's ChannelLayerNorm
         getattr(nn, "RMSNorm", None),
     )
     if t is not None
 )
 
-
-class MLP(nn.Module):
-    """Blocks of Linear -> norm -> ReLU -> dropout, then a Linear producing logits `(n, out_features)`."""
-
-    def __init__(
-        self,
-        in_features: int,
-        hidden: Sequence[int] = (32, 32),
-        out_features: int = 1,
-        norm: str = "none",
-        dropout: float = 0.0,
-    ) -> None:
-        super().__init__()
-        _check_mlp_args(in_features, hidden, out_features, norm, dropout)
-        layers: list[nn.Module] = []
-        width = in_features
-        for size in hidden:
-            layers.append(nn.Linear(width, size))
-            if norm != "none":
-                layers.append(_norm_layer(norm, size))
-            layers.append(nn.ReLU())
-            if dropout > 0:
-                layers.append(nn.Dropout(dropout))
-            width = size
-        self.blocks = nn.Sequential(*layers)
-        self.head = nn.Linear(width, out_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(x))
-
-
-def _check_mlp_args(
-    in_features: Any, hidden: Any, out_features: Any, norm: Any, dropout: Any
-) -> None:
-    def positive_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-    if not positive_int(in_features):
-        raise ConfigError(f"mlp: in_features must be a positive int, got {in_features!r}")
-    if isinstance(hidden, (str, bytes)) or not all(positive_int(h) for h in hidden):
-        raise ConfigError(f"mlp: hidden must be a list of positive ints, got {hidden!r}")
-    if not positive_int(out_features):
-        raise ConfigError(f"mlp: out_features must be a positive int, got {out_features!r}")
-    if norm not in NORMS:
-        raise ConfigError(f"mlp: norm must be one of {list(NORMS)}, got {norm!r}")
-    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"mlp: dropout must be in [0, 1), got {dropout!r}")
-
-
-def _norm_layer(norm: str, width: int) -> nn.Module:
-    if norm == "bn":
-        return nn.BatchNorm1d(width)
-    if norm == "ln":
-        return nn.LayerNorm(width)
-    return nn.GroupNorm(gn_groups(width), width)
-
-
-def gn_groups(width: int) -> int:
-    """Groups for GroupNorm: at most 8, each of >= 4 channels where possible, dividing `width`."""
-    # Groups of 1 channel would normalise every feature to 0 on (n, c) inputs.
-    for groups in range(min(8, width // 4), 1, -1):
-        if width % groups == 0:
-            return groups
-    return 1
-
-
-MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": MLP}
+# Registry names -> factories; arguments are the factories' keyword arguments (fedmqtt.training.zoo).
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "mlp": MLP,
+    "lenet5": LeNet5,
+    "gru": GRUNet,
+    "transformer": TransformerNet,
+    "resnet1d_se": ResNet1dSE,
+    # Optional [vision] extra: torchvision is imported when one of these is built.
+    "densenet121": densenet121,
+    "efficientnet_b0": efficientnet_b0,
+    "alexnet": alexnet,
+}
 
 
 def build_model(spec_name: str, args: dict[str, Any]) -> nn.Module:

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedmqtt.training.zoo.common import NORMS, choice, positive_int, probability, feature_norm
 from fedmqtt.errors import ConfigError
+from fedmqtt.training.zoo.common import NORMS, choice, feature_norm, positive_int, probability
 
 
 class MLP(nn.Module):

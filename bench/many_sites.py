@@ -1,0 +1,115 @@
+"""Many sites against one real Mosquitto: round time and the PS's peak memory against N.
+
+Every site is a real agent with its own MQTT connection and credentials; several run per process
+(site_agent.multi) so 100+ fit on a 2-core machine. Data: the bundled heart-disease hospitals,
+site i reading hospital i mod 4 (the timing is what matters here, not the accuracy).
+
+    python bench/many_sites.py --sites 100 --rounds 3 --processes 4 [--selection recruited --gamma-th 0.3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from broker.config import free_port  # noqa: E402
+from broker.federation import init_federation  # noqa: E402
+from broker.process import BrokerProcess  # noqa: E402
+from fedmqtt.config_io import dump_toml  # noqa: E402
+from fedmqtt.data.heart_disease import SITES, bundled_path  # noqa: E402
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def write_configs(work: Path, layout, args) -> tuple[Path, list[Path]]:  # noqa: ANN001
+    ps = {"run_id": layout.run_id, "rounds": args.rounds, "sites": list(layout.site_ids), "quorum": 1,
+          "round_timeout_s": 600.0, "seed": 0, "out_dir": str(work / "ps"), "credentials": str(layout.credentials["ps"]),
+          "selection": args.selection, "model": {"name": "mlp", "args": {"in_features": 15, "hidden": [32, 32]}},
+          "train": {"epochs": 1, "batch_size": 32, "lr": 0.001, "optimizer": "adam"}}
+    if args.fraction:
+        ps["fraction"] = args.fraction
+    if args.selection == "recruited":
+        ps["recruitment"] = {"gamma_th": args.gamma_th}
+    ps_path = work / "ps.toml"
+    ps_path.write_text(dump_toml(ps))
+    paths = []
+    for i, site in enumerate(layout.site_ids):
+        cfg = {"site_id": site, "run_id": layout.run_id, "credentials": str(layout.credentials[site]),
+               "state_dir": str(work / "state" / site), "device": "cpu", "threads": 1, "share_label_histogram": True,
+               "data": {"format": "heart_disease", "path": str(bundled_path(SITES[i % 4])), "split_seed": i}}
+        paths.append(work / "sites" / f"{site}.toml")
+        paths[-1].parent.mkdir(parents=True, exist_ok=True)
+        paths[-1].write_text(dump_toml(cfg))
+    return ps_path, paths
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sites", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--processes", type=int, default=4, help="site processes (agents are spread over them)")
+    ap.add_argument("--selection", default="all", choices=["all", "fraction", "recruited"])
+    ap.add_argument("--fraction", type=float, default=None)
+    ap.add_argument("--gamma-th", type=float, default=0.3)
+    ap.add_argument("--work", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="fedmqtt-many-"))
+    site_ids = [f"site-{i:03d}" for i in range(args.sites)]
+    started = time.monotonic()
+    layout = init_federation(work / "federation", run_id="many", site_ids=site_ids, port=free_port(), force=True)
+    ps_path, site_paths = write_configs(work, layout, args)
+    (work / "logs").mkdir(exist_ok=True)
+    with BrokerProcess.start(layout.conf_path, port=layout.port):
+        procs = []
+        for k in range(args.processes):
+            chunk = [str(p) for p in site_paths[k :: args.processes]]
+            log = open(work / "logs" / f"sites-{k}.log", "wb")
+            procs.append(subprocess.Popen([sys.executable, "-m", "site_agent.multi", *chunk], stdout=log, stderr=log))
+        ps_log = open(work / "logs" / "ps.log", "wb")
+        ps = subprocess.Popen([sys.executable, "-m", "fedmqtt", "ps", "start", "--config", str(ps_path)],
+                              stdout=ps_log, stderr=ps_log)
+        peak = 0.0
+        while ps.poll() is None:
+            peak = max(peak, peak_rss_mb(ps.pid) or 0.0)
+            failed = [k for k, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                ps.terminate()
+                raise SystemExit(f"site process {failed[0]} failed; see {work / 'logs' / f'sites-{failed[0]}.log'}")
+            time.sleep(0.2)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+    if ps.returncode != 0:
+        raise SystemExit(f"PS failed ({ps.returncode}); see {work / 'logs' / 'ps.log'}")
+    report = json.loads((work / "ps" / "report.json").read_text())
+    durations = [r["duration_s"] for r in report["rounds"]]
+    recruited = report.get("recruitment") or {}
+    print(f"sites={args.sites} processes={args.processes} selection={args.selection} rounds={args.rounds}")
+    if recruited:
+        print(f"recruited {len(recruited['recruited'])} of {args.sites} (gamma_th={args.gamma_th})")
+    print("round wall time (s): " + ", ".join(f"{d:.2f}" for d in durations))
+    print(f"mean round time {sum(durations) / len(durations):.2f} s; sites per round "
+          f"{[len(r['sites']) for r in report['rounds']]}")
+    print(f"PS peak RSS {peak:.0f} MB (VmHWM, sampled every 0.2 s)")
+    print(f"PS traffic: sent {report['traffic']['bytes_sent']:,} B, received {report['traffic']['bytes_received']:,} B")
+    print(f"total wall time incl. start-up {time.monotonic() - started:.1f} s; work dir {work}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""From a DataSpec to a site's normalised SiteData, whatever the format (local statistics only).
+
+Per site: read the file(s); keep the manifest's items when a partition is given; drop unlabelled items
+(algorithms.md 17.1); split train/val/test (`fractions`, `split_seed`; stratified by class for binary and
+multiclass, plain random for multilabel and regression); fill missing values with the train median and
+standardise with the train mean/std, per feature (tables), per colour channel (images) or per channel over
+all hours (ICU; mask channels untouched). ECG records are standardised per record and lead by the adapter.
+
+ICU length of stay: seed 002 used one global train/val/test split; here every site splits its own stays
+with the same fractions, so the union of the sites' test splits is a site-stratified global test split of
+the same size, and pooled test metrics come from the sites' test predictions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fedmqtt.data.base import BINARY, TaskInfo
+from fedmqtt.data.partitioners import PartitionManifest, read_partition_manifest
+from fedmqtt.data.spec import DataSpec
+from fedmqtt.data.splits import SiteData, split_and_normalise, split_indices, train_statistics
+from fedmqtt.errors import DataError
+
+Layout = Literal["table", "image", "ecg", "icu"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A whole dataset as its adapter reads it, before any split; items on axis 0, raw values (NaN = missing).
+
+    y: int64 classes (-1 = unlabelled), float32 (n, k) multilabel (NaN = not annotated), or float32
+    regression (NaN = unlabelled). groups: candidate natural site keys; features: numeric covariates for
+    feature skew; fixed: channels left as they are by normalisation (ICU masks).
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    task: TaskInfo
+    feature_names: tuple[str, ...]
+    layout: Layout
+    groups: Mapping[str, np.ndarray] = field(default_factory=dict)
+    features: Mapping[str, np.ndarray] = field(default_factory=dict)
+    fixed: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def class_labels(self) -> np.ndarray | None:
+        """One integer class per item for label-based partitioners, or None (multilabel, regression)."""
+        return self.y if self.task.kind in ("binary", "multiclass") else None
+
+    def labelled(self) -> np.ndarray:
+        if self.task.kind == "regression":
+            return np.isfinite(self.y)
+        if self.task.kind == "multilabel":
+            return ~np.isnan(self.y).all(axis=1)
+        return self.y >= 0
+
+
+def labels_digest(y: np.ndarray) -> str:
+    """A fingerprint of a dataset's labels in item order: a manifest made from other data is caught."""
+    return hashlib.sha256(np.ascontiguousarray(y).tobytes()).hexdigest()[:16]
+
+
+def load_dataset(spec: DataSpec) -> Dataset:
+    """Read the whole file/folder of `spec` (no partition, no split)."""
+    opts = spec.parsed_options()
+    loader = {"heart_disease": _heart_disease, "table": _table, "medmnist": _medmnist, "wfdb": _wfdb,
+              "physionet2012": _physionet2012}[spec.format]
+    return loader(Path(spec.path), opts)
+
+
+def load_site_data(spec: DataSpec) -> SiteData:
+    """This site's split and normalised data (see the module docstring for each step)."""
+    manifest = _read_manifest(spec) if spec.partition is not None else None  # cheap checks first
+    data = load_dataset(spec)
+    notes = list(data.notes)
+    if manifest is not None:
+        data, note = _select_part(data, spec, manifest)
+        notes.append(note)
+    keep = data.labelled()
+    if not keep.all():
+        notes.append(f"dropped {int((~keep).sum())} unlabelled item(s)")
+        data = _take(data, np.flatnonzero(keep))
+    if spec.format == "heart_disease":  # the original path, bit for bit (simulation equivalence tests)
+        site = split_and_normalise(data.x, data.y, seed=spec.split_seed, fractions=spec.fractions,
+                                   feature_names=data.feature_names)
+        return replace(site, notes=(*notes, *site.notes), task=data.task)
+    stratify = data.task.kind in ("binary", "multiclass")
+    train, val, test, split_notes = split_indices(data.y, seed=spec.split_seed, fractions=spec.fractions,
+                                                  stratify=stratify)
+    norm = _normaliser(data, train)
+    return SiteData(
+        x_train=norm(train), y_train=data.y[train], x_val=norm(val), y_val=data.y[val],
+        x_test=norm(test), y_test=data.y[test], feature_names=data.feature_names,
+        notes=(*notes, *split_notes), task=data.task,
+    )
+
+
+def _read_manifest(spec: DataSpec) -> PartitionManifest:
+    manifest = read_partition_manifest(Path(str(spec.partition)))
+    made_from = manifest.source.get("format")
+    if made_from != spec.format:
+        raise DataError(f"{spec.partition}: made from format {made_from!r}, this site reads {spec.format!r}")
+    manifest.site_indices(str(spec.site))  # an unknown site fails here, naming the manifest's sites
+    return manifest
+
+
+def _select_part(data: Dataset, spec: DataSpec, manifest: PartitionManifest) -> tuple[Dataset, str]:
+    src, digest = manifest.source, labels_digest(data.y)
+    if src.get("n_items") != len(data) or src.get("labels_sha256", digest) != digest:
+        raise DataError(f"{spec.partition}: made from another dataset ({src.get('n_items')} items from "
+                        f"{src.get('path')}); {spec.path} has {len(data)} items or other labels in that "
+                        "order")
+    idx = manifest.site_indices(str(spec.site))
+    if idx.size and (idx.min() < 0 or idx.max() >= len(data)):
+        raise DataError(f"{spec.partition}: site {spec.site!r} lists indices outside 0..{len(data) - 1}")
+    return _take(data, idx), f"partition {spec.partition} site {spec.site}: {idx.size} of {len(data)} items"
+
+
+def _take(data: Dataset, idx: np.ndarray) -> Dataset:
+    return replace(data, x=data.x[idx], y=data.y[idx], groups={k: v[idx] for k, v in data.groups.items()},
+                   features={k: v[idx] for k, v in data.features.items()})
+
+
+def _normaliser(data: Dataset, train: np.ndarray) -> Any:
+    """A function rows -> float32 normalised rows, from the train rows' statistics only."""
+    if data.layout == "ecg":
+        return lambda rows: data.x[rows].astype(np.float32)
+    axis = 1 if data.layout == "image" else data.x.ndim - 1
+    channels = np.moveaxis(data.x[train], axis, -1).reshape(-1, data.x.shape[axis]).astype(np.float64)
+    if data.layout == "image":  # pixels are never missing, and a median over millions of them is slow
+        fill, mean, std = np.zeros(channels.shape[1]), channels.mean(0), channels.std(0)
+        std = np.where(std > 0, std, 1.0)
+    else:
+        fill, mean, std = train_statistics(channels)
+    for c in data.fixed:
+        fill[c], mean[c], std[c] = 0.0, 0.0, 1.0
+    shape = [1] * data.x.ndim
+    shape[axis] = data.x.shape[axis]
+
+    def norm(rows: np.ndarray) -> np.ndarray:
+        part = data.x[rows].astype(np.float64)
+        part = np.where(np.isnan(part), fill.reshape(shape), part)
+        return ((part - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32)
+
+    return norm
+
+
+def _heart_disease(path: Path, opts: Any) -> Dataset:
+    from fedmqtt.data.heart_disease import FEATURE_NAMES, NUMERIC, load_site_file
+
+    x, y = load_site_file(path)
+    feats = {name: x[:, FEATURE_NAMES.index(name)] for name in NUMERIC}
+    return Dataset(x, y, BINARY, FEATURE_NAMES, "table", features=feats)
+
+
+def _table(path: Path, opts: Any) -> Dataset:
+    from fedmqtt.data.tables import load_table, read_columns, resolve_spec
+
+    fspec = resolve_spec(opts.spec)
+    x, y, names = load_table(path, fspec)
+    groups = read_columns(path, [*fspec.binary, *fspec.categorical, *fspec.drop])
+    feats = {name: x[:, names.index(name)] for name in fspec.numeric}
+    return Dataset(x, y, fspec.task_info(), names, "table", groups=groups, features=feats)
+
+
+def _medmnist(path: Path, opts: Any) -> Dataset:
+    from fedmqtt.data.medmnist import load_medmnist
+
+    x, y, task = load_medmnist(path, splits=opts.splits)
+    names = tuple(f"channel_{c}" for c in range(x.shape[1]))
+    return Dataset(x, y, task, names, "image", notes=(f"medmnist splits pooled: {', '.join(opts.splits)}",))
+
+
+def _wfdb(path: Path, opts: Any) -> Dataset:
+    from fedmqtt.data.ecg import LEADS, load_ecg_dir
+
+    ecg = load_ecg_dir(path, labels=opts.labels, fs=opts.fs, length=opts.length)
+    notes = ()
+    if ecg.unknown_codes:
+        notes = (f"ignored {sum(ecg.unknown_codes.values())} diagnosis code(s) outside the label list "
+                 f"({len(ecg.unknown_codes)} distinct)",)
+    return Dataset(ecg.x, ecg.y, ecg.task, LEADS, "ecg", groups={"source": ecg.sources},
+                   features={"age": ecg.ages}, notes=notes)
+
+
+def _physionet2012(path: Path, opts: Any) -> Dataset:
+    from fedmqtt.data.physionet2012 import DESCRIPTORS, HOURS, STATIC_NAMES, VARIABLES, load_physionet2012
+
+    icu = load_physionet2012(path, outcomes=opts.outcomes, limit=opts.limit, cache_dir=opts.cache_dir)
+    parts = [icu.values.astype(np.float32)]
+    names = list(VARIABLES)
+    if opts.masks:
+        parts.append(icu.observed.astype(np.float32))
+        names += [f"{v}_observed" for v in VARIABLES]
+    parts.append(np.repeat(icu.static[:, None, :], HOURS, axis=1).astype(np.float32))
+    names += list(STATIC_NAMES)
+    fixed = tuple(range(len(VARIABLES), 2 * len(VARIABLES))) if opts.masks else ()
+    if opts.target == "mortality":
+        y: np.ndarray = np.where(np.isnan(icu.death), -1, icu.death).astype(np.int64)
+        task = TaskInfo("binary", 1, ("0", "1"))
+    else:
+        y, task = icu.los.astype(np.float32), TaskInfo("regression", 1, ("length_of_stay_days",))
+    feats = {name: icu.static[:, k] for k, name in enumerate(STATIC_NAMES) if name in DESCRIPTORS}
+    groups = {"ICUType": icu.icu_type.astype(str).astype(object)}
+    return Dataset(np.concatenate(parts, axis=2), y, task, tuple(names), "icu", groups=groups,
+                   features=feats, fixed=fixed)
