@@ -3,10 +3,10 @@
     nice .venv/bin/python bench/algorithms_heart.py --rounds 20 --seed 0 --out runs/algorithms-heart
 
 Runs `fedmqtt.simulation.run_simulation` once per algorithm of `fedmqtt.strategies.STRATEGIES`
-but d-adafed and f-adafed (same code path as an MQTT deployment, CPU) and prints a Markdown table of the final model's mean
-test AUROC and accuracy over the sites (unweighted, over sites where defined), the best validation
-round (algorithms.md 17.1) and the wall time; the table is also written to `<out>/table.md`, each
-run's report and models to `<out>/<algorithm>/`.
+but d-adafed and f-adafed (same code path as an MQTT deployment, CPU) and prints a Markdown
+table of the final model's mean test AUROC and accuracy over the sites (unweighted, over sites
+where defined), the best validation round (algorithms.md 17.1) and the wall time. The table is
+also written to `<out>/table.md`, each run's report and models to `<out>/<algorithm>/`.
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
     p.add_argument("--out", type=Path, default=Path("runs/algorithms-heart"), help="output folder")
     p.add_argument("--norm", choices=("bn", "none"), default="bn",
-                   help="normalisation layers of the default MLP: bn (default; FedBN, FedPxN, FedFBN and AdaFed "
-                        "act on them and equal FedAvg/FedProx without) or none (the simulation's default model)")
+                   help="normalisation layers of the default MLP: bn (default; FedBN, FedPxN, FedFBN and "
+                        "AdaFed act on them and equal FedAvg/FedProx without) or none (the simulation's "
+                        "default model)")
     p.add_argument("--algorithms", nargs="*", default=None,
                    help="a subset (default: every registered algorithm but d-adafed and f-adafed)")
     p.add_argument("--no-adafed", action="store_true", help="leave adafed out of the default set")
     p.add_argument("--pretrain-fraction", type=float, default=0.2,
-                   help="AdaFed: share of each site's training rows pooled to pretrain its model (default 0.2)")
+                   help="AdaFed: share of each site's training rows pooled to pretrain its model "
+                        "(default 0.2)")
     return p.parse_args(argv)
 
 
@@ -74,8 +76,8 @@ def run_one(algorithm: str, args: argparse.Namespace) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if algorithm in ("adafed", "d-adafed"):
         extra["pretrain_fraction"] = args.pretrain_fraction
-    config = SimulationConfig(run_id=f"bench-{algorithm}", algorithm=algorithm, rounds=args.rounds, seed=args.seed,
-                              out_dir=args.out / algorithm, model=model_spec(args.norm),
+    config = SimulationConfig(run_id=f"bench-{algorithm}", algorithm=algorithm, rounds=args.rounds,
+                              seed=args.seed, out_dir=args.out / algorithm, model=model_spec(args.norm),
                               train=train_settings(algorithm), **extra)
     started = time.perf_counter()
     try:
@@ -104,7 +106,8 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             lines.append(f"| {r['algorithm']} | failed: {r['error']} | | | {r['seconds']:.1f} |")
             continue
         best = "n/a" if r["best_round"] is None else f"{r['best_round']} (val AUROC {r['best_val']:.3f})"
-        lines.append(f"| {r['algorithm']} | {_num(r['auroc'])} | {_num(r['accuracy'])} | {best} | {r['seconds']:.1f} |")
+        cells = [r["algorithm"], _num(r["auroc"]), _num(r["accuracy"]), best, f"{r['seconds']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     sgd = [r["algorithm"] for r in rows if r["algorithm"] in SGD_ALGORITHMS]
     notes = [
         "",
@@ -112,7 +115,8 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"`run_simulation` (in-process, CPU). Model: mlp {dict(model_spec(args.norm).args)}.",
         f"Local training: {describe(DEFAULT_TRAIN)} (simulation default) for every algorithm"
         + (f" except {', '.join(sgd)}: {describe(train_settings(sgd[0]))}." if sgd else "."),
-        "Algorithm hyper-parameters: each strategy's defaults. Metrics: the final model on each site's held-out "
+        "Algorithm hyper-parameters: each strategy's defaults. Metrics: the final model on each site's "
+        "held-out "
         "test split, unweighted mean over sites where defined. Best validation round: highest mean val AUROC "
         "of the received model (algorithms.md 17.1).",
     ]
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                                 if a not in ADAFED_FAMILY or (a == "adafed" and not args.no_adafed)]
     unknown = [a for a in names if a not in STRATEGIES]
     if unknown:
-        print(f"unknown algorithm(s) {', '.join(unknown)}; available: {', '.join(STRATEGIES)}", file=sys.stderr)
+        print(f"unknown algorithm(s) {', '.join(unknown)}; available: {', '.join(STRATEGIES)}",
+              file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

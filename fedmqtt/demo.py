@@ -153,7 +153,7 @@ def _print_summary(report: dict[str, Any], work: Path, *, kept: bool, wall_s: fl
     print(render_table(final_table(report)))
     best = report.get("best_round")
     if best:
-        print(f"best validation round: {best['round']} (mean val AUROC {best['score']:.3f})")
+        print(f"best validation round: {best['round']} (mean {best['metric']} {best['score']:.3f})")
     traffic = report["traffic"]
     print(f"wall time {wall_s:.1f} s; PS sent {traffic['bytes_sent']:,} B, received {traffic['bytes_received']:,} B")
     if kept:

@@ -42,6 +42,7 @@ class SimulationConfig(BaseModel):
     hyper: dict[str, float] = Field(default_factory=dict)
     rounds: int = Field(default=20, ge=1)
     seed: int = 0
+    selection_metric: str = "auroc"
     out_dir: Path = Path("runs/sim")
     model: ModelSpec = DEFAULT_MODEL
     train: TrainSettings = DEFAULT_TRAIN
@@ -61,6 +62,7 @@ class SimulationConfig(BaseModel):
             "sites": sorted(self.sites), "out_dir": self.out_dir, "model": self.model, "train": self.train,
             "credentials": IN_PROCESS, **({"hyper": self.hyper} if self.hyper else {}),
             "selection": self.selection, "fraction": self.fraction, "recruitment": self.recruitment,
+            "selection_metric": self.selection_metric,
             # pretrain_fraction: the model is pretrained when the run starts (placeholder for validation)
             "pretrained": self.pretrained or (Path("(pretrained at start)") if self.pretrain_fraction else None),
         }, DaemonConfig, source="simulation config")

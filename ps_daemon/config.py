@@ -57,6 +57,8 @@ class DaemonConfig(BaseModel):
     recruitment: RecruitmentConfig = RecruitmentConfig()
     round_timeout_s: float = Field(default=300.0, gt=0)
     seed: int = 0
+    selection_metric: str = Field(default="auroc", description="validation metric of the best round (17.1); "
+                                  "loss, mae, mape, mse and msle are minimised, the rest maximised")
     out_dir: Path = Path("runs/ps")
     keep_checkpoints: int = Field(default=3, ge=1)
     model: ModelSpec

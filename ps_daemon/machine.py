@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from fedmqtt.means import mean_defined
+from fedmqtt.means import direction_of, mean_defined
 from fedmqtt.strategies.aggregate import check_update_shapes
 from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
 from ps_daemon import effects as fx
@@ -35,7 +35,6 @@ class Machine:
         self.config = config
         self.strategy = strategy
         self.hash_weights = hash_weights
-        self.selection_metric = "auroc"
 
     def initial_state(self, weights: Weights, manifest: Manifest | None = None,
                       extras: dict[str, Weights] | None = None) -> DaemonState:
@@ -219,8 +218,10 @@ class Machine:
         )
 
     def _better_best(self, state: DaemonState, record: RoundRecord) -> BestRound | None:
-        score = record.mean.get(self.selection_metric)
-        if score is None or (state.best is not None and score <= state.best.score):
+        metric = self.config.selection_metric
+        score = record.mean.get(metric)
+        sign = 1.0 if direction_of(metric) == "max" else -1.0
+        if score is None or (state.best is not None and sign * score <= sign * state.best.score):
             return state.best  # ties keep the earlier round (algorithms.md 17.1)
         evaluated = {**state.weights, **state.extras.get("eval", {})}  # FedDyn validates theta_avg
         return BestRound(record.round, score, evaluated, state.model_hash)

@@ -5,12 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np

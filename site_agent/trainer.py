@@ -50,6 +50,8 @@ class Trainer:
         self.data = data
         self.device = device
         self._spec: ModelSpec | None = None
+        # Regression targets here are lengths of stay: predictions below 0 days are clamped (seed 002).
+        self._nonnegative = data.task.kind == "regression"
         self._model: torch.nn.Module | None = None
 
     def _load(self, spec: ModelSpec, weights: dict[str, np.ndarray]) -> torch.nn.Module:
@@ -67,14 +69,16 @@ class Trainer:
         """Validate the model this site would use (algorithms.md 17.1), then train with the algorithm's rule."""
         extras, local = extras or {}, local or {}
         model = self._load(spec, eval_weights if eval_weights is not None else weights)
-        val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, device=self.device)
+        val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, task=self.data.task, device=self.device,
+                                        nonnegative=self._nonnegative)
         if eval_weights is not None:
             load_arrays(model, weights)
         manifest = self.manifest(spec)
         terms = plan_terms(settings, manifest, extras=extras, local=local, round_no=round_no)
         start = state_to_arrays(model)
         stats = train_local(model, self.data.x_train, self.data.y_train, settings,
-                            seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device, terms=terms)
+                            seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device, terms=terms,
+                            task=self.data.task)
         end = state_to_arrays(model)
         uplink, algo_state = finish_round(settings, manifest, start=start, end=end, steps=stats.steps,
                                           extras=extras, local=local)
@@ -100,7 +104,8 @@ class Trainer:
         undefined: dict[str, str] = {}
         for split in splits:
             x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
-            metrics[split], why = evaluate_split(model, x, y, device=self.device)
+            metrics[split], why = evaluate_split(model, x, y, task=self.data.task, device=self.device,
+                                                 nonnegative=self._nonnegative)
             counts[split] = int(len(y))
             undefined.update({f"{split}.{k}": v for k, v in why.items()})
         return metrics, counts, undefined

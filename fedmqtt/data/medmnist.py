@@ -39,8 +39,8 @@ def load_medmnist(path: Path, *, splits: Sequence[str] = SPLITS) -> tuple[np.nda
                 if key not in keys:
                     raise DataError(f"{path}: no array {key!r}; the file holds {sorted(keys)}")
             # Every split's labels fix the class count; only the asked splits' images are read.
-            all_labels = {s: npz[f"{s}_labels"] for s in SPLITS if f"{s}_labels" in keys}
-            raw_images = {s: npz[f"{s}_images"] for s in splits}
+            all_labels: dict[str, np.ndarray] = {s: npz[f"{s}_labels"] for s in SPLITS if f"{s}_labels" in keys}
+            raw_images: dict[str, np.ndarray] = {s: npz[f"{s}_images"] for s in splits}
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path}: cannot read MedMNIST .npz: {exc}") from exc
     task = _task(path, list(all_labels.values()))

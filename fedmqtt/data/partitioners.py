@@ -203,7 +203,9 @@ def partition(
     rng = np.random.default_rng(spec.seed)
     k = int(spec.n_sites or 0)
     if spec.kind == "natural":
-        names, parts = natural(_need(groups, "natural", f"the group column {spec.column!r}"))
+        if groups is None:
+            raise DataError(f"partition kind 'natural' needs the group column {spec.column!r}")
+        names, parts = natural(groups)
         if spec.n_sites is not None and spec.n_sites != len(names):
             raise DataError(f"column {spec.column!r} has {len(names)} groups ({', '.join(names)}), "
                             f"not n_sites = {spec.n_sites}")
@@ -287,7 +289,7 @@ def _guess_task(y: np.ndarray) -> TaskInfo:
     return TaskInfo("binary", 1) if n_classes <= 2 else TaskInfo("multiclass", n_classes)
 
 
-MANIFEST_VERSION = "fedmqtt.partition/1"
+MANIFEST_VERSION: Literal["fedmqtt.partition/1"] = "fedmqtt.partition/1"
 
 
 class SitePart(BaseModel):

@@ -101,11 +101,11 @@ def _cache_path(cache_dir: Path | None, set_dir: Path, files: list[Path], outcom
 
 def _parse_all(files: list[Path], outcomes_path: Path) -> IcuSet:
     n = len(files)
-    values = np.full((n, HOURS, len(VARIABLES)), np.nan, dtype=np.float32)
-    observed = np.zeros((n, HOURS, len(VARIABLES)), dtype=bool)
-    static = np.full((n, len(STATIC_NAMES)), np.nan)
-    icu_type = np.zeros(n, dtype=np.int64)
-    ids = np.zeros(n, dtype=np.int64)
+    values: np.ndarray = np.full((n, HOURS, len(VARIABLES)), np.nan, dtype=np.float32)
+    observed: np.ndarray = np.zeros((n, HOURS, len(VARIABLES)), dtype=bool)
+    static: np.ndarray = np.full((n, len(STATIC_NAMES)), np.nan)
+    icu_type: np.ndarray = np.zeros(n, dtype=np.int64)
+    ids: np.ndarray = np.zeros(n, dtype=np.int64)
     for i, path in enumerate(files):
         ids[i], static[i], icu_type[i] = _parse_stay(path, values[i], observed[i])
     order = np.argsort(ids, kind="stable")  # RecordID order, whatever the file names

@@ -14,7 +14,7 @@ the same size, and pooled test metrics come from the sites' test predictions.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -130,26 +130,29 @@ def _take(data: Dataset, idx: np.ndarray) -> Dataset:
                    features={k: v[idx] for k, v in data.features.items()})
 
 
-def _normaliser(data: Dataset, train: np.ndarray) -> Any:
+Normaliser = Callable[[np.ndarray], np.ndarray]
+
+
+def _normaliser(data: Dataset, train: np.ndarray) -> Normaliser:
     """A function rows -> float32 normalised rows, from the train rows' statistics only."""
-    if data.layout == "ecg":
+    if data.layout == "ecg":  # already standardised per record and lead by the adapter
         return lambda rows: data.x[rows].astype(np.float32)
-    axis = 1 if data.layout == "image" else data.x.ndim - 1
-    channels = np.moveaxis(data.x[train], axis, -1).reshape(-1, data.x.shape[axis]).astype(np.float64)
-    if data.layout == "image":  # pixels are never missing, and a median over millions of them is slow
-        fill, mean, std = np.zeros(channels.shape[1]), channels.mean(0), channels.std(0)
-        std = np.where(std > 0, std, 1.0)
-    else:
-        fill, mean, std = train_statistics(channels)
-    for c in data.fixed:
+    if data.layout == "image":  # per colour channel; pixels are never missing
+        x_train = data.x[train]
+        mean = x_train.mean(axis=(0, 2, 3), dtype=np.float64).astype(np.float32)[None, :, None, None]
+        std = x_train.std(axis=(0, 2, 3), dtype=np.float64).astype(np.float32)[None, :, None, None]
+        std = np.where(std > 0, std, np.float32(1.0))
+        return lambda rows: (data.x[rows] - mean) / std
+    # tables (n, f) and ICU stays (n, 48, c): per last-axis channel, NaN filled with the train median
+    width = data.x.shape[-1]
+    fill, mean, std = train_statistics(data.x[train].reshape(-1, width).astype(np.float64))
+    for c in data.fixed:  # mask channels stay 0/1
         fill[c], mean[c], std[c] = 0.0, 0.0, 1.0
-    shape = [1] * data.x.ndim
-    shape[axis] = data.x.shape[axis]
 
     def norm(rows: np.ndarray) -> np.ndarray:
         part = data.x[rows].astype(np.float64)
-        part = np.where(np.isnan(part), fill.reshape(shape), part)
-        return ((part - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32)
+        part = np.where(np.isnan(part), fill, part)
+        return ((part - mean) / std).astype(np.float32)
 
     return norm
 
@@ -184,7 +187,7 @@ def _wfdb(path: Path, opts: Any) -> Dataset:
     from fedmqtt.data.ecg import LEADS, load_ecg_dir
 
     ecg = load_ecg_dir(path, labels=opts.labels, fs=opts.fs, length=opts.length)
-    notes = ()
+    notes: tuple[str, ...] = ()
     if ecg.unknown_codes:
         notes = (f"ignored {sum(ecg.unknown_codes.values())} diagnosis code(s) outside the label list "
                  f"({len(ecg.unknown_codes)} distinct)",)

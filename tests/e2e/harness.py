@@ -66,10 +66,10 @@ class CliFederation:
                                log=self.logs / "ps.log", env=env)
 
     def start_site(self, site: str, *, fault: str | None = None) -> None:
-        """`fault` (e.g. "site_before_publish:2") makes the site SIGKILL itself at that point (FEDMQTT_FAULT)."""
+        """`fault` (e.g. "site_before_publish:2") makes the site SIGKILL itself there (FEDMQTT_FAULT)."""
         env = {**os.environ, **({"FEDMQTT_FAULT": fault} if fault else {})}
-        self.procs[site] = cli("site", "start", "--config", str(self.site_configs[site]), log=self.logs / f"{site}.log",
-                               env=env)
+        self.procs[site] = cli("site", "start", "--config", str(self.site_configs[site]),
+                               log=self.logs / f"{site}.log", env=env)
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]

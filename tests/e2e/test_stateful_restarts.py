@@ -1,4 +1,4 @@
-"""Stateful algorithms (SCAFFOLD c_i, FedDyn s_i) survive a SIGKILLed site or PS bit for bit (algorithms.md 0.6)."""
+"""Stateful rules (SCAFFOLD c_i, FedDyn s_i) survive a SIGKILLed site or PS, bit for bit."""
 
 from __future__ import annotations
 
@@ -62,7 +62,10 @@ def _log_since(fed: CliFederation, name: str, offset: int) -> str:
     return (fed.logs / f"{name}.log").read_bytes()[offset:].decode(errors="replace")
 
 
-def _assert_matches_reference(fed: CliFederation, reference: tuple[dict[str, np.ndarray], dict[str, Any]]) -> None:
+Reference = tuple[dict[str, np.ndarray], dict[str, Any]]
+
+
+def _assert_matches_reference(fed: CliFederation, reference: Reference) -> None:
     weights, report = reference
     over_mqtt = fed.final_weights()
     assert sorted(over_mqtt) == sorted(weights)
@@ -76,8 +79,9 @@ def _assert_matches_reference(fed: CliFederation, reference: tuple[dict[str, np.
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_site_killed_before_publishing_republishes_its_stored_update(cli_federation, reference, algorithm) -> None:
-    """A site SIGKILLed between storing and publishing its round-2 update re-sends the stored bytes on restart."""
+def test_site_killed_before_publishing_republishes_its_stored_update(cli_federation: Any, reference: Any,
+                                                                     algorithm: str) -> None:
+    """A site SIGKILLed between storing and publishing its round-2 update re-sends the stored bytes."""
     # Prepare
     fed = _federation(cli_federation, "before", algorithm)
     fed.start_broker()
@@ -98,7 +102,8 @@ def test_site_killed_before_publishing_republishes_its_stored_update(cli_federat
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_site_killed_after_publishing_republishes_its_stored_update(cli_federation, reference, algorithm) -> None:
+def test_site_killed_after_publishing_republishes_its_stored_update(cli_federation: Any, reference: Any,
+                                                                    algorithm: str) -> None:
     """A site SIGKILLed right after publishing round 1, restarted while round 1 is open, only re-sends it."""
     # Prepare: the other site online, then paused, so round 1 stays open until the killed site is back.
     fed = _federation(cli_federation, "after", algorithm)
@@ -127,7 +132,8 @@ def test_site_killed_after_publishing_republishes_its_stored_update(cli_federati
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_ps_killed_after_checkpoint_resumes_to_the_reference(cli_federation, reference, algorithm) -> None:
+def test_ps_killed_after_checkpoint_resumes_to_the_reference(cli_federation: Any, reference: Any,
+                                                             algorithm: str) -> None:
     """A PS SIGKILLed after round 1's checkpoint and started with --resume ends as the uninterrupted run."""
     # Prepare
     fed = _federation(cli_federation, "ps", algorithm)

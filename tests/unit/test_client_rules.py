@@ -84,7 +84,7 @@ def test_fedprox_toy_matches_algorithms_md(a: float, expected: list[float]) -> N
 
 
 def test_feddyn_round2_client1_toy_matches_algorithms_md() -> None:
-    """FedDyn round 2, client 1 (theta_send 1.134, s_1 0.189, alpha 0.1): 1.11871 then 1.1051019; s_1 -> 0.1601019."""
+    """FedDyn round 2, client 1 (theta 1.134, s_1 0.189, alpha 0.1): 1.11871, 1.1051019; s_1 0.1601019."""
     # Prepare
     settings = _settings("feddyn", alpha=0.1)
     local = {"s_i": _scalar(0.189)}
@@ -99,7 +99,7 @@ def test_feddyn_round2_client1_toy_matches_algorithms_md() -> None:
 
 
 def test_scaffold_round2_client1_toy_matches_algorithms_md() -> None:
-    """SCAFFOLD round 2, client 1 (x 0.57, c -2.85, c_1 -0.95): 0.803 then 1.0127; option II gives c_1 = -0.3135."""
+    """SCAFFOLD round 2, client 1 (x 0.57, c -2.85, c_1 -0.95): 0.803, 1.0127; option II c_1 = -0.3135."""
     # Prepare
     settings = _settings("scaffold")
     extras, local = {"c": _scalar(-2.85)}, {"c_i": _scalar(-0.95)}
@@ -115,7 +115,7 @@ def test_scaffold_round2_client1_toy_matches_algorithms_md() -> None:
 
 
 def test_fedpxn_gives_normalization_parameters_exactly_zero_proximal_gradient() -> None:
-    """FedPxN's proximal term reaches every non-NORM TRAIN parameter and no BatchNorm parameter (algorithms.md 4)."""
+    """FedPxN's proximal term reaches every non-NORM TRAIN parameter and no BatchNorm one."""
     # Prepare: a real BN-MLP and its manifest; every parameter moved 1.0 away from the anchor.
     model = _bn_model()
     manifest = tensor_manifest(model)
@@ -168,7 +168,7 @@ def test_plan_terms_refuses_scaffold_with_momentum() -> None:
 # -- FedFBN: frozen BatchNorm -------------------------------------------------------------------
 @pytest.mark.parametrize("freeze", [True, False])
 def test_fedfbn_freezing_keeps_batchnorm_bit_identical(freeze: bool) -> None:
-    """freeze_norm leaves BN weight, bias and all buffers bit-identical while Linear layers train; without it all move."""
+    """Freezing keeps BN weight, bias and buffers bit-identical while Linear layers train; else they move."""
     # Prepare
     model = _bn_model()
     before = state_to_arrays(model)
@@ -197,7 +197,7 @@ def _committed_c(state: LocalState) -> np.ndarray | None:
 
 
 def test_commit_rule_commits_accepted_discards_rejected_and_keeps_a_resent_round(tmp_path: Path) -> None:
-    """Pending state becomes committed only when the next task says the update was aggregated; it survives restarts."""
+    """Pending state is committed only when the next task says it was aggregated; it survives restarts."""
     # Prepare
     state = LocalState(tmp_path / "local")
     # Execute / Assert: round 1 accepted -> committed.
@@ -221,7 +221,8 @@ def test_commit_rule_commits_accepted_discards_rejected_and_keeps_a_resent_round
     np.testing.assert_array_equal(_committed_c(reborn), np.full((2,), 1.0, np.float32))
     reborn.resolve(True, 4)
     np.testing.assert_array_equal(_committed_c(reborn), np.full((2,), 3.0, np.float32))
-    np.testing.assert_array_equal(_committed_c(LocalState(tmp_path / "local")), np.full((2,), 3.0, np.float32))
+    again = LocalState(tmp_path / "local")
+    np.testing.assert_array_equal(_committed_c(again), np.full((2,), 3.0, np.float32))
 
 
 def test_commit_rule_stage_keeps_groups_not_touched_this_round(tmp_path: Path) -> None:

@@ -1,10 +1,12 @@
-"""Data adapters on small generated files (tables, MedMNIST, WFDB, PhysioNet 2012), the DataSpec and the registry."""
+"""Data adapters on small generated files (tables, MedMNIST, WFDB, PhysioNet 2012), DataSpec and registry."""
 
 from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from fedmqtt.data.splits import split_and_normalise
 from fedmqtt.data.tables import STROKE_SPEC, FeatureSpec, load_table, resolve_spec
 from fedmqtt.errors import DataError
 
+Mutation = Callable[[str, list[str]], tuple[str, list[str]]]
 STROKE_HEADER = ("id,gender,age,hypertension,heart_disease,ever_married,work_type,Residence_type,"
                  "avg_glucose_level,bmi,smoking_status,stroke")
 STROKE_ROWS = [
@@ -31,6 +34,11 @@ STROKE_ROWS = [
 ]
 
 
+def drop_field(row: str, k: int) -> str:
+    fields = row.split(",")
+    return ",".join(fields[:k] + fields[k + 1:])
+
+
 def write_stroke(path: Path, rows: list[str] = STROKE_ROWS, header: str = STROKE_HEADER) -> Path:
     path.write_bytes(("\ufeff" + header + "\r\n" + "\r\n".join(rows)).encode("utf-8"))  # BOM + CRLF
     return path
@@ -40,12 +48,13 @@ def write_stroke(path: Path, rows: list[str] = STROKE_ROWS, header: str = STROKE
 
 
 def test_stroke_spec_encodes_a_table(tmp_path: Path) -> None:
-    """Numeric, binary and fixed one-hot columns; bmi N/A and smoking 'Unknown' are NaN; BOM/CRLF tolerated."""
+    """Numeric, binary, fixed one-hot columns; bmi N/A and smoking 'Unknown' are NaN; BOM/CRLF tolerated."""
     x, y, names = load_table(write_stroke(tmp_path / "s.csv"), STROKE_SPEC)
     assert x.shape == (5, 18) and x.dtype == np.float64 and y.tolist() == [1, 1, 0, 0, 0]
     row = dict(zip(names, x[0]))
     assert row["age"] == 67 and row["ever_married"] == 1 and row["Residence_type"] == 1
-    assert row["gender_Male"] == 1 and row["gender_Female"] == 0 and row["smoking_status_formerly smoked"] == 1
+    assert row["gender_Male"] == 1 and row["gender_Female"] == 0
+    assert row["smoking_status_formerly smoked"] == 1
     assert np.isnan(x[1, names.index("bmi")])
     smoking = [k for k, n in enumerate(names) if n.startswith("smoking_status_")]
     assert np.isnan(x[4, smoking]).all() and x[4, names.index("gender_Other")] == 1
@@ -53,19 +62,21 @@ def test_stroke_spec_encodes_a_table(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
-    (lambda h, r: (h.replace(",bmi", ""), [x.rsplit(",", 3)[0] + "," + ",".join(x.rsplit(",", 2)[1:]) for x in r]),
+    (lambda h, r: (h.replace(",bmi", ""), [drop_field(x, 9) for x in r]),
      "column 'bmi' of the feature spec is missing"),
     (lambda h, r: (h + ",hospital", [x + ",A" for x in r]), "column 'hospital' is not in the feature spec"),
-    (lambda h, r: (h, [r[0].replace(",67,", ",sixty,")] + r[1:]), r"line 2, column 'age': not a number: 'sixty'"),
+    (lambda h, r: (h, [r[0].replace(",67,", ",sixty,")] + r[1:]),
+     r"line 2, column 'age': not a number: 'sixty'"),
     (lambda h, r: (h, r[:2] + [r[2].replace("Private", "Pirate")] + r[3:]),
      r"line 4, column 'work_type': unknown category 'Pirate'"),
     (lambda h, r: (h, r[:1] + [r[1][:-1] + "2"] + r[2:]), r"line 3, column 'stroke': unknown label '2'"),
     (lambda h, r: (h, r[:1] + [r[1][:-1]] + r[2:]), r"line 3, column 'stroke': missing label"),
-    (lambda h, r: (h, [r[0].replace(",Yes,", ",Maybe,")] + r[1:]), r"column 'ever_married': unknown value 'Maybe'"),
+    (lambda h, r: (h, [r[0].replace(",Yes,", ",Maybe,")] + r[1:]),
+     r"column 'ever_married': unknown value 'Maybe'"),
     (lambda h, r: (h, [r[0] + ",extra"] + r[1:]), "line 2: expected 12 fields, found 13"),
     (lambda h, r: (h, []), "no data rows"),
 ])  # fmt: skip
-def test_table_errors_name_file_line_and_column(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_table_errors_name_file_line_and_column(tmp_path: Path, mutate: Mutation, message: str) -> None:
     """A missing or undeclared column, a bad number, an unknown category or label: DataError naming where."""
     header, rows = mutate(STROKE_HEADER, list(STROKE_ROWS))
     path = write_stroke(tmp_path / "bad.csv", rows, header)
@@ -75,14 +86,14 @@ def test_table_errors_name_file_line_and_column(tmp_path: Path, mutate, message:
 
 
 def test_inline_spec_regression_and_multiclass(tmp_path: Path) -> None:
-    """An inline spec (as from TOML): a regression label keeps NaN for missing; multiclass uses class order."""
+    """An inline spec (as from TOML): a regression label keeps NaN for missing; multiclass: class order."""
     path = tmp_path / "t.csv"
     path.write_text("site,x,y\nA,1,2.5\nB,2,\nA,3,4\n")
     spec = resolve_spec({"label": "y", "task": "regression", "numeric": ["x"], "drop": ["site"]})
     x, y, names = load_table(path, spec)
     assert names == ("x",) and y.dtype == np.float32 and np.isnan(y[1]) and y[2] == 4
-    multi = FeatureSpec(label="y", task="multiclass", classes=("4", "2.5", "7"), numeric=("x",), drop=("site",),
-                        missing=("",))
+    multi = FeatureSpec(label="y", task="multiclass", classes=("4", "2.5", "7"), numeric=("x",),
+                        drop=("site",), missing=("",))
     with pytest.raises(DataError, match="missing label"):
         load_table(path, multi)
     with pytest.raises(ValidationError, match="exactly 2 classes"):
@@ -178,13 +189,14 @@ def write_mat_record(folder: Path, name: str, dx: str, *, leads: tuple[str, ...]
 
 
 def test_wfdb_mat_records_multilabel_targets(tmp_path: Path) -> None:
-    """Georgia-style headers read; scored codes map to their class (equivalents merged); others are counted."""
+    """Georgia-style headers read; scored codes map to their class (equivalents merged); others counted."""
     raw = write_mat_record(tmp_path / "ecg", "E00001", "59118001,426783006,,999999")
     write_mat_record(tmp_path / "ecg", "JS00002", "713427006,284470004")
     ecg = load_ecg_dir(tmp_path / "ecg")
     assert ecg.x.shape == (2, 12, 5000) and ecg.x.dtype == np.float32 and ecg.y.shape == (2, 26)
     names = ecg.task.label_names
-    rbbb, sr, pac = names.index("713427006|59118001"), names.index("426783006"), names.index("284470004|63593006")
+    rbbb, sr = names.index("713427006|59118001"), names.index("426783006")
+    pac = names.index("284470004|63593006")
     assert ecg.y[0, [rbbb, sr]].tolist() == [1, 1] and ecg.y[0].sum() == 2
     assert ecg.y[1, [rbbb, pac]].tolist() == [1, 1] and ecg.unknown_codes == {"999999": 1}
     assert ecg.sources.tolist() == ["E", "JS"] and ecg.ages.tolist() == [61, 61]
@@ -225,7 +237,7 @@ def test_fix_length_crops_and_label_lists() -> None:
     ({"dx": "426783006", "record_line": "E1.mat twelve 500 5000"}, "line 1: malformed record line"),
     ({"dx": "426783006", "record_line": "E1.mat 12 500 4000"}, r"signal shape \(12, 5000\), header says"),
 ])  # fmt: skip
-def test_wfdb_malformed_headers_name_the_file(tmp_path: Path, kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+def test_wfdb_malformed_headers_name_the_file(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
     """A malformed header is a DataError naming the header file."""
     drop_dx = kwargs.pop("drop_dx", False)
     write_mat_record(tmp_path, "E1", **kwargs)
@@ -280,7 +292,7 @@ def write_icu(root: Path, stays: tuple[str, ...] = (STAY_1, STAY_2), outcomes: s
 
 
 def test_physionet_hourly_grid_static_and_outcomes(tmp_path: Path) -> None:
-    """Last value per hour, carried forward; 48:00 in the last hour; Weight 0 and -1 dropped; outcomes -1 NaN."""
+    """Last value per hour carried forward; 48:00 in the last hour; Weight 0 / -1 dropped; outcome -1 NaN."""
     icu = load_physionet2012(write_icu(tmp_path))
     assert icu.record_ids.tolist() == [1000, 1001] and icu.values.shape == (2, 48, 37)
     hr, temp, weight = (VARIABLES.index(v) for v in ("HR", "Temp", "Weight"))
@@ -289,7 +301,8 @@ def test_physionet_hourly_grid_static_and_outcomes(tmp_path: Path) -> None:
     assert icu.observed[1, :, hr].sum() == 2 and stay[47, temp] == 38.0
     assert np.isnan(stay[:3, weight]).all() and stay[3, weight] == 80.5
     static = dict(zip(STATIC_NAMES, icu.static[1]))
-    assert static["Age"] == 54 and static["Gender"] == 0 and np.isnan(static["Height"]) and np.isnan(static["Weight"])
+    assert static["Age"] == 54 and static["Gender"] == 0
+    assert np.isnan(static["Height"]) and np.isnan(static["Weight"])
     assert [static[f"ICUType_{t}"] for t in (1, 2, 3, 4)] == [0, 0, 0, 1] and icu.icu_type.tolist() == [2, 4]
     assert icu.death.tolist() == [0, 1] and icu.los[0] == 5 and np.isnan(icu.los[1])
 
@@ -303,7 +316,8 @@ def test_physionet_cache_outside_the_dataset(tmp_path: Path, monkeypatch: pytest
     assert len(list((tmp_path / "cache").glob("*.npz"))) == 1
     monkeypatch.setattr(mod, "_parse_all", lambda *a: pytest.fail("cache not used"))
     again = load_physionet2012(set_dir, cache_dir=tmp_path / "cache")
-    assert np.array_equal(again.values, first.values, equal_nan=True) and np.array_equal(again.death, first.death)
+    assert np.array_equal(again.values, first.values, equal_nan=True)
+    assert np.array_equal(again.death, first.death)
     with pytest.raises(DataError, match="inside the dataset folder"):
         load_physionet2012(set_dir, cache_dir=tmp_path / "data" / "cache")
 
@@ -348,8 +362,8 @@ def test_dataspec_validates_options_per_format(tmp_path: Path) -> None:
 
 def test_registry_table_split_and_local_normalisation(tmp_path: Path) -> None:
     """Tables: stratified local split, train-median fill and train mean/std (train columns have mean 0)."""
-    rows = [f"{k},{'Male' if k % 2 else 'Female'},{20 + k},0,0,Yes,Private,Urban,{100 + k},{'N/A' if k % 7 == 0 else 25 + k % 5},"
-            f"smokes,{int(k % 3 == 0)}" for k in range(30)]
+    rows = [f"{k},{'Male' if k % 2 else 'Female'},{20 + k},0,0,Yes,Private,Urban,{100 + k},"
+            f"{'N/A' if k % 7 == 0 else 25 + k % 5},smokes,{int(k % 3 == 0)}" for k in range(30)]
     data = load_site_data(DataSpec(format="table", path=write_stroke(tmp_path / "s.csv", rows),
                                    options={"spec": "stroke"}, split_seed=1))
     assert (data.n_train, data.n_val, data.n_test) == (18, 6, 6) and data.x_train.dtype == np.float32
@@ -364,24 +378,29 @@ def test_registry_heart_disease_is_the_original_path() -> None:
     path = bundled_path("hungary")
     via_registry = load_site_data(DataSpec(format="heart_disease", path=path, split_seed=3))
     direct = split_and_normalise(*load_site_file(path), seed=3)
-    assert np.array_equal(via_registry.x_train, direct.x_train) and np.array_equal(via_registry.y_test, direct.y_test)
+    assert np.array_equal(via_registry.x_train, direct.x_train)
+    assert np.array_equal(via_registry.y_test, direct.y_test)
 
 
 def test_registry_images_ecg_icu_layouts(tmp_path: Path) -> None:
     """Images (n, c, h, w) per-channel standardised; ECG (n, 12, L); ICU (n, 48, 37 + 37 masks + 8 static)."""
     img = load_site_data(DataSpec(format="medmnist", path=write_npz(tmp_path / "b.npz")))
-    assert img.x_train.shape[1:] == (3, 28, 28) and np.allclose(img.x_train.mean(axis=(0, 2, 3)), 0, atol=1e-5)
+    assert img.x_train.shape[1:] == (3, 28, 28)
+    assert np.allclose(img.x_train.mean(axis=(0, 2, 3)), 0, atol=1e-5)
     for k in range(5):
         write_mat_record(tmp_path / "ecg", f"E{k:05d}", "426783006" if k % 2 else "164889003")
     ecg = load_site_data(DataSpec(format="wfdb", path=tmp_path / "ecg", options={"length": 1000}))
-    assert ecg.x_train.shape == (3, 12, 1000) and ecg.task.kind == "multilabel" and ecg.y_train.shape == (3, 26)
+    assert ecg.x_train.shape == (3, 12, 1000) and ecg.y_train.shape == (3, 26)
+    assert ecg.task.kind == "multilabel"
     stays = tuple(STAY_2.replace("1000", str(1000 + k)).replace("05:30,pH,7.4", f"05:30,pH,{7 + k / 10}")
                   for k in range(6))
-    outcomes = "\n".join([OUTCOMES.splitlines()[0]] + [f"{1000 + k},1,1,{k if k else -1},-1,0" for k in range(6)])
+    rows = [f"{1000 + k},1,1,{k if k else -1},-1,0" for k in range(6)]  # stay 1000 has no length of stay
+    outcomes = "\n".join([OUTCOMES.splitlines()[0], *rows])
     spec = DataSpec(format="physionet2012", path=write_icu(tmp_path / "icu", stays, outcomes),
                     options={"target": "los", "masks": True}, fractions=(0.4, 0.2, 0.4))
     icu = load_site_data(spec)
-    assert icu.x_train.shape == (2, 48, 82) and icu.y_train.dtype == np.float32 and icu.task.kind == "regression"
+    assert icu.x_train.shape == (2, 48, 82) and icu.y_train.dtype == np.float32
+    assert icu.task.kind == "regression"
     assert "dropped 1 unlabelled item(s)" in icu.notes and icu.n_train + icu.n_val + icu.n_test == 5
     masks = icu.x_train[:, :, 37:74]
     assert set(np.unique(masks).tolist()) <= {0.0, 1.0}  # mask channels are not standardised
@@ -395,7 +414,8 @@ def test_registry_partition_selects_the_site_items(tmp_path: Path) -> None:
     pooled = load_dataset(dspec)
     spec = PartitionSpec(kind="iid", n_sites=2, seed=0)
     parts = partition(spec, pooled.y)
-    source = {"format": "medmnist", "path": str(path), "n_items": len(pooled), "labels_sha256": labels_digest(pooled.y)}
+    source = {"format": "medmnist", "path": str(path), "n_items": len(pooled),
+              "labels_sha256": labels_digest(pooled.y)}
     write_partition_manifest(tmp_path / "p.json", spec, parts, label_histograms(pooled.y, parts), source)
     site = load_site_data(dspec.model_copy(update={"partition": tmp_path / "p.json", "site": "site-1"}))
     assert site.n_train + site.n_val + site.n_test == len(parts[1])

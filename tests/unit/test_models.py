@@ -163,8 +163,10 @@ def _fake_densenet121(weights: Any = None) -> torch.nn.Module:
 
 
 def _fake_efficientnet_b0(weights: Any = None) -> torch.nn.Module:
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.AdaptiveAvgPool2d(1),
-                              torch.nn.Flatten())
+    del weights
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()
+    )
     net.classifier = torch.nn.Sequential(torch.nn.Dropout(0.2), torch.nn.Linear(4, 1000))
     return net
 

@@ -13,7 +13,8 @@ from fedmqtt.data.registry import load_site_data
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.partition_cli import app
 
-HEADER = "id,gender,age,hypertension,heart_disease,ever_married,work_type,Residence_type,avg_glucose_level,bmi,smoking_status,stroke"
+HEADER = ("id,gender,age,hypertension,heart_disease,ever_married,work_type,Residence_type,avg_glucose_level,"
+          "bmi,smoking_status,stroke")
 
 
 def stroke_csv(tmp_path: Path, n: int = 60) -> Path:
@@ -31,7 +32,7 @@ def invoke(*args: str) -> tuple[int, str]:
 
 
 def test_label_skew_table_manifest_and_png(tmp_path: Path) -> None:
-    """A per-site table, partition.json with every site's indices and histogram, a PNG; a site loads its part."""
+    """A per-site table, partition.json (indices, histograms), a PNG; a site loads its part."""
     # Prepare
     csv, out = stroke_csv(tmp_path), tmp_path / "out"
     # Execute
@@ -43,7 +44,8 @@ def test_label_skew_table_manifest_and_png(tmp_path: Path) -> None:
     assert lines[0].split() == ["site", "n", "0", "1"] and [ln.split()[0] for ln in lines[1:4]] == [
         "site-0", "site-1", "site-2"]
     manifest = read_partition_manifest(out / "partition.json")
-    assert manifest.spec.cap == 25 and manifest.source["n_items"] == 60 and manifest.source["options"] == {"spec": "stroke"}
+    assert manifest.spec.cap == 25 and manifest.source["n_items"] == 60
+    assert manifest.source["options"] == {"spec": "stroke"}
     for line, site in zip(lines[1:4], manifest.sites):
         assert int(line.split()[1]) == site.n == len(site.indices) <= 25
         assert [int(v) for v in line.split()[2:]] == [site.histogram["0"], site.histogram["1"]]
@@ -76,7 +78,8 @@ def test_natural_and_feature_skew(tmp_path: Path) -> None:
     assert code == 0, output
     manifest = json.loads((tmp_path / "feat" / "partition.json").read_text())
     assert manifest["spec"]["column"] in ("age", "avg_glucose_level", "bmi")
-    assert manifest["source"]["column_rule"] == "auto_max" and f"feature: {manifest['spec']['column']}" in output
+    assert manifest["source"]["column_rule"] == "auto_max"
+    assert f"feature: {manifest['spec']['column']}" in output
     assert [s["n"] for s in manifest["sites"]] == [20, 20, 20]
 
 
@@ -88,8 +91,9 @@ def test_npz_multiclass_partition(tmp_path: Path) -> None:
         arrays[f"{split}_images"] = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
         arrays[f"{split}_labels"] = rng.integers(0, 4, (n, 1)).astype(np.uint8)
     np.savez(tmp_path / "m.npz", **arrays)
-    code, output = invoke("-f", "medmnist", "--path", str(tmp_path / "m.npz"), "-o", 'splits=["train", "val"]',
-                          "--kind", "iid", "--sites", "2", "--out", str(tmp_path / "o"))
+    npz = str(tmp_path / "m.npz")
+    code, output = invoke("-f", "medmnist", "--path", npz, "-o", 'splits=["train", "val"]',
+                          "--kind", "iid", "-k", "2", "--out", str(tmp_path / "o"))
     assert code == 0, output
     assert "2 sites, 36 of 36 items assigned" in output
 
@@ -102,7 +106,8 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert code == 2 and "needs alpha" in output
     code, output = invoke(*base, "--kind", "natural", "--column", "hospital")
     assert code == 2 and "no site column 'hospital'" in output and "Residence_type" in output
-    code, output = invoke("-f", "table", "--path", str(csv), "--kind", "iid", "--sites", "2", "--out", str(tmp_path))
+    code, output = invoke("-f", "table", "--path", str(csv), "--kind", "iid", "-k", "2",
+                          "--out", str(tmp_path))
     assert code == 2 and "spec" in output
     code, output = invoke(*base, "-o", "nonsense", "--kind", "iid", "--sites", "2")
     assert code != 0 and "KEY=VALUE" in output

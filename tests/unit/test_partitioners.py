@@ -1,4 +1,4 @@
-"""Heterogeneity partitioners (algorithms.md 16): the cut rule, every DECISION and worked example, the manifest."""
+"""Heterogeneity partitioners (algorithms.md 16): the cut rule, each DECISION and worked example, I/O."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_cut_rule_assigns_every_item(n: int) -> None:
 
 
 def test_quantity_skew_stratified_example() -> None:
-    """16.1 DECISION example: 12 of class 0 and 8 of class 1 with p = (0.5, 0.3, 0.2): 6/3/3 + 4/2/2 = 10/5/5."""
+    """16.1 DECISION example: 12 of class 0, 8 of class 1, p = (0.5, 0.3, 0.2): 6/3/3 + 4/2/2 = 10/5/5."""
     y = np.array([0] * 12 + [1] * 8)
     p = np.array([0.5, 0.3, 0.2])
     parts = split_by_class(y, [p, p], np.random.default_rng(0))
@@ -72,7 +72,7 @@ def test_quantity_skew_stratified_example() -> None:
 
 
 def test_quantity_skew_sizes_and_label_proportions() -> None:
-    """Sizes differ from floor(p_i |D|) by at most the number of classes; label shares match up to rounding."""
+    """Sizes differ from floor(p_i |D|) by at most the class count; label shares match up to rounding."""
     y = labels(3000, classes=5)
     spec = PartitionSpec(kind="quantity_skew", n_sites=6, alpha=0.5, seed=11)
     parts = partition(spec, y)
@@ -94,7 +94,7 @@ def test_quantity_skew_without_labels_is_unstratified() -> None:
 
 
 def test_label_skew_example() -> None:
-    """16.2 example: q0 = (0.75, 0.25), q1 = (0.1, 0.9) on 10 + 10 samples: client 1 gets 7 + 1, client 2 3 + 9."""
+    """16.2 example: q0 = (0.75, 0.25), q1 = (0.1, 0.9) on 10 + 10 samples: clients get 7 + 1 and 3 + 9."""
     y = np.array([0] * 10 + [1] * 10)
     parts = split_by_class(y, [np.array([0.75, 0.25]), np.array([0.1, 0.9])], np.random.default_rng(0))
     assert [np.bincount(y[part], minlength=2).tolist() for part in parts] == [[7, 1], [3, 9]]
@@ -110,7 +110,7 @@ def test_label_skew_large_alpha_is_near_iid() -> None:
 
 
 def test_label_skew_small_alpha_is_skewed() -> None:
-    """alpha = 0.05 (extreme): a site's largest class holds most of it (IID would be about 0.1 of 10 classes)."""
+    """alpha = 0.05 (extreme): a site's largest class holds most of it (IID: about 0.1 with 10 classes)."""
     y = labels(20000, classes=10)
     parts = partition(PartitionSpec(kind="label_skew", n_sites=5, alpha=0.05, seed=3), y)
     top_share = [np.bincount(y[p], minlength=10).max() / len(p) for p in parts if len(p)]
@@ -167,7 +167,8 @@ def test_pick_feature_uses_absolute_correlation() -> None:
     """16.3 DECISION: |r|; a strongly negative feature counts as the largest, noise as the smallest."""
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 500).astype(float)
-    feats = {"noise": rng.normal(size=500), "neg": -3 * y + rng.normal(0, 0.5, 500), "pos": y + rng.normal(0, 2, 500)}
+    feats = {"noise": rng.normal(size=500), "neg": -3 * y + rng.normal(0, 0.5, 500),
+             "pos": y + rng.normal(0, 2, 500)}
     assert pick_feature(feats, y, largest=True) == "neg"
     assert pick_feature(feats, y, largest=False) == "noise"
     spec = PartitionSpec(kind="feature_samples", n_sites=2, column="auto_max")
