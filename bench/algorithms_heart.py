@@ -18,6 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import torch
+
 # Runnable as a plain script from the repository root (bench/ is not a package).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -79,6 +81,10 @@ def run_one(algorithm: str, args: argparse.Namespace) -> dict[str, Any]:
     config = SimulationConfig(run_id=f"bench-{algorithm}", algorithm=algorithm, rounds=args.rounds,
                               seed=args.seed, out_dir=args.out / algorithm, model=model_spec(args.norm),
                               train=train_settings(algorithm), **extra)
+    # Each row independent of the rows before it: the in-simulation pretraining of AdaFed's model
+    # draws its initial weights from the global RNG and runs with the process's thread count.
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
     started = time.perf_counter()
     try:
         report = run_simulation(config, progress=False)

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from broker.cli import app as broker_app
+from fedmqtt.partition_cli import app as partition_app
 from fedmqtt.recruit_cli import app as recruit_app
 from fedmqtt.topics_cli import app as topics_app
 from ps_daemon.cli import app as ps_app
@@ -23,6 +24,7 @@ app.add_typer(ps_app, name="ps")
 app.add_typer(site_app, name="site")
 app.add_typer(topics_app, name="topics")
 app.registered_commands.extend(recruit_app.registered_commands)  # `fedmqtt recruit`
+app.registered_commands.extend(partition_app.registered_commands)  # `fedmqtt partition`
 
 
 @app.command("demo")

@@ -83,13 +83,12 @@ def _run(fmt: str, path: Path, options: dict[str, Any], kind: str, n_sites: int 
         PartitionSpec,
         label_histograms,
         partition,
-        pick_feature,
         site_names_for,
         write_partition_manifest,
     )
     from fedmqtt.data.registry import labels_digest, load_dataset
     from fedmqtt.data.spec import DataSpec
-    from fedmqtt.errors import ConfigError, DataError
+    from fedmqtt.errors import ConfigError
 
     try:
         dspec = DataSpec(format=fmt, path=path.resolve(), options=options)  # type: ignore[arg-type]
@@ -99,20 +98,9 @@ def _run(fmt: str, path: Path, options: dict[str, Any], kind: str, n_sites: int 
         raise ConfigError("; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}"
                                     for e in exc.errors())) from None
     data = load_dataset(dspec)
-    y = data.class_labels()
-    groups = None
-    if spec.kind == "natural":
-        if spec.column not in data.groups:
-            raise DataError(f"no site column {spec.column!r} in this {fmt} dataset; "
-                            f"columns: {', '.join(data.groups) or '(none)'}")
-        groups = data.groups[str(spec.column)]
     rule = spec.column if spec.column in (AUTO_MAX, AUTO_MIN) else None
-    if rule is not None:  # record the feature actually used, so the manifest reads without the rule
-        labels = y if y is not None else data.y
-        largest = rule == AUTO_MAX
-        spec = spec.model_copy(update={"column": pick_feature(data.features, labels, largest=largest)})
-        typer.echo(f"feature: {spec.column} ({rule}: {'largest' if largest else 'smallest'} |Pearson r|)")
-    parts = partition(spec, y, features=data.features, groups=groups, n_items=len(data))
+    spec, groups = _resolve_column(spec, data)
+    parts = partition(spec, data.class_labels(), features=data.features, groups=groups, n_items=len(data))
     names = site_names_for(spec, groups)
     hists = label_histograms(data.y, parts, data.task)
     source = {"format": fmt, "path": str(dspec.path), "options": options, "n_items": len(data),
@@ -122,6 +110,25 @@ def _run(fmt: str, path: Path, options: dict[str, Any], kind: str, n_sites: int 
     _print_table(names, parts, hists, data.task.label_names, len(data))
     plot_partition(names, hists, out / "partition.png", title=_title(spec))
     typer.echo(f"manifest: {out / 'partition.json'}\nplot: {out / 'partition.png'}")
+
+
+def _resolve_column(spec: Any, data: Any) -> tuple[Any, np.ndarray | None]:
+    """The natural partition's group values; for auto_max/auto_min, the spec with the feature picked."""
+    from fedmqtt.data.partitioners import pick_feature
+    from fedmqtt.errors import DataError
+
+    if spec.kind == "natural":
+        if spec.column not in data.groups:
+            raise DataError(f"no site column {spec.column!r} in this dataset; "
+                            f"columns: {', '.join(data.groups) or '(none)'}")
+        return spec, data.groups[spec.column]
+    if spec.column in (AUTO_MAX, AUTO_MIN):  # record the feature used, so the manifest reads without the rule
+        labels = data.class_labels() if data.class_labels() is not None else data.y
+        largest = spec.column == AUTO_MAX
+        picked = pick_feature(data.features, labels, largest=largest)
+        typer.echo(f"feature: {picked} ({spec.column}: {'largest' if largest else 'smallest'} |Pearson r|)")
+        return spec.model_copy(update={"column": picked}), None
+    return spec, None
 
 
 def _title(spec: Any) -> str:

@@ -20,7 +20,8 @@ from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
 from ps_daemon.config import DaemonConfig
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
-from site_agent.config import DataSpec, SiteConfig
+from fedmqtt.data.spec import DataSpec
+from site_agent.config import SiteConfig
 
 IN_PROCESS = Path("(in-process)")
 DEFAULT_MODEL = ModelSpec(name="mlp", args={"in_features": 15, "hidden": [32, 32], "norm": "none", "dropout": 0.3})
@@ -79,8 +80,7 @@ def load_simulation_config(path: Path | None, **overrides: Any) -> SimulationCon
     base = SimulationConfig() if path is None else load_toml(path, SimulationConfig)
     if path is not None:
         root = Path(path).resolve().parent
-        sites = {s: d.model_copy(update={"path": d.path if d.path.is_absolute() else root / d.path})
-                 for s, d in base.sites.items()}
+        sites = {s: d.resolved(root) for s, d in base.sites.items()}
         out = base.out_dir if base.out_dir.is_absolute() else root / base.out_dir
         base = base.model_copy(update={"sites": sites, "out_dir": out})
     updates = {k: v for k, v in overrides.items() if v is not None}

@@ -29,9 +29,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "[setup] installing torch==2.13.0"
   "${PIP[@]}" "torch==2.13.0"
 fi
-if ! .venv/bin/python -c "import fedmqtt, paho.mqtt, pytest_timeout" 2>/dev/null \
+if ! .venv/bin/python -c "import fedmqtt, paho.mqtt, pytest_timeout, wfdb" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.fedmqtt-installed ]; then
-  echo "[setup] installing fedmqtt (editable) with its site and dev extras"
-  "${PIP[@]}" -e ".[site,dev]"
+  echo "[setup] installing fedmqtt (editable) with its site, ecg and dev extras"
+  "${PIP[@]}" -e ".[site,ecg,dev]"
   touch .venv/.fedmqtt-installed
 fi

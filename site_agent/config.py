@@ -5,26 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from fedmqtt.config_io import load_toml
+from fedmqtt.data.spec import DataSpec
 from fedmqtt.transport.settings import BrokerSettings
 from schemas.base import ID_PATTERN
-
-
-class DataSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    format: Literal["heart_disease"] = "heart_disease"
-    path: Path = Field(description="the site's own data file; nothing else is read")
-    split_seed: int = 0
-    fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
-
-    @model_validator(mode="after")
-    def _check(self) -> "DataSpec":
-        if abs(sum(self.fractions) - 1.0) > 1e-6 or min(self.fractions) <= 0:
-            raise ValueError(f"fractions {self.fractions} must be positive and sum to 1 (train, val, test)")
-        return self
 
 
 class SiteConfig(BaseModel):
@@ -53,6 +39,5 @@ def load_site_config(path: Path) -> SiteConfig:
         return p if p.is_absolute() else base / p
 
     return cfg.model_copy(update={
-        "credentials": resolve(cfg.credentials), "state_dir": resolve(cfg.state_dir),
-        "data": cfg.data.model_copy(update={"path": resolve(cfg.data.path)}),
+        "credentials": resolve(cfg.credentials), "state_dir": resolve(cfg.state_dir), "data": cfg.data.resolved(base),
     })

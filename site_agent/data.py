@@ -1,14 +1,7 @@
-"""Load this site's own file and split/normalise it with local statistics only."""
+"""Load this site's own data: the format's adapter, its part of a partition (simulations), local splits."""
 
 from __future__ import annotations
 
-from fedmqtt.data.heart_disease import FEATURE_NAMES, load_site_file
-from fedmqtt.data.splits import SiteData, split_and_normalise
-from site_agent.config import DataSpec
+from fedmqtt.data.registry import load_site_data
 
-
-def load_site_data(spec: DataSpec) -> SiteData:
-    if spec.format == "heart_disease":
-        x, y = load_site_file(spec.path)
-        return split_and_normalise(x, y, seed=spec.split_seed, fractions=spec.fractions, feature_names=FEATURE_NAMES)
-    raise ValueError(f"unknown data format {spec.format!r}")  # pragma: no cover - pydantic restricts it
+__all__ = ["load_site_data"]

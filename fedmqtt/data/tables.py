@@ -6,7 +6,7 @@ import csv
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -168,18 +168,16 @@ def _open(path: Path) -> tuple[list[str], Iterator[tuple[str, list[str]]]]:
     return header, _csv_rows(path, reader)
 
 
-def _csv_rows(path: Path, reader: Iterator[list[str]]) -> Iterator[tuple[str, list[str]]]:
-    line = 1
+def _csv_rows(path: Path, reader: Any) -> Iterator[tuple[str, list[str]]]:
     while True:
         try:
             cells = next(reader)
         except StopIteration:
             return
         except csv.Error as exc:
-            raise DataError(f"{path}: line {line + 1}: malformed CSV: {exc}") from exc
-        line += 1
+            raise DataError(f"{path}: line {reader.line_num}: malformed CSV: {exc}") from exc
         if cells:  # skip blank lines
-            yield f"line {line}", cells
+            yield f"line {reader.line_num}", cells
 
 
 def _open_parquet(path: Path) -> tuple[list[str], Iterator[tuple[str, list[str]]]]:

@@ -180,7 +180,8 @@ def test_fedfbn_freezing_keeps_batchnorm_bit_identical(freeze: bool) -> None:
     after = state_to_arrays(model)
     # Assert
     assert stats.steps == 12 and terms.freeze_norm is freeze
-    for name in ("blocks.0.weight", "blocks.0.bias", "head.weight", "head.bias"):
+    # Not blocks.0.bias: in front of a training-mode BN its gradient is zero up to rounding noise.
+    for name in ("blocks.0.weight", "head.weight", "head.bias"):
         assert not np.array_equal(before[name], after[name]), name
     for name in BN_STATE:
         assert np.array_equal(before[name], after[name]) is freeze, name

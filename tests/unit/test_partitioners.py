@@ -209,6 +209,17 @@ def test_another_seed_gives_another_split(spec: PartitionSpec) -> None:
     assert any(not np.array_equal(p, q) for p, q in zip(a, b))
 
 
+@pytest.mark.parametrize(("spec", "expected"), [
+    (PartitionSpec(kind="label_skew", n_sites=3, alpha=1.0, seed=42), [[0], [6, 8], [1, 2, 3, 4, 5, 7, 9]]),
+    (PartitionSpec(kind="quantity_skew", n_sites=3, alpha=1.0, seed=42), [[0, 5], [6, 7, 8], [1, 2, 3, 4, 9]]),
+    (PartitionSpec(kind="iid", n_sites=3, cap=3, seed=42), [[0, 5, 6], [2, 3, 7], [1, 8, 9]]),
+], ids=["label_skew", "quantity_skew", "iid_capped"])  # fmt: skip
+def test_golden_splits(spec: PartitionSpec, expected: list[list[int]]) -> None:
+    """Pinned outputs: a change in the order of random draws would silently change published manifests."""
+    y = np.array([0, 1, 0, 1, 0, 1, 0, 1, 2, 2])
+    assert [p.tolist() for p in partition(spec, y)] == expected
+
+
 def test_iid_sizes_are_equal_within_one() -> None:
     """IID: a shuffle cut into equal pieces."""
     sizes = [len(p) for p in partition(PartitionSpec(kind="iid", n_sites=7, seed=0), labels(1000))]
