@@ -135,7 +135,7 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
 
     from fedmqtt.training.loop import derive_seed, train_local
     from fedmqtt.training.models import build_model
-    from fedmqtt.training.weights import state_to_arrays
+    from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays
     from site_agent.data import load_site_data
 
     xs, ys = [], []
@@ -145,7 +145,11 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
                                       random_state=config.seed, stratify=data.y_train)
         xs.append(x)
         ys.append(y)
+    import torch
+
+    torch.set_num_threads(1)  # the same bits whatever ran before in this process
     model = build_model(config.model.name, dict(config.model.args))
+    load_arrays(model, initial_arrays(config.model.name, dict(config.model.args), config.seed))
     settings = config.train.model_copy(update={"epochs": epochs})
     train_local(model, np.concatenate(xs), np.concatenate(ys), settings, seed=derive_seed(config.seed, "pretrain", 0))
     path = config.out_dir / "pretrained.safetensors"

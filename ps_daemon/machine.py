@@ -149,6 +149,9 @@ class Machine:
             state = replace(state, deadline=ev.now + self.config.round_timeout_s)
             text = (f"round {state.round}: deadline passed with {len(state.updates)} updates, quorum "
                     f"{self.config.quorum}; still waiting for {', '.join(missing)}")
+            reachable = len(state.updates) + sum(1 for s in missing if s not in state.offline)
+            if reachable < self.config.quorum:
+                text += f" (only {reachable} can still answer: the quorum needs offline sites back)"
             return state, [fx.Log("warning", text), self._status(state, text)]
         if state.phase == "evaluating":
             return self._finish(state)

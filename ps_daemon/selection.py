@@ -16,11 +16,11 @@ def pool(config: DaemonConfig, state: DaemonState) -> tuple[str, ...]:
 
 
 def select(config: DaemonConfig, state: DaemonState, round_no: int) -> tuple[str, ...]:
-    """This round's sites. A fraction is drawn from the whole pool, online or not, seeded by
-    (run seed, round), so a resumed PS draws the same sites; `all` takes the online ones."""
+    """This round's sites, drawn from the whole pool whether online or not: a site that is away gets
+    its retained task when it comes back, and one seen going offline does not hold the round up.
+    A fraction is seeded by (run seed, round), so a resumed PS draws the same sites."""
     if config.selection == "all":
-        online = tuple(sorted(state.online & set(config.sites)))
-        return online or config.sorted_sites
+        return pool(config, state)
     return sample_sites(pool(config, state), config.fraction, seed=config.seed, round_no=round_no)
 
 

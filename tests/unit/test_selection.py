@@ -85,3 +85,25 @@ def test_fraction_sampling_is_seeded_and_survives_a_resume() -> None:
     again, _ = _start(replay)
     assert again.selected == drawn[0]
     assert len(set(drawn)) > 1  # not the same pair every round
+
+
+def test_a_returning_site_completes_a_round_whose_quorum_needs_it() -> None:
+    """Quorum 2 of 2, one site drops out: the deadline says why it waits, and the site's return closes it."""
+    # Prepare: sites a and b, quorum 2
+    machine = _machine(sites=["a", "b"], quorum=2, round_timeout_s=10.0)
+    state, _ = _start(machine, {"a": HIST["a"], "b": HIST["b"]})
+    update_b = SiteUpdate("b", {"w": np.ones(2, np.float32)}, 200, 1)
+    state, _ = machine.step(state, UpdateReceived("b", 1.0, 1, state.model_hash, update_b))
+    # Execute: a disappears, the deadline passes, a comes back and answers
+    from ps_daemon.events import SiteOffline, Tick
+
+    state, _ = machine.step(state, SiteOffline("a", 2.0))
+    state, effects = machine.step(state, Tick(100.0))
+    waiting = next(e for e in effects if isinstance(e, fx.PublishStatus))
+    state, _ = machine.step(state, SiteOnline("a", 101.0, 100, HIST["a"]))
+    update_a = SiteUpdate("a", {"w": np.ones(2, np.float32)}, 100, 1)
+    state, effects = machine.step(state, UpdateReceived("a", 102.0, 1, state.model_hash, update_a))
+    # Assert
+    assert "only 1 can still answer" in waiting.detail and waiting.waiting_for == ("a",)
+    assert state.round == 2 and any(isinstance(e, fx.SaveCheckpoint) for e in effects)
+    assert state.selected == ("a", "b")

@@ -1,0 +1,327 @@
+"""Experiment grids: algorithms x normalisation x seeds x partitions, each point one `run_simulation`."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from tqdm import tqdm
+
+from fedmqtt.config_io import load_toml, validate_config
+from fedmqtt.data.partitioners import AUTO_MAX, AUTO_MIN, PartitionSpec, read_partition_manifest
+from fedmqtt.data.spec import DataSpec
+from fedmqtt.errors import ConfigError, DataError
+from fedmqtt.experiments.report import GRID_FILE, POINT_FILE
+from fedmqtt.simulation import SimulationConfig
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MIN_SITE_ITEMS = 3  # a site splits its items into train/val/test (fedmqtt.data.splits)
+# SimulationConfig keys the grid sets per point; an algorithm's `config` may set the others.
+AXIS_KEYS = frozenset({"algorithm", "seed", "run_id", "out_dir", "model", "train", "hyper", "sites"})
+# Norms an algorithm can use; other combinations are skipped, with the reason in grid.json.
+NORM_NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "adafed": (("bn",), "its similarity matrix comes from BatchNorm statistics"),
+    "f-adafed": (("bn",), "its similarity matrix comes from BatchNorm statistics"),
+    "fedfbn": (("bn",), "it freezes BatchNorm layers"),
+    "fedbn": (("bn", "ln", "gn"), "without normalisation layers to keep local it is fedavg"),
+    "fedpxn": (("bn", "ln", "gn"), "without normalisation layers to keep local it is fedprox"),
+}
+
+
+class AlgorithmSpec(BaseModel):
+    """One value of the algorithm axis: a registry name with its own overrides of the base config."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="registry name (see `fedmqtt algorithms`)")
+    label: str | None = Field(default=None, pattern=NAME_PATTERN,
+                              description="run-name label (default: name), e.g. fedprox-mu0.1")
+    hyper: dict[str, float] = Field(default_factory=dict, description="merged into base.hyper")
+    train: dict[str, Any] = Field(default_factory=dict, description="merged into base.train, e.g. SGD")
+    config: dict[str, Any] = Field(default_factory=dict,
+                                   description="other SimulationConfig keys, e.g. pretrain_fraction")
+    norms: tuple[str, ...] | None = Field(default=None, description="only these values of the norm axis")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _check(self) -> AlgorithmSpec:
+        from fedmqtt.strategies import STRATEGIES
+
+        if self.name not in STRATEGIES:
+            raise ValueError(f"unknown algorithm {self.name!r}; available: {', '.join(STRATEGIES)}")
+        if bad := sorted(set(self.config) & AXIS_KEYS):
+            raise ValueError(f"{self.run_label}: config may not set {bad} (the grid sets them; use hyper/train)")
+        return self
+
+    @property
+    def run_label(self) -> str:
+        return self.label or self.name
+
+
+class PartitionAxis(BaseModel):
+    """A partition: "natural" (base sites as given), or a pooled dataset `data` split by `spec`.
+
+    One manifest per (partition, seed), drawn with PartitionSpec seed `spec.seed + run seed`; each of
+    its sites gets `data` plus `partition = <manifest>, site = <id>`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    spec: PartitionSpec | None = None
+    data: DataSpec | None = Field(default=None, description="the pooled dataset the spec splits")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _check(self) -> PartitionAxis:
+        if (self.spec is None) != (self.data is None):
+            raise ValueError(f"partition {self.name!r}: spec and data go together (omit both for the base sites)")
+        if self.data is not None and self.data.partition is not None:
+            raise ValueError(f"partition {self.name!r}: data is the pooled dataset, without partition/site")
+        return self
+
+
+class GridSpec(BaseModel):
+    """A grid TOML: `[base]` (SimulationConfig keys) and the axes algorithms, norms, seeds, partitions."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base: SimulationConfig = Field(default_factory=SimulationConfig)
+    algorithms: tuple[AlgorithmSpec, ...] = Field(min_length=1)
+    norms: tuple[str, ...] | None = Field(default=None, min_length=1,
+                                          description="values of base.model.args.norm (default: as in base)")
+    seeds: tuple[int, ...] = Field(default=(0,), min_length=1)
+    partitions: tuple[PartitionAxis, ...] = Field(default=(PartitionAxis(name="natural"),), min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> GridSpec:
+        for what, values in (("algorithm label", [a.run_label for a in self.algorithms]),
+                             ("norm", list(self.norms or ())), ("seed", list(self.seeds)),
+                             ("partition name", [p.name for p in self.partitions])):
+            if len(set(values)) != len(values):
+                raise ValueError(f"duplicate {what} in {values} (give algorithms distinct `label`s)")
+        return self
+
+
+class GridPoint(BaseModel):
+    """One run of the grid; `name` is its folder under the grid's out_dir."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algorithm: AlgorithmSpec
+    norm: str
+    set_norm: bool = Field(description="whether to write norm into model.args (False: base left as is)")
+    seed: int
+    partition: PartitionAxis
+    base: SimulationConfig
+
+    @property
+    def name(self) -> str:
+        return f"{self.algorithm.run_label}-{self.norm}-s{self.seed}-{self.partition.name}"
+
+    def labels(self) -> dict[str, Any]:
+        """What `fedmqtt report` groups by (written beside the run as grid_point.json)."""
+        return {"run": self.name, "algorithm": self.algorithm.run_label, "strategy": self.algorithm.name,
+                "norm": self.norm, "seed": self.seed, "partition": self.partition.name}
+
+
+def load_grid(path: Path) -> GridSpec:
+    """A grid TOML; relative paths (base sites, pooled data, pretrained) resolve against its folder."""
+    grid = load_toml(path, GridSpec)
+    root = Path(path).resolve().parent
+    base = grid.base
+    updates: dict[str, Any] = {"sites": {s: d.resolved(root) for s, d in base.sites.items()}}
+    if base.pretrained is not None and not base.pretrained.is_absolute():
+        updates["pretrained"] = root / base.pretrained
+    parts = tuple(p if p.data is None else p.model_copy(update={"data": p.data.resolved(root)})
+                  for p in grid.partitions)
+    return grid.model_copy(update={"base": base.model_copy(update=updates), "partitions": parts})
+
+
+def _norm_axis(grid: GridSpec) -> tuple[list[str], bool]:
+    if grid.norms is not None:
+        return list(grid.norms), True
+    return [str(grid.base.model.args.get("norm", "none"))], False
+
+
+def _norm_problem(alg: AlgorithmSpec, norm: str) -> str | None:
+    if alg.norms is not None and norm not in alg.norms:
+        return f"{alg.run_label} runs only with norms {list(alg.norms)}"
+    needs, why = NORM_NEEDS.get(alg.name, ((), ""))
+    if needs and norm not in needs:
+        return f"{alg.name} needs norm in {list(needs)}: {why}"
+    return None
+
+
+def expand(grid: GridSpec) -> list[GridPoint]:
+    """Every runnable point, partitions outermost, then algorithms, norms and seeds (the grid's order)."""
+    norms, set_norm = _norm_axis(grid)
+    return [GridPoint(algorithm=alg, norm=norm, set_norm=set_norm, seed=seed, partition=part, base=grid.base)
+            for part in grid.partitions for alg in grid.algorithms for norm in norms
+            if _norm_problem(alg, norm) is None for seed in grid.seeds]
+
+
+def skipped_combinations(grid: GridSpec) -> list[dict[str, str]]:
+    """The (algorithm, norm) pairs `expand` leaves out, with the reason."""
+    norms, _ = _norm_axis(grid)
+    return [{"algorithm": alg.run_label, "norm": norm, "reason": why} for alg in grid.algorithms
+            for norm in norms if (why := _norm_problem(alg, norm)) is not None]
+
+
+def point_to_simulation_config(point: GridPoint, out_dir: Path) -> SimulationConfig:
+    """The point's SimulationConfig, writing into `out_dir/<point.name>`.
+
+    For a partitioned point the manifest `out_dir/partitions/<partition>-s<seed>/partition.json` is
+    written first when missing (deterministic: the same spec and seed give the same file).
+
+    To run one point over MQTT: `fedmqtt grid GRID.toml --out DIR --only RUN --export` writes
+    `DIR/configs/RUN/simulation.toml` (the same run via `fedmqtt simulate`), `ps.toml` and
+    `sites/<id>.toml` (made from this config by `daemon_config()` and `site_configs()`). Then
+    `fedmqtt broker init --dir fed --run-id <run_id of ps.toml> --site <id> ...` (the ids of `sites/`),
+    `fedmqtt broker start --dir fed`, `fedmqtt ps start --config ps.toml` and, at each site,
+    `fedmqtt site start --config sites/<id>.toml`. Same config and seed: bit-identical final weights
+    to the simulated point on CPU (design.md 6). A point that pretrains in simulation
+    (`pretrain_fraction`) is simulated once first, so that its `pretrained.safetensors` exists.
+    """
+    alg, base = point.algorithm, point.base
+    args = {**base.model.args, **({"norm": point.norm} if point.set_norm else {})}
+    sites = base.sites if point.partition.spec is None else partition_sites(point.partition, point.seed, out_dir)
+    data = {**base.model_dump(), **alg.config, "algorithm": alg.name, "seed": point.seed,
+            "run_id": run_id_of(point.name), "out_dir": Path(out_dir) / point.name,
+            "model": {"name": base.model.name, "args": args}, "hyper": {**base.hyper, **alg.hyper},
+            "train": {**base.train.model_dump(), **alg.train}, "sites": sites}
+    return validate_config(data, SimulationConfig, source=f"grid point {point.name}")
+
+
+def run_id_of(name: str) -> str:
+    """A run name as a valid run id ([a-z0-9-], at most 63 characters)."""
+    return (re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "run")[:63].rstrip("-")
+
+
+def partition_sites(axis: PartitionAxis, seed: int, out_dir: Path) -> dict[str, DataSpec]:
+    """The site DataSpecs of `axis` for run seed `seed` (its manifest written when missing)."""
+    assert axis.spec is not None and axis.data is not None  # natural axes never get here
+    path = (Path(out_dir) / "partitions" / f"{axis.name}-s{seed}" / "partition.json").resolve()
+    if not path.is_file():
+        write_manifest(axis.spec.model_copy(update={"seed": axis.spec.seed + seed}), axis.data, path)
+    manifest = read_partition_manifest(path)
+    # Caught before the grid starts, rather than by every run of this partition failing.
+    if small := [f"{p.site} ({p.n})" for p in manifest.sites if p.n < MIN_SITE_ITEMS]:
+        raise DataError(f"partition {axis.name!r}, seed {seed}: sites with fewer than {MIN_SITE_ITEMS} items "
+                        f"(too few to split train/val/test): {', '.join(small)}; raise alpha or lower n_sites "
+                        f"({path})")
+    pooled = axis.data.model_dump()
+    return {part.site: DataSpec.model_validate({**pooled, "partition": path, "site": part.site})
+            for part in manifest.sites}
+
+
+def write_manifest(spec: PartitionSpec, pooled: DataSpec, path: Path) -> None:
+    """What `fedmqtt partition` writes (manifest and PNG), for `spec` over the pooled dataset."""
+    from fedmqtt.data import partitioners as pt
+    from fedmqtt.data.registry import labels_digest, load_dataset
+    from fedmqtt.partition_cli import plot_partition
+
+    data = load_dataset(pooled)
+    groups: np.ndarray | None = None
+    rule = spec.column if spec.column in (AUTO_MAX, AUTO_MIN) else None
+    if spec.kind == "natural":
+        if spec.column not in data.groups:
+            raise DataError(f"no site column {spec.column!r} in {pooled.path}; columns: {', '.join(data.groups)}")
+        groups = data.groups[str(spec.column)]
+    elif rule:  # record the feature picked, so the manifest reads without the rule
+        labels = data.class_labels() if data.class_labels() is not None else data.y
+        spec = spec.model_copy(update={"column": pt.pick_feature(data.features, labels, largest=rule == AUTO_MAX)})
+    parts = pt.partition(spec, data.class_labels(), features=data.features, groups=groups, n_items=len(data))
+    names = pt.site_names_for(spec, groups)
+    hists = pt.label_histograms(data.y, parts, data.task)
+    source = {"format": pooled.format, "path": str(pooled.path), "options": dict(pooled.options),
+              "n_items": len(data), "labels_sha256": labels_digest(data.y), "task": data.task.kind,
+              "label_names": list(data.task.label_names), **({"column_rule": rule} if rule else {})}
+    pt.write_partition_manifest(path, spec, parts, hists, source, site_names=names)
+    plot_partition(names, hists, path.with_name("partition.png"), title=f"{spec.kind} (seed {spec.seed})")
+
+
+def run_grid(grid: GridSpec, out_dir: Path, *, resume: bool = True, progress: bool = True,
+             only: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """Run every point (or those named in `only`) with `run_simulation` into `out_dir/<run name>/`.
+
+    Every config is built and validated before the first run, so a bad key stops the grid at once.
+    With `resume`, a point whose report.json exists and whose stored config is unchanged is skipped
+    ("cached"). A failing point is recorded ("failed", with the error) and the grid goes on.
+    `out_dir/grid.json` (points, status, wall time, skipped combinations) is rewritten after each point.
+
+    Returns:
+        The grid.json entries of the points run (all, or those in `only`; grid.json lists every point).
+    """
+    out_dir = Path(out_dir)
+    every = expand(grid)
+    points = [p for p in every if only is None or p.name in only]
+    if only is not None and (unknown := set(only) - {p.name for p in points}):
+        raise ConfigError(f"no grid point named {', '.join(sorted(unknown))}; see `fedmqtt grid --list`")
+    configs = [_validated(p, out_dir) for p in points]
+    on_disk = {p.name: "cached" if (out_dir / p.name / "report.json").is_file() else "pending" for p in every}
+    entries = {p.name: {**p.labels(), "status": on_disk[p.name], "wall_s": None} for p in every}
+    bar = tqdm(total=len(points), desc="grid", unit="run", disable=not progress)
+    try:
+        for point, cfg in zip(points, configs):
+            bar.set_postfix_str(point.name)
+            entries[point.name].update(_run_point(point, cfg, resume=resume))
+            _write_grid_json(out_dir, grid, list(entries.values()))
+            bar.update(1)
+    finally:
+        bar.close()
+    _write_grid_json(out_dir, grid, list(entries.values()))
+    return [entries[p.name] for p in points]
+
+
+def _validated(point: GridPoint, out_dir: Path) -> SimulationConfig:
+    """The point's config, checked as the PS would check it (algorithm, hyper-parameters, SGD-only...)."""
+    cfg = point_to_simulation_config(point, out_dir)
+    try:
+        cfg.daemon_config()
+    except ConfigError as exc:
+        raise ConfigError(f"grid point {point.name}: {exc}") from None
+    return cfg
+
+
+def _run_point(point: GridPoint, cfg: SimulationConfig, *, resume: bool) -> dict[str, Any]:
+    from fedmqtt.simulation import run_simulation
+
+    run_dir = cfg.out_dir
+    meta = {**point.labels(), "config": cfg.model_dump(mode="json")}
+    report, meta_path = run_dir / "report.json", run_dir / POINT_FILE
+    if resume and report.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == meta:
+        total = json.loads(report.read_text()).get("timings", {}).get("total_s")
+        return {"status": "cached", "wall_s": total}
+    report.unlink(missing_ok=True)  # a stale report must not pass for this config's
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    start = time.perf_counter()
+    try:
+        run_simulation(cfg, progress=False)
+    except Exception as exc:  # noqa: BLE001 - one diverged or misconfigured point must not stop a sweep
+        return {"status": "failed", "wall_s": time.perf_counter() - start, "error": f"{type(exc).__name__}: {exc}"}
+    return {"status": "done", "wall_s": time.perf_counter() - start}
+
+
+def _write_grid_json(out_dir: Path, grid: GridSpec, entries: list[dict[str, Any]]) -> None:
+    doc = {"version": "fedmqtt.grid/1", "spec": grid.model_dump(mode="json"),
+           "skipped": skipped_combinations(grid), "points": entries}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / (GRID_FILE + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(out_dir / GRID_FILE)
