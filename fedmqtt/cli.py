@@ -60,6 +60,8 @@ def algorithms() -> None:
         typer.echo(f"{name:<11} {summary}")
         for param, default, description in params:
             typer.echo(f"{'':<13}{param} = {default!r}: {description}")
+    typer.echo(f"{'central':<11} Central (pooled) baseline, `fedmqtt simulate` only: one model on every site's "
+               "training rows")
 
 
 @app.command("simulate")

@@ -58,6 +58,8 @@ class SimulationConfig(BaseModel):
     pretrain_fraction: float | None = Field(default=None, gt=0, le=1)
 
     def daemon_config(self) -> DaemonConfig:
+        if self.algorithm == "central":  # the pooled baseline has no PS; validate as FedAvg would
+            return self.model_copy(update={"algorithm": "fedavg", "hyper": {}}).daemon_config()
         return validate_config({
             "run_id": self.run_id, "algorithm": self.algorithm, "rounds": self.rounds, "seed": self.seed,
             "sites": sorted(self.sites), "out_dir": self.out_dir, "model": self.model, "train": self.train,
@@ -88,7 +90,14 @@ def load_simulation_config(path: Path | None, **overrides: Any) -> SimulationCon
 
 
 def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Run the whole federation in this process; returns the report (also written to out_dir)."""
+    """Run the whole federation in this process; returns the report (also written to out_dir).
+
+    `algorithm = "central"` is the pooled baseline instead (fedmqtt.central): no federation at all.
+    """
+    if config.algorithm == "central":
+        from fedmqtt.central import run_central
+
+        return run_central(config)
     from ps_daemon.runner import DaemonRunner
     from site_agent.agent import SiteAgent
     import json

@@ -28,6 +28,8 @@ class TrainSettings(Frozen):
 
     algorithm: str = "fedavg"
     epochs: int = Field(default=1, ge=1)
+    # Seed 003's "4 local epochs of 3 batches of 50": at most this many batches per epoch (None: all)
+    steps_per_epoch: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=1e-3, gt=0)
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"

@@ -101,9 +101,12 @@ def report_command(
                               "best-validation-round model's (algorithms.md 17.1), where the report has them."),
     out: Path | None = typer.Option(None, "--out", help="Write DIR/report.md and the PNG curves here."),
 ) -> None:
-    """Print the seeds' table (mean ± std over seeds per site and on average, best per column marked) and
-    Wilcoxon rank-sum p-values between algorithms, one of each per partition; with --out also write
-    report.md and PNGs of the validation metric per round (mean over sites, and per site)."""
+    """Tabulate runs: mean ± std over seeds per site and on average, rank-sum p-values, curves.
+
+    Per partition: the test metric's table (best per column marked) and Wilcoxon rank-sum p-values
+    between algorithms. With --out: report.md and PNGs of the validation metric per round (mean over
+    sites, and per site).
+    """
     from fedmqtt.errors import FedMqttError
     from fedmqtt.experiments import report as rp
 

@@ -95,9 +95,9 @@ def load_run(run_dir: Path) -> RunRecord:
     """One run folder; labels from grid_point.json, else from the report (partition unknown: "")."""
     report = json.loads((run_dir / "report.json").read_text())
     config = report.get("config", {})
-    labels = {"algorithm": report.get("algorithm", "?"), "norm": str(config.get("model", {}).get("args", {})
-                                                                      .get("norm", "none")),
-              "seed": int(config.get("seed", 0)), "partition": ""}
+    norm = config.get("model", {}).get("args", {}).get("norm", "none")
+    labels: dict[str, Any] = {"algorithm": report.get("algorithm", "?"), "norm": str(norm),
+                              "seed": int(config.get("seed", 0)), "partition": ""}
     if (run_dir / POINT_FILE).is_file():
         point = json.loads((run_dir / POINT_FILE).read_text())
         labels.update({k: point[k] for k in labels if k in point})
@@ -295,7 +295,9 @@ def render_text(tables: Sequence[SummaryTable], tests: Sequence[WilcoxonTable]) 
     out: list[str] = []
     for table, test in zip(tables, tests):
         out += [_title(table.metric, table.which, table.partition), align(_summary_rows(table, lambda s: s + " *")),
-                "", "rank-sum p-values", align(_p_rows(test)), ""]
+                ""]
+        if len(test.names) >= 2:  # one algorithm: nothing to compare
+            out += ["rank-sum p-values", align(_p_rows(test)), ""]
     return "\n".join(out + (_notes(tables[0].metric, tables) if tables else []))
 
 
@@ -305,8 +307,9 @@ def render_markdown(tables: Sequence[SummaryTable], tests: Sequence[WilcoxonTabl
     md = [f"# {title}", ""]
     for table, test in zip(tables, tests):
         md += [f"## {_title(table.metric, table.which, table.partition)}", "",
-               *_md(_summary_rows(table, lambda s: f"**{s}**")), "", "Wilcoxon rank-sum p-values:", "",
-               *_md(_p_rows(test)), ""]
+               *_md(_summary_rows(table, lambda s: f"**{s}**")), ""]
+        if len(test.names) >= 2:
+            md += ["Wilcoxon rank-sum p-values:", "", *_md(_p_rows(test)), ""]
     md += [f"- {n}" for n in (_notes(tables[0].metric, tables) if tables else [])]
     md += ["", *(f"![{p.stem}]({p.name})" for p in plots)] if plots else []
     return "\n".join(md).rstrip("\n") + "\n"

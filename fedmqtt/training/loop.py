@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -134,7 +135,7 @@ def train_local(
     steps, loss_sum, loss_rows = 0, 0.0, 0
     with _seeded_global_rng(seed, dev):
         for _ in range(settings.epochs):
-            for idx in _batches(xt.shape[0], settings.batch_size, shuffle):
+            for idx in itertools.islice(_batches(xt.shape[0], settings.batch_size, shuffle), settings.steps_per_epoch):
                 idx = idx.to(dev)
                 optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model(xt[idx]), yt[idx])

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from typer.testing import CliRunner
 
 from fedmqtt.data.partitioners import read_partition_manifest
 from fedmqtt.errors import ConfigError, DataError
 from fedmqtt.experiments.cli import app, export_point, to_toml
-from fedmqtt.experiments.grid import expand, load_grid, point_to_simulation_config, run_grid, skipped_combinations
+from fedmqtt.experiments.grid import (
+    expand,
+    load_grid,
+    point_to_simulation_config,
+    run_grid,
+    skipped_combinations,
+)
 from fedmqtt.simulation import load_simulation_config
 from ps_daemon.config import load_daemon_config
 from site_agent.config import load_site_config
