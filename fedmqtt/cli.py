@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from broker.cli import app as broker_app
+from fedmqtt.experiments.cli import app as experiments_app
 from fedmqtt.partition_cli import app as partition_app
 from fedmqtt.recruit_cli import app as recruit_app
 from fedmqtt.topics_cli import app as topics_app
@@ -25,6 +26,7 @@ app.add_typer(site_app, name="site")
 app.add_typer(topics_app, name="topics")
 app.registered_commands.extend(recruit_app.registered_commands)  # `fedmqtt recruit`
 app.registered_commands.extend(partition_app.registered_commands)  # `fedmqtt partition`
+app.registered_commands.extend(experiments_app.registered_commands)  # `fedmqtt grid`, `fedmqtt report`
 
 
 @app.command("demo")
@@ -53,7 +55,7 @@ def demo(
 
 @app.command("algorithms")
 def algorithms() -> None:
-    """List every algorithm with one line and its hyper-parameters (set them under [hyper] or with --hyper)."""
+    """List every algorithm with one line and its hyper-parameters (set them in the `hyper` table or with --hyper)."""
     from fedmqtt.strategies import describe_strategies
 
     for name, summary, params in describe_strategies():

@@ -34,6 +34,7 @@ class PublishTrainTask:
     tensors: Weights  # personalised tensors for this site
     hyper: Mapping[str, float]  # per-site hyper-parameters (merged into the task's settings)
     upload: tuple[str, ...]  # the strategy's shared tensors: what the site sends back
+    best_round: int | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class PublishEvalTask:
     model_hash: str
     accepted_prev: bool | None
     tensors: Weights
+    best_round: int | None = None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class ReportReceived:
     metrics: Mapping[str, Metrics]
     n_samples: Mapping[str, int] = field(default_factory=dict)
     undefined: Mapping[str, str] = field(default_factory=dict)
+    best_round: int | None = None
 
 
 @dataclass(frozen=True)

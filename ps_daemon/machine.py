@@ -133,7 +133,7 @@ class Machine:
             return state, []
         if ev.site_id not in state.selected or ev.site_id in state.final_reports:
             return state, []
-        report = FinalReport(dict(ev.metrics), dict(ev.n_samples), dict(ev.undefined))
+        report = FinalReport(dict(ev.metrics), dict(ev.n_samples), dict(ev.undefined), ev.best_round)
         state = replace(state, final_reports={**state.final_reports, ev.site_id: report})
         if self._all_reported(state):
             return self._finish(state)
@@ -235,14 +235,15 @@ class Machine:
             out.append(fx.PublishTrainTask(
                 site, state.round, state.model_hash, state.deadline or 0.0, self._accepted(state, site),
                 dict(state.personal.get(site, {})), self._site_hyper(state, site),
-                tuple(self.shared_names(state))))
+                tuple(self.shared_names(state)), state.best.round if state.best else None))
         out.append(self._status(state, why or f"round {state.round}: training on {len(state.selected)} sites"))
         return out
 
     def _eval_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
         out: list[fx.Effect] = [self._model_effect(state)]
+        best = state.best.round if state.best else None
         out.extend(fx.PublishEvalTask(site, state.round, state.model_hash, self._accepted(state, site),
-                                      dict(state.personal.get(site, {}))) for site in state.selected)
+                                      dict(state.personal.get(site, {})), best) for site in state.selected)
         out.append(self._status(state, why or "evaluating the final model"))
         return out
 

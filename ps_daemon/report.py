@@ -25,12 +25,10 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         if rep is None:
             per_site[site] = {"missing": "no final report (site offline or past the deadline)"}
             continue
-        per_site[site] = {"metrics": dict(rep.metrics), "n_samples": dict(rep.n_samples), "undefined": dict(rep.undefined)}
-    mean: dict[str, dict[str, float | None]] = {}
-    for split in SPLITS:
-        names = sorted({k for r in state.final_reports.values() for k in r.metrics.get(split, {})})
-        mean[split] = {k: mean_defined([r.metrics.get(split, {}).get(k) for r in state.final_reports.values()])
-                       for k in names}
+        per_site[site] = {"metrics": {k: dict(v) for k, v in rep.metrics.items() if k in SPLITS},
+                          "n_samples": dict(rep.n_samples),
+                          "undefined": {k: v for k, v in rep.undefined.items() if not k.startswith("best.")}}
+    mean = _means(state.final_reports.values(), prefix="")
     best = state.best
     return {
         "run_id": config.run_id,
@@ -40,11 +38,35 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         "final": {"model_hash": state.model_hash, "per_site": per_site, "mean": mean},
         "best_round": None if best is None else {"round": best.round, "score": best.score, "metric": f"val {config.selection_metric}",
                                                  "model_hash": best.model_hash},
+        "best": _best_section(state),
         "recruitment": None if state.recruitment is None else dict(state.recruitment),
         "timings": timings,
         "traffic": traffic,
         "models": models,
     }
+
+
+def _means(reports: Any, *, prefix: str) -> dict[str, dict[str, float | None]]:
+    """Unweighted means over sites, per split, of the metrics under `prefix + split`."""
+    reports = list(reports)
+    mean: dict[str, dict[str, float | None]] = {}
+    for split in SPLITS:
+        key = prefix + split
+        names = sorted({k for r in reports for k in r.metrics.get(key, {})})
+        mean[split] = {k: mean_defined([r.metrics.get(key, {}).get(k) for r in reports]) for k in names}
+    return mean
+
+
+def _best_section(state: DaemonState) -> dict[str, Any] | None:
+    """Seed 000's reported numbers: each site's best-validation-round model on its test split (17.1)."""
+    reports = {s: r for s, r in state.final_reports.items() if any(k.startswith("best.") for k in r.metrics)}
+    if state.best is None or not reports:
+        return None
+    per_site = {s: {"metrics": {split: dict(r.metrics.get(f"best.{split}", {})) for split in SPLITS},
+                    "n_samples": dict(r.n_samples), "best_round": r.best_round,
+                    "undefined": {k[5:]: v for k, v in r.undefined.items() if k.startswith("best.")}}
+                for s, r in sorted(reports.items())}
+    return {"round": state.best.round, "per_site": per_site, "mean": _means(reports.values(), prefix="best.")}
 
 
 def _fmt(value: float | None) -> str:

@@ -46,9 +46,10 @@ class BestRound:
 
 @dataclass(frozen=True)
 class FinalReport:
-    metrics: Mapping[str, MetricMap]
+    metrics: Mapping[str, MetricMap]  # by split; "best.<split>" for the site's best-round model
     n_samples: Mapping[str, int]
     undefined: Mapping[str, str]
+    best_round: int | None = None
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class TrainTask(Header):
     accepted_prev: bool | None = None
     tensors: tuple[TensorBlob, ...] = ()  # personalised tensors for this site only (AdaFed psi_i)
     upload: tuple[str, ...] | None = None  # tensor names to send back (None: all); the rest stays local
+    best_round: int | None = None  # seed 000: the round whose model is best so far (sites keep that model)
 
 
 class EvalTask(Header):
@@ -75,6 +76,7 @@ class EvalTask(Header):
     splits: tuple[Literal["train", "val", "test"], ...] = ("val", "test")
     accepted_prev: bool | None = None
     tensors: tuple[TensorBlob, ...] = ()
+    best_round: int | None = None
 
 
 class RecruitmentResult(Header):
@@ -115,9 +117,10 @@ class EvalReport(Header):
     kind: Literal["eval_report"] = "eval_report"
     model_hash: str
     tag: str
-    metrics: dict[str, dict[str, MetricValue]]
+    metrics: dict[str, dict[str, MetricValue]]  # by split; "best.<split>": the site's best-round model
     n_samples: dict[str, int]
     undefined: dict[str, str] = Field(default_factory=dict)
+    best_round: int | None = None  # the round of the model behind the "best.*" entries
 
 
 class SiteStatus(Header):

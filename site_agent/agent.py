@@ -27,7 +27,7 @@ from schemas.codec import encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
-from site_agent.local_state import LocalState
+from site_agent.local_state import BestSlot, LocalState
 from site_agent.store import UplinkStore
 from site_agent.trainer import Trainer, pick_device
 
@@ -45,6 +45,7 @@ class SiteAgent:
         self.trainer = Trainer(config.site_id, self.data, device=self.device)
         self.store = UplinkStore(config.state_dir / "uplink")
         self.local = LocalState(config.state_dir / "local")
+        self.best = BestSlot(config.state_dir / "best")
         self.models: dict[str, m.GlobalModel] = {}
         self.task: Task | None = None
         self.done: set[tuple[str, int, str]] = set()  # (kind, round, model hash) handled this process
@@ -175,9 +176,11 @@ class SiteAgent:
             self.channel.transport.publish(topic, stored)
             return
         self.local.resolve(task.accepted_prev, task.round)
+        self.best.promote(task.best_round)
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id), self._status("training", f"round {task.round}"))
         start = self._compose(model, task)
         eval_weights = self._compose(model, task, evaluate=True) if "eval" in model.extras else None
+        self.best.remember(task.round, eval_weights if eval_weights is not None else start)
         extras = {k: _arrays(v) for k, v in model.extras.items() if k != "eval"}
         result = self.trainer.train(model.model, start, task.settings, task.round, eval_weights=eval_weights,
                                     extras=extras, local=self.local.committed())
@@ -214,10 +217,17 @@ class SiteAgent:
     def _evaluate(self, task: m.EvalTask, model: m.GlobalModel) -> None:
         c = self.config
         self.local.resolve(task.accepted_prev, task.round)
+        self.best.promote(task.best_round)
         weights = self._compose(model, task, evaluate=True)
         metrics, counts, undefined = self.trainer.evaluate(model.model, weights, task.splits)
+        best_round, best_weights = self.best.slot()
+        if best_weights is not None:  # seed 000: the best round's own (composed) model, on the same splits
+            best, _, why = self.trainer.evaluate(model.model, best_weights, task.splits)
+            metrics.update({f"best.{split}": values for split, values in best.items()})
+            undefined.update({f"best.{k}": v for k, v in why.items()})
         report = m.EvalReport(run_id=c.run_id, sender=c.site_id, round=task.round, model_hash=task.model_hash,
-                              tag=task.tag, metrics=metrics, n_samples=counts, undefined=undefined)
+                              tag=task.tag, metrics=metrics, n_samples=counts, undefined=undefined,
+                              best_round=best_round)
         self.channel.send(topics.site_report_topic(c.run_id, c.site_id), report)
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id), self._status("online", "final model evaluated"))
         log.info("evaluated model %s: test %s", task.model_hash[:8], metrics.get("test"))

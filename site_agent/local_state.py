@@ -69,3 +69,46 @@ class LocalState:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+
+
+class BestSlot:
+    """Seed 000's best-round protocol on the site (algorithms.md 17.1): keep the composed model last
+    evaluated; when a downlink names that round as the best so far, copy it into the "best" slot.
+    Both live on disk, so a restarted agent still has them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def remember(self, round_no: int, weights: dict[str, np.ndarray]) -> None:
+        _save(self.folder / "evaluated.safetensors", round_no, weights)
+
+    def promote(self, best_round: int | None) -> None:
+        evaluated = self.folder / "evaluated.safetensors"
+        if best_round is None or not evaluated.exists():
+            return
+        if _round_of(evaluated) == best_round:
+            os.replace(evaluated, self.folder / "best.safetensors")
+
+    def slot(self) -> tuple[int | None, dict[str, np.ndarray] | None]:
+        path = self.folder / "best.safetensors"
+        if not path.exists():
+            return None, None
+        from safetensors.numpy import load_file
+
+        return _round_of(path), load_file(str(path))
+
+
+def _save(path: Path, round_no: int, weights: dict[str, np.ndarray]) -> None:
+    from safetensors.numpy import save_file
+
+    tmp = path.with_suffix(".tmp")
+    save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, str(tmp), metadata={"round": str(round_no)})
+    os.replace(tmp, path)
+
+
+def _round_of(path: Path) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as fh:
+        return int((fh.metadata() or {}).get("round", -1))

@@ -135,7 +135,10 @@ def report_command(
 def role_configs(cfg: SimulationConfig, *, fed_dir: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The PS config and one site config per site for running `cfg` over MQTT with `fed_dir`'s credentials."""
     from fedmqtt.errors import ConfigError
+    from fedmqtt.experiments.grid import SIMULATION_ONLY
 
+    if cfg.algorithm in SIMULATION_ONLY:
+        raise ConfigError(f"{cfg.algorithm} is a simulation-only baseline (no federation to deploy)")
     if cfg.pretrain_fraction is not None and cfg.pretrained is None:
         made = cfg.out_dir / "pretrained.safetensors"
         if not made.is_file():

@@ -22,6 +22,8 @@ from fedmqtt.simulation import SimulationConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 MIN_SITE_ITEMS = 3  # a site splits its items into train/val/test (fedmqtt.data.splits)
+# Baselines `run_simulation` runs without a federation (fedmqtt.central); they cannot be exported for MQTT.
+SIMULATION_ONLY = ("central",)
 # SimulationConfig keys the grid sets per point; an algorithm's `config` may set the others.
 AXIS_KEYS = frozenset({"algorithm", "seed", "run_id", "out_dir", "model", "train", "hyper", "sites"})
 # Norms an algorithm can use; other combinations are skipped, with the reason in grid.json.
@@ -57,8 +59,9 @@ class AlgorithmSpec(BaseModel):
     def _check(self) -> AlgorithmSpec:
         from fedmqtt.strategies import STRATEGIES
 
-        if self.name not in STRATEGIES:
-            raise ValueError(f"unknown algorithm {self.name!r}; available: {', '.join(STRATEGIES)}")
+        if self.name not in STRATEGIES and self.name not in SIMULATION_ONLY:
+            known = ", ".join([*STRATEGIES, *SIMULATION_ONLY])
+            raise ValueError(f"unknown algorithm {self.name!r}; available: {known}")
         if bad := sorted(set(self.config) & AXIS_KEYS):
             raise ValueError(f"{self.run_label}: config may not set {bad} (the grid sets them; use hyper/train)")
         return self

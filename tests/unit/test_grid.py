@@ -141,6 +141,19 @@ def test_export_writes_simulation_ps_and_site_configs_that_load(tmp_path: Path) 
     assert site.data.path == sim.sites["va"].path and sorted(ps.sites) == sorted(sim.sites)
 
 
+def test_simulation_only_baseline_is_simulated_but_not_exported_for_mqtt(tmp_path: Path) -> None:
+    """"central" (pooled) is a valid grid algorithm; its export has simulation.toml and a note, no ps.toml."""
+    # Prepare
+    grid = load_grid(grid_file(tmp_path, 'algorithms = ["central"]'))
+    (point,) = expand(grid)
+    # Execute
+    folder = export_point(point, tmp_path / "out", fed_dir=tmp_path / "fed")
+    # Assert
+    assert load_simulation_config(folder / "simulation.toml").algorithm == "central"
+    assert not (folder / "ps.toml").exists()
+    assert "simulation-only baseline" in (folder / "NOT-EXPORTED.txt").read_text()
+
+
 def test_tiny_grid_runs_resumes_and_reports(tmp_path: Path) -> None:
     """2 algorithms x 1 norm x 2 seeds on the bundled sites: run, resume (cached), then `fedmqtt report`."""
     # Prepare
