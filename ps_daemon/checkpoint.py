@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def _pack(value: Any) -> Any:
     """Strategy state to msgpack-friendly values: arrays become tagged tensor blobs (no pickle)."""
     if isinstance(value, np.ndarray):
-        return {"__tensor__": TensorBlob.from_numpy("state", np.ascontiguousarray(value)).model_dump()}
+        return {"__tensor__": TensorBlob.from_numpy("state", np.asarray(value)).model_dump()}
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):

@@ -275,10 +275,10 @@ class DaemonRunner:
         out.mkdir(parents=True, exist_ok=True)
         models = {"final": str(out / "final_model.safetensors")}
         final = {**state.weights, **state.extras.get("eval", {})}  # FedDyn's deployed model is theta_avg
-        save_file({k: np.ascontiguousarray(v) for k, v in final.items()}, models["final"])
+        save_file({k: np.array(v, order="C") for k, v in final.items()}, models["final"])
         if state.best is not None:
             models["best"] = str(out / "best_model.safetensors")
-            save_file({k: np.ascontiguousarray(v) for k, v in state.best.weights.items()}, models["best"])
+            save_file({k: np.array(v, order="C") for k, v in state.best.weights.items()}, models["best"])
         t = self.channel.transport
         traffic = {"bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
                    "messages_received": self.channel.stats.received, "duplicates": self.channel.stats.duplicates,

@@ -103,7 +103,7 @@ def _save(path: Path, round_no: int, weights: dict[str, np.ndarray]) -> None:
     from safetensors.numpy import save_file
 
     tmp = path.with_suffix(".tmp")
-    save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, str(tmp), metadata={"round": str(round_no)})
+    save_file({k: np.array(v, order="C") for k, v in weights.items()}, str(tmp), metadata={"round": str(round_no)})
     os.replace(tmp, path)
 
 

@@ -23,3 +23,22 @@ def test_central_baseline_report_has_the_federated_layout(tmp_path: Path) -> Non
         assert set(entry["metrics"]) == {"val", "test"} and entry["n_samples"]["test"] > 0
     assert 0.5 < report["final"]["mean"]["test"]["auroc"] <= 1.0
     assert (tmp_path / "report.json").is_file()
+
+
+def test_saved_models_keep_every_tensor_shape(tmp_path: Path) -> None:
+    """final/best model files of a BatchNorm model keep 0-d buffers 0-d (num_batches_tracked), like the model."""
+    from safetensors.numpy import load_file
+
+    from fedmqtt.training.weights import initial_arrays
+
+    # Prepare
+    model = ModelSpec(name="mlp", args={"in_features": 15, "hidden": [8], "norm": "bn"})
+    cfg = SimulationConfig(algorithm="fedavg", rounds=2, out_dir=tmp_path, model=model,
+                           train=TrainSettings(epochs=1, batch_size=32, lr=0.01))
+    # Execute
+    run_simulation(cfg, progress=False)
+    # Assert
+    reference = initial_arrays("mlp", dict(model.args), 0)
+    for name in ("final_model.safetensors", "best_model.safetensors"):
+        saved = load_file(str(tmp_path / name))
+        assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in reference.items()}, name
