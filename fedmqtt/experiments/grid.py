@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import json
 import re
 import time
@@ -21,6 +23,7 @@ from fedmqtt.experiments.report import GRID_FILE, POINT_FILE
 from fedmqtt.simulation import SimulationConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+log = logging.getLogger(__name__)
 MIN_SITE_ITEMS = 3  # a site splits its items into train/val/test (fedmqtt.data.splits)
 # Baselines `run_simulation` runs without a federation (fedmqtt.central); they cannot be exported for MQTT.
 SIMULATION_ONLY = ("central",)
@@ -83,6 +86,8 @@ class PartitionAxis(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     spec: PartitionSpec | None = None
     data: DataSpec | None = Field(default=None, description="the pooled dataset the spec splits")
+    drop_small_sites: bool = Field(default=False, description="leave out sites with too few items to split "
+                                   "(extreme skew can leave a site empty) instead of refusing the partition")
 
     @model_validator(mode="before")
     @classmethod
@@ -223,13 +228,16 @@ def partition_sites(axis: PartitionAxis, seed: int, out_dir: Path) -> dict[str, 
         write_manifest(axis.spec.model_copy(update={"seed": axis.spec.seed + seed}), axis.data, path)
     manifest = read_partition_manifest(path)
     # Caught before the grid starts, rather than by every run of this partition failing.
-    if small := [f"{p.site} ({p.n})" for p in manifest.sites if p.n < MIN_SITE_ITEMS]:
+    small = [f"{p.site} ({p.n})" for p in manifest.sites if p.n < MIN_SITE_ITEMS]
+    if small and axis.drop_small_sites:
+        log.warning("partition %s, seed %d: leaving out %s (too few items)", axis.name, seed, ", ".join(small))
+    elif small:
         raise DataError(f"partition {axis.name!r}, seed {seed}: sites with fewer than {MIN_SITE_ITEMS} items "
                         f"(too few to split train/val/test): {', '.join(small)}; raise alpha or lower n_sites "
                         f"({path})")
     pooled = axis.data.model_dump()
     return {part.site: DataSpec.model_validate({**pooled, "partition": path, "site": part.site})
-            for part in manifest.sites}
+            for part in manifest.sites if part.n >= MIN_SITE_ITEMS}
 
 
 def write_manifest(spec: PartitionSpec, pooled: DataSpec, path: Path) -> None:
