@@ -53,22 +53,35 @@ def run_central(config: "SimulationConfig") -> dict[str, Any]:
         rounds.append({"round": r, "sites": sorted(data), "stragglers": [], "per_site": per_site, "mean": mean,
                        "train_loss": stats.mean_loss, "n_samples": {"pooled": int(len(y))},
                        "started_at": t0, "closed_at": time.time(), "duration_s": time.time() - t0})
-    final: dict[str, Any] = {}
-    for site, d in data.items():
-        metrics, undefined = {}, {}
-        for split in ("val", "test"):
-            metrics[split], why = evaluate_split(model, getattr(d, f"x_{split}"), getattr(d, f"y_{split}"),
-                                                 task=task, nonnegative=nonneg)
-            undefined.update({f"{split}.{k}": v for k, v in why.items()})
-        final[site] = {"metrics": metrics, "n_samples": {"val": d.n_val, "test": d.n_test}, "undefined": undefined}
-    mean_final = {split: {k: mean_defined(e["metrics"][split].get(k) for e in final.values())
-                          for k in sorted({k for e in final.values() for k in e["metrics"][split]})}
-                  for split in ("val", "test")}
+    def per_site_eval() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for site, d in data.items():
+            metrics, undefined = {}, {}
+            for split in ("val", "test"):
+                metrics[split], why = evaluate_split(model, getattr(d, f"x_{split}"), getattr(d, f"y_{split}"),
+                                                     task=task, nonnegative=nonneg)
+                undefined.update({f"{split}.{k}": v for k, v in why.items()})
+            out[site] = {"metrics": metrics, "n_samples": {"val": d.n_val, "test": d.n_test}, "undefined": undefined}
+        return out
+
+    def means(entries: dict[str, Any]) -> dict[str, Any]:
+        return {split: {k: mean_defined(e["metrics"][split].get(k) for e in entries.values())
+                        for k in sorted({k for e in entries.values() for k in e["metrics"][split]})}
+                for split in ("val", "test")}
+
+    final = per_site_eval()
+    mean_final = means(final)
+    best_section = None
+    if best_weights is not None:  # seed 000's protocol: the best validation round's model on test
+        load_arrays(model, best_weights)
+        best_sites = per_site_eval()
+        best_section = {"round": best[0], "per_site": best_sites, "mean": means(best_sites)}
     report = {
         "run_id": config.run_id, "algorithm": "central", "config": config.model_dump(mode="json"),
         "rounds": rounds, "final": {"model_hash": None, "per_site": final, "mean": mean_final},
         "best_round": None if best is None else {"round": best[0], "score": best[1],
                                                  "metric": f"val {config.selection_metric}"},
+        "best": best_section,
         "recruitment": None, "timings": {"started_at": started, "finished_at": time.time(),
                                          "total_s": time.time() - started},
         "traffic": {}, "models": {},
