@@ -56,7 +56,7 @@ def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) ->
     return Checkpoint(
         run_id=run_id, config_hash=config_hash, phase=state.phase, round=state.round,
         model_hash=state.model_hash, tensors=arrays_to_blobs(state.weights), selected=state.selected,
-        accepted_prev=tuple(sorted(state.accepted_prev)),
+        accepted_rounds=dict(state.accepted_rounds),
         history=tuple(dataclasses.asdict(r) for r in state.history), best=best,
         strategy_state=_pack(dict(state.strategy_state)), manifest=_manifest_to_dict(state.manifest),
         enrolled=dict(state.enrolled), personal={k: arrays_to_blobs(v) for k, v in state.personal.items()},
@@ -74,7 +74,7 @@ def checkpoint_to_state(ckpt: Checkpoint) -> DaemonState:
         best = BestRound(ckpt.best.round, ckpt.best.score, _copy(blobs_to_arrays(ckpt.best.tensors)), ckpt.best.model_hash)
     return DaemonState(
         phase=ckpt.phase, round=ckpt.round, weights=_copy(blobs_to_arrays(ckpt.tensors)), model_hash=ckpt.model_hash,
-        selected=ckpt.selected, accepted_prev=frozenset(ckpt.accepted_prev), history=history, best=best,
+        selected=ckpt.selected, accepted_rounds=dict(ckpt.accepted_rounds), history=history, best=best,
         strategy_state=_unpack(dict(ckpt.strategy_state)), manifest=manifest_from_dict(ckpt.manifest),
         enrolled=dict(ckpt.enrolled), personal={k: _copy(blobs_to_arrays(v)) for k, v in ckpt.personal.items()},
         extras={k: _copy(blobs_to_arrays(v)) for k, v in ckpt.extras.items()},

@@ -30,7 +30,7 @@ class PublishTrainTask:
     round: int
     model_hash: str
     deadline: float
-    accepted_prev: bool | None
+    accepted_round: int | None
     tensors: Weights  # personalised tensors for this site
     hyper: Mapping[str, float]  # per-site hyper-parameters (merged into the task's settings)
     upload: tuple[str, ...]  # the strategy's shared tensors: what the site sends back
@@ -42,7 +42,7 @@ class PublishEvalTask:
     site_id: str
     round: int
     model_hash: str
-    accepted_prev: bool | None
+    accepted_round: int | None
     tensors: Weights
     best_round: int | None = None
 

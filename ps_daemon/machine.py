@@ -198,7 +198,7 @@ class Machine:
             state, round=nxt, weights=dict(result.weights), personal={**state.personal, **result.personal},
             extras=extras, selected=chosen, updates={},
             history=(*state.history, record), best=best, strategy_state=self.strategy.state_dict(),
-            accepted_prev=frozenset(participants), round_started_at=now, deadline=now + self.config.round_timeout_s,
+            accepted_rounds={**state.accepted_rounds, **{s: state.round for s in participants}}, round_started_at=now, deadline=now + self.config.round_timeout_s,
         )
         state = replace(state, model_hash=self.hash_weights(self.published(state)))
         head: list[fx.Effect] = [fx.PublishRoundMetrics(record)]
@@ -273,9 +273,12 @@ class Machine:
         return fx.PublishModel(state.round, self.published(state), state.model_hash, self.published_extras(state))
 
     @staticmethod
-    def _accepted(state: DaemonState, site: str) -> bool | None:
-        """The commit rule's answer (algorithms.md 0.6): was this site's last update aggregated?"""
-        return (site in state.accepted_prev) if state.round > 1 else None
+    def _accepted(state: DaemonState, site: str) -> int | None:
+        """The commit rule's answer (algorithms.md 0.6): the round of this site's last aggregated update.
+
+        A round number rather than a yes/no for "the previous round": under sampling a site's last
+        update may be many rounds old, and it must still be committed if it was aggregated."""
+        return state.accepted_rounds.get(site)
 
     def _finish(self, state: DaemonState) -> Result:
         state = replace(state, phase="done", deadline=None)

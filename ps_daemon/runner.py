@@ -234,13 +234,13 @@ class DaemonRunner:
             settings = c.train.model_copy(update={"algorithm": c.algorithm, "seed": c.seed, "hyper": hyper})
             msg = m.TrainTask(run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
                               model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,
-                              accepted_prev=effect.accepted_prev, tensors=arrays_to_blobs(effect.tensors),
+                              accepted_round=effect.accepted_round, tensors=arrays_to_blobs(effect.tensors),
                               upload=effect.upload, best_round=effect.best_round,
                               msg_id=stable_msg_id(c.run_id, "train", effect.round, effect.site_id, effect.model_hash))
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
         elif isinstance(effect, fx.PublishEvalTask):
             msg = m.EvalTask(run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
-                             model_hash=effect.model_hash, accepted_prev=effect.accepted_prev,
+                             model_hash=effect.model_hash, accepted_round=effect.accepted_round,
                              tensors=arrays_to_blobs(effect.tensors), best_round=effect.best_round,
                              msg_id=stable_msg_id(c.run_id, "eval", effect.round, effect.site_id, effect.model_hash))
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)

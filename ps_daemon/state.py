@@ -75,4 +75,5 @@ class DaemonState:
     best: BestRound | None = None
     final_reports: Mapping[str, FinalReport] = field(default_factory=dict)
     strategy_state: Mapping[str, Any] = field(default_factory=dict)
-    accepted_prev: frozenset[str] = frozenset()  # sites whose update the last aggregation used
+    # The commit rule (algorithms.md 0.6): per site, the round of its last update that was aggregated.
+    accepted_rounds: Mapping[str, int] = field(default_factory=dict)

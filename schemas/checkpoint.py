@@ -25,7 +25,7 @@ class Checkpoint(Frozen):
     model_hash: str
     tensors: tuple[TensorBlob, ...]
     selected: tuple[str, ...]
-    accepted_prev: tuple[str, ...]
+    accepted_rounds: dict[str, int] = {}
     history: tuple[dict[str, Any], ...]
     best: BestRoundRecord | None = None
     strategy_state: dict[str, Any] = {}  # tensors inside travel as {"__tensor__": TensorBlob fields}

@@ -60,7 +60,8 @@ class TrainTask(Header):
     model_hash: str
     deadline: float
     settings: TrainSettings
-    accepted_prev: bool | None = None
+    # The commit rule (algorithms.md 0.6): the round of this site's last update the PS aggregated.
+    accepted_round: int | None = None
     tensors: tuple[TensorBlob, ...] = ()  # personalised tensors for this site only (AdaFed psi_i)
     upload: tuple[str, ...] | None = None  # tensor names to send back (None: all); the rest stays local
     best_round: int | None = None  # seed 000: the round whose model is best so far (sites keep that model)
@@ -74,7 +75,7 @@ class EvalTask(Header):
     model_hash: str
     tag: str = "final"
     splits: tuple[Literal["train", "val", "test"], ...] = ("val", "test")
-    accepted_prev: bool | None = None
+    accepted_round: int | None = None
     tensors: tuple[TensorBlob, ...] = ()
     best_round: int | None = None
 

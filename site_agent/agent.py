@@ -175,7 +175,7 @@ class SiteAgent:
             log.info("round %d: re-publishing the stored update", task.round)
             self.channel.transport.publish(topic, stored)
             return
-        self.local.resolve(task.accepted_prev, task.round)
+        self.local.resolve(task.accepted_round, task.round)
         self.best.promote(task.best_round)
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id), self._status("training", f"round {task.round}"))
         start = self._compose(model, task)
@@ -216,7 +216,7 @@ class SiteAgent:
 
     def _evaluate(self, task: m.EvalTask, model: m.GlobalModel) -> None:
         c = self.config
-        self.local.resolve(task.accepted_prev, task.round)
+        self.local.resolve(task.accepted_round, task.round)
         self.best.promote(task.best_round)
         weights = self._compose(model, task, evaluate=True)
         metrics, counts, undefined = self.trainer.evaluate(model.model, weights, task.splits)

@@ -1,7 +1,8 @@
 """What a site keeps between rounds (local layers, SCAFFOLD c_i, FedDyn s_i), with the commit rule.
 
 algorithms.md 0.6: state changed in round t is written as *pending for round t* before the update
-is published; the next downlink's `accepted_prev` says whether the PS aggregated that update:
+is published; the next downlink's `accepted_round` (the round of our last update the PS aggregated)
+says whether it did:
 if yes the pending state becomes committed, if no it is discarded. So a site whose update was
 lost never drifts away from the server's view of it (SCAFFOLD's c = sum pi_i c_i, FedDyn's S_bar).
 """
@@ -37,14 +38,14 @@ class LocalState:
         merged = {**committed, **groups}  # groups not touched this round stay as committed
         self._write(self._pending, round_no, merged)
 
-    def resolve(self, accepted_prev: bool | None, round_no: int) -> None:
-        """Apply the PS's verdict on our update of the round before `round_no`."""
-        if accepted_prev is None or not self._pending.exists():
+    def resolve(self, accepted_round: int | None, round_no: int) -> None:
+        """Apply the PS's verdict, given with a task of round `round_no`, on our pending update."""
+        if not self._pending.exists():
             return
         pending_round, _ = self._read(self._pending)
         if pending_round >= round_no:
             return  # pending belongs to this very round (a re-sent task): keep it
-        if accepted_prev:
+        if accepted_round is not None and accepted_round >= pending_round:
             os.replace(self._pending, self._committed)
         else:
             log.warning("the PS did not aggregate our round %d update: discarding its local state", pending_round)

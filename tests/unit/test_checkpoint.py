@@ -93,7 +93,7 @@ def test_save_load_round_trip_restores_the_state(tmp_path: Path) -> None:
     _assert_weights_identical(restored.weights, state.weights)
     assert restored.model_hash == hash_weights(restored.weights)
     assert restored.selected == state.selected
-    assert restored.accepted_prev == state.accepted_prev == frozenset(SITES)
+    assert restored.accepted_rounds == state.accepted_rounds == {site: 2 for site in SITES}
     assert restored.history == state.history
     assert restored.history[0].per_site["site-b"]["auroc"] is None
     assert restored.strategy_state == state.strategy_state

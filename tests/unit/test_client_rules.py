@@ -204,23 +204,22 @@ def test_commit_rule_commits_accepted_discards_rejected_and_keeps_a_resent_round
     # Execute / Assert: round 1 accepted -> committed.
     state.stage(1, _c(1.0))
     assert _committed_c(state) is None  # pending only, until the PS's verdict
-    state.resolve(True, 2)
+    state.resolve(1, 2)  # the PS aggregated our round-1 update
     np.testing.assert_array_equal(_committed_c(state), np.full((2,), 1.0, np.float32))
-    # Round 2 not aggregated -> discarded; round 1's state stays.
+    # Round 2 not aggregated (the PS's last accepted round for us is still 1) -> discarded.
     state.stage(2, _c(2.0))
-    state.resolve(False, 3)
+    state.resolve(1, 3)
     np.testing.assert_array_equal(_committed_c(state), np.full((2,), 1.0, np.float32))
-    state.resolve(True, 4)  # nothing pending any more: a later "accepted" changes nothing
+    state.resolve(1, 4)  # nothing pending any more: the same verdict again changes nothing
     np.testing.assert_array_equal(_committed_c(state), np.full((2,), 1.0, np.float32))
     # A re-sent task of the same round keeps the pending state (it belongs to this very round).
     state.stage(3, _c(3.0))
-    state.resolve(True, 3)
-    state.resolve(None, 4)  # no verdict (round 1 of a run): nothing happens
+    state.resolve(1, 3)
     np.testing.assert_array_equal(_committed_c(state), np.full((2,), 1.0, np.float32))
     # A new instance on the same folder (a restarted agent) sees committed and pending state.
     reborn = LocalState(tmp_path / "local")
     np.testing.assert_array_equal(_committed_c(reborn), np.full((2,), 1.0, np.float32))
-    reborn.resolve(True, 4)
+    reborn.resolve(3, 4)
     np.testing.assert_array_equal(_committed_c(reborn), np.full((2,), 3.0, np.float32))
     again = LocalState(tmp_path / "local")
     np.testing.assert_array_equal(_committed_c(again), np.full((2,), 3.0, np.float32))
@@ -231,11 +230,22 @@ def test_commit_rule_stage_keeps_groups_not_touched_this_round(tmp_path: Path) -
     # Prepare
     state = LocalState(tmp_path / "local")
     state.stage(1, {**_c(1.0), "model": {"bn.weight": np.ones(3, np.float32)}})
-    state.resolve(True, 2)
+    state.resolve(1, 2)
     # Execute
     state.stage(2, {"model": {"bn.weight": np.zeros(3, np.float32)}})
-    state.resolve(True, 3)
+    state.resolve(2, 3)
     # Assert
     committed = state.committed()
     np.testing.assert_array_equal(committed["c_i"]["w"], np.full((2,), 1.0, np.float32))
     np.testing.assert_array_equal(committed["model"]["bn.weight"], np.zeros(3, np.float32))
+
+
+def test_commit_rule_under_sampling_commits_an_old_aggregated_update(tmp_path: Path) -> None:
+    """Drawn in round 2 and next in round 6: the round-6 task says round 2 was aggregated, so it is committed."""
+    # Prepare
+    state = LocalState(tmp_path / "local")
+    state.stage(2, _c(2.0))
+    # Execute
+    state.resolve(2, 6)
+    # Assert
+    np.testing.assert_array_equal(_committed_c(state), np.full((2,), 2.0, np.float32))

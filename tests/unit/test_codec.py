@@ -48,7 +48,7 @@ def _all_messages() -> list[BaseModel]:
             model_hash="h" * 64,
             deadline=1234.5,
             settings=m.TrainSettings(epochs=2, lr=0.01, optimizer="sgd", hyper={"mu": 0.01}),
-            accepted_prev=True,
+            accepted_round=1,
         ),
         m.EvalTask(run_id=RUN, sender="ps", round=3, site_id="site-b", model_hash="h" * 64, splits=("test",)),
         m.RecruitmentResult(run_id=RUN, sender="ps", round=0, site_id="site-b", recruited=False, score=0.98,

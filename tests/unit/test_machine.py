@@ -145,7 +145,7 @@ def test_all_sites_online_starts_round_one() -> None:
     assert all(
         t.round == 1 and t.model_hash == model.model_hash and t.deadline == 5.0 + TIMEOUT for t in tasks
     )
-    assert all(t.accepted_prev is None for t in tasks)
+    assert all(t.accepted_round is None for t in tasks)
     assert effects[-1].state == "training" and effects[-1].waiting_for == SITES
 
 
@@ -282,7 +282,7 @@ def test_last_update_closes_the_round_checkpoint_first() -> None:
 
 
 def test_round_two_tasks_tell_participants_their_update_was_used() -> None:
-    """accepted_prev is True for sites aggregated in round 1 and False for the straggler."""
+    """accepted_round is 1 for sites aggregated in round 1 and None for the straggler."""
     # Prepare: quorum 2, site-c never answers, the deadline closes the round
     machine = _machine(quorum=2)
     state, _ = _start(machine)
@@ -290,9 +290,9 @@ def test_round_two_tasks_tell_participants_their_update_was_used() -> None:
     # Execute
     state, effects = machine.step(state, Tick(now=TIMEOUT + 1))
     # Assert
-    tasks = {e.site_id: e.accepted_prev for e in effects if isinstance(e, fx.PublishTrainTask)}
-    assert tasks == {"site-a": True, "site-b": True, "site-c": False}
-    assert state.accepted_prev == frozenset({"site-a", "site-b"})
+    tasks = {e.site_id: e.accepted_round for e in effects if isinstance(e, fx.PublishTrainTask)}
+    assert tasks == {"site-a": 1, "site-b": 1, "site-c": None}
+    assert state.accepted_rounds == {"site-a": 1, "site-b": 1}
     assert effects[1].record.stragglers == ("site-c",)
 
 
@@ -481,7 +481,7 @@ def test_resumed_round_is_resent_on_start() -> None:
         fx.PublishTrainTask,
         fx.PublishStatus,
     ]
-    assert all(e.accepted_prev is True for e in effects if isinstance(e, fx.PublishTrainTask))
+    assert all(e.accepted_round == 1 for e in effects if isinstance(e, fx.PublishTrainTask))
     assert state.deadline == 50.0 + TIMEOUT
     assert "resumed" in effects[-1].detail
 
