@@ -101,22 +101,32 @@ def main() -> None:
     ap.add_argument("--gamma-th", type=float, default=0.1)
     ap.add_argument("--sweep", default="0.05,0.1,0.2,0.3,0.5,1.0")
     ap.add_argument("--out", type=Path, default=Path("runs/seed002"))
+    ap.add_argument("--sweep-train", action="store_true", help="also train ARC at every gamma_th of the sweep")
+    ap.add_argument("--skip-variants", action="store_true", help="only the sweep")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sites, hists, sizes = make_sites(args)
     print(f"{len(sites)} sites, {sum(sizes.values())} stays; sizes {min(sizes.values())}..{max(sizes.values())}")
-    rows = [run_variant(v, args, sites, args.gamma_th) for v in VARIANTS]
+    rows = [] if args.skip_variants else [run_variant(v, args, sites, args.gamma_th) for v in VARIANTS]
     sweep = []
     for th in [float(x) for x in args.sweep.split(",")]:
         r = recruit(hists, sizes, gamma_th=th)
-        sweep.append({"gamma_th": th, "recruited": len(r.recruited)})
-    (args.out / "results.json").write_text(json.dumps({"variants": rows, "sweep": sweep}, indent=2))
+        entry = {"gamma_th": th, "recruited": len(r.recruited)}
+        if args.sweep_train:
+            entry.update(run_variant("ARC", args, sites, th))
+        sweep.append(entry)
+    results = args.out / ("sweep.json" if args.skip_variants else "results.json")
+    results.write_text(json.dumps({"variants": rows, "sweep": sweep}, indent=2))
     print("| variant | gamma_th | sites trained | MAE | MAPE | MSE | MSLE | wall s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['variant']} | {r['gamma_th']} | {r['recruited']} | {r['mae']:.3f} | {r['mape']:.3f} | "
               f"{r['mse']:.2f} | {r['msle']:.4f} | {r['wall_s']:.0f} |")
     print("gamma_th sweep (recruited sites): " + ", ".join(f"{s['gamma_th']}: {s['recruited']}" for s in sweep))
+    for s in sweep:
+        if "mae" in s:
+            print(f"  ARC gamma_th={s['gamma_th']}: {s['recruited']} sites, MAE {s['mae']:.3f}, MAPE {s['mape']:.3f}, "
+                  f"MSE {s['mse']:.2f}, MSLE {s['msle']:.4f}, {s['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -109,12 +109,14 @@ def _finish(ax: Axes, drawn: bool, title: str, metric: str, *, legend: bool = Tr
     ax.set_ylabel(f"val {metric}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if drawn and legend:  # an empty legend warns, and pytest turns warnings into errors
-        ax.legend(fontsize=7)
+        n = len(ax.get_legend_handles_labels()[1])
+        # Beside the axes, in columns of at most 20 entries, so a big grid never covers the curves.
+        ax.legend(fontsize=6 if n > 10 else 7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  ncol=max(1, -(-n // 20)), frameon=False)
     elif not drawn:
         ax.text(0.5, 0.5, "n/a", ha="center", va="center", transform=ax.transAxes)
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight" keeps the outside legend in the image
     return path
