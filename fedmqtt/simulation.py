@@ -150,8 +150,11 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
     xs, ys = [], []
     for site, spec in sorted(config.sites.items()):
         data = load_site_data(spec)
+        _, counts = np.unique(data.y_train, return_counts=True)
+        # Stratify where every class has two rows; under extreme label skew some classes have one.
+        stratify = data.y_train if data.task.kind in ("binary", "multiclass") and counts.min() >= 2 else None
         x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=config.pretrain_fraction,
-                                      random_state=config.seed, stratify=data.y_train)
+                                      random_state=config.seed, stratify=stratify)
         xs.append(x)
         ys.append(y)
     import torch
