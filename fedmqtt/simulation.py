@@ -153,6 +153,8 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
         _, counts = np.unique(data.y_train, return_counts=True)
         # Stratify where every class has two rows; under extreme label skew some classes have one.
         stratify = data.y_train if data.task.kind in ("binary", "multiclass") and counts.min() >= 2 else None
+        if len(data.y_train) * config.pretrain_fraction < 1:  # a tiny site: too few rows to sample from
+            continue
         x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=config.pretrain_fraction,
                                       random_state=config.seed, stratify=stratify)
         xs.append(x)
