@@ -142,14 +142,17 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
     from safetensors.numpy import save_file
     from sklearn.model_selection import train_test_split
 
+    from fedmqtt.data.base import BINARY
     from fedmqtt.training.loop import derive_seed, train_local
     from fedmqtt.training.models import build_model
     from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays
     from site_agent.data import load_site_data
 
     xs, ys = [], []
+    task = BINARY
     for site, spec in sorted(config.sites.items()):
         data = load_site_data(spec)
+        task = data.task
         _, counts = np.unique(data.y_train, return_counts=True)
         # Stratify where every class has two rows; under extreme label skew some classes have one.
         stratify = data.y_train if data.task.kind in ("binary", "multiclass") and counts.min() >= 2 else None
@@ -165,7 +168,8 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
     model = build_model(config.model.name, dict(config.model.args))
     load_arrays(model, initial_arrays(config.model.name, dict(config.model.args), config.seed))
     settings = config.train.model_copy(update={"epochs": epochs})
-    train_local(model, np.concatenate(xs), np.concatenate(ys), settings, seed=derive_seed(config.seed, "pretrain", 0))
+    train_local(model, np.concatenate(xs), np.concatenate(ys), settings, seed=derive_seed(config.seed, "pretrain", 0),
+                task=task)
     path = config.out_dir / "pretrained.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state_to_arrays(model), str(path))
