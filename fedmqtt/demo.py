@@ -153,7 +153,11 @@ def _print_summary(report: dict[str, Any], work: Path, *, kept: bool, wall_s: fl
     print(render_table(final_table(report)))
     best = report.get("best_round")
     if best:
-        print(f"best validation round: {best['round']} (mean {best['metric']} {best['score']:.3f})")
+        line = f"best validation round: {best['round']} (mean {best['metric']} {best['score']:.3f})"
+        tested = ((report.get("best") or {}).get("mean") or {}).get("test", {})
+        if tested.get("auroc") is not None:  # seed 000's protocol: that round's models on the test splits
+            line += f"; its models' mean test AUROC {tested['auroc']:.3f}"
+        print(line)
     traffic = report["traffic"]
     print(f"wall time {wall_s:.1f} s; PS sent {traffic['bytes_sent']:,} B, received {traffic['bytes_received']:,} B")
     if kept:
