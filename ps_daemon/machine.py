@@ -217,7 +217,7 @@ class Machine:
             stragglers=tuple(s for s in state.selected if s not in state.updates),
             per_site=per_site, mean=mean, train_loss=mean_defined(losses),
             n_samples={s: state.updates[s].update.n_samples for s in participants},
-            started_at=state.round_started_at, closed_at=now,
+            started_at=state.round_started_at, closed_at=now, model_hash=state.model_hash,
         )
 
     def _better_best(self, state: DaemonState, record: RoundRecord) -> BestRound | None:

@@ -40,10 +40,28 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
                                                  "model_hash": best.model_hash},
         "best": _best_section(state),
         "recruitment": None if state.recruitment is None else dict(state.recruitment),
+        "manifest": run_manifest(state),
         "timings": timings,
         "traffic": traffic,
         "models": models,
     }
+
+
+def run_manifest(state: DaemonState) -> dict[str, Any]:
+    """What makes the run reproducible and auditable: library versions and every model version exchanged."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions: dict[str, str] = {"python": platform.python_version()}
+    for package in ("fedmqtt", "numpy", "torch", "paho-mqtt", "msgpack", "pydantic", "scikit-learn"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = "not installed"
+    hashes = {str(r.round): r.model_hash for r in state.history}
+    hashes[str(state.round)] = state.model_hash  # the final model
+    return {"versions": versions, "model_hashes": hashes,
+            "best_model_hash": state.best.model_hash if state.best else None}
 
 
 def _means(reports: Any, *, prefix: str) -> dict[str, dict[str, float | None]]:

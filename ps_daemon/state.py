@@ -32,6 +32,7 @@ class RoundRecord:
     n_samples: Mapping[str, int]
     started_at: float
     closed_at: float
+    model_hash: str = ""  # the model version the sites trained from in this round
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def test_central_baseline_report_has_the_federated_layout(tmp_path: Path) -> Non
 
 
 def test_saved_models_keep_every_tensor_shape(tmp_path: Path) -> None:
-    """final/best model files of a BatchNorm model keep 0-d buffers 0-d (num_batches_tracked), like the model."""
+    """final/best model files keep 0-d buffers 0-d; the run manifest lists versions and every model hash."""
     from safetensors.numpy import load_file
 
     from fedmqtt.training.weights import initial_arrays
@@ -36,8 +36,12 @@ def test_saved_models_keep_every_tensor_shape(tmp_path: Path) -> None:
     cfg = SimulationConfig(algorithm="fedavg", rounds=2, out_dir=tmp_path, model=model,
                            train=TrainSettings(epochs=1, batch_size=32, lr=0.01))
     # Execute
-    run_simulation(cfg, progress=False)
+    report = run_simulation(cfg, progress=False)
     # Assert
+    manifest = report["manifest"]
+    assert manifest["versions"]["fedmqtt"] and manifest["versions"]["numpy"]
+    assert sorted(manifest["model_hashes"]) == ["1", "2", "3"] and len(set(manifest["model_hashes"].values())) == 3
+    assert manifest["model_hashes"]["3"] == report["final"]["model_hash"]
     reference = initial_arrays("mlp", dict(model.args), 0)
     for name in ("final_model.safetensors", "best_model.safetensors"):
         saved = load_file(str(tmp_path / name))
