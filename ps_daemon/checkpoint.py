@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedmqtt.atomic import write_atomic
 from fedmqtt.errors import CheckpointError, SchemaError
 from ps_daemon.state import BestRound, DaemonState, RoundRecord
 from schemas.checkpoint import BestRoundRecord, Checkpoint
@@ -95,18 +95,7 @@ class CheckpointStore:
 
     def save(self, ckpt: Checkpoint) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"round-{ckpt.round:06d}.ckpt"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(encode_checkpoint(ckpt))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
+        path = write_atomic(self.folder / f"round-{ckpt.round:06d}.ckpt", encode_checkpoint(ckpt))
         for old in self._files()[: -self.keep]:
             old.unlink(missing_ok=True)
         return path

@@ -16,6 +16,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from fedmqtt.atomic import write_atomic
 from schemas.tensors import TensorBlob, arrays_to_blobs
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,7 @@ class LocalState:
     def _write(path: Path, round_no: int, groups: Groups) -> None:
         data = {"round": round_no,
                 "groups": {g: [b.model_dump() for b in arrays_to_blobs(w)] for g, w in groups.items()}}
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(msgpack.packb(data, use_bin_type=True))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, msgpack.packb(data, use_bin_type=True))
 
 
 class BestSlot:
@@ -101,11 +97,10 @@ class BestSlot:
 
 
 def _save(path: Path, round_no: int, weights: dict[str, np.ndarray]) -> None:
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
-    tmp = path.with_suffix(".tmp")
-    save_file({k: np.array(v, order="C") for k, v in weights.items()}, str(tmp), metadata={"round": str(round_no)})
-    os.replace(tmp, path)
+    arrays = {k: np.array(v, order="C") for k, v in weights.items()}
+    write_atomic(path, save(arrays, metadata={"round": str(round_no)}))
 
 
 def _round_of(path: Path) -> int:

@@ -3,8 +3,9 @@ so a restarted agent re-publishes the stored bytes instead of training again (al
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from fedmqtt.atomic import write_atomic
 
 
 class UplinkStore:
@@ -20,13 +21,7 @@ class UplinkStore:
         return path.read_bytes() if path.is_file() else None
 
     def save(self, kind: str, round_no: int, model_hash: str, payload: bytes) -> Path:
-        path = self._path(kind, round_no, model_hash)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        path = write_atomic(self._path(kind, round_no, model_hash), payload)
         self._prune(kind, keep=3)
         return path
 

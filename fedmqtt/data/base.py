@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
+
+from fedmqtt.errors import DataError
 
 TaskKind = Literal["binary", "multiclass", "multilabel", "regression"]
 
@@ -23,3 +26,14 @@ class TaskInfo:
 
 
 BINARY = TaskInfo("binary", 1, ("0", "1"))
+
+
+def parse_number(raw: str, *, where: str) -> float:
+    """A finite float from a data cell, or a DataError that starts with `where` (file, line, column)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise DataError(f"{where}: not a number: {raw!r}") from None
+    if not math.isfinite(value):
+        raise DataError(f"{where}: not a finite number: {raw!r}")
+    return value

@@ -8,6 +8,7 @@ from typing import Final
 
 import numpy as np
 
+from fedmqtt.data.base import parse_number
 from fedmqtt.errors import DataError
 
 SITES: tuple[str, ...] = ("cleveland", "hungary", "switzerland", "va")
@@ -96,13 +97,7 @@ def _parse_line(path: Path, line_no: int, line: str) -> list[float]:
         if field in ("?", ""):
             values.append(math.nan)
             continue
-        try:
-            value = float(field)
-        except ValueError:
-            raise DataError(f"{_where(path, line_no, name)}: not a number: {field!r}") from None
-        if not math.isfinite(value):
-            raise DataError(f"{_where(path, line_no, name)}: not a finite number: {field!r}")
-        values.append(value)
+        values.append(parse_number(field, where=_where(path, line_no, name)))
     return values
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedmqtt.data.base import TaskInfo
+from fedmqtt.data.base import TaskInfo, parse_number
 from fedmqtt.errors import DataError
 
 
@@ -226,13 +226,7 @@ def _encode(path: Path, where: str, cells: list[str], col: dict[str, int], spec:
         if raw in spec.missing:
             out.append(math.nan)
             continue
-        try:
-            value = float(raw)
-        except ValueError:
-            raise DataError(f"{path}: {where}, column {name!r}: not a number: {raw!r}") from None
-        if not math.isfinite(value):
-            raise DataError(f"{path}: {where}, column {name!r}: not a finite number: {raw!r}")
-        out.append(value)
+        out.append(parse_number(raw, where=f"{path}: {where}, column {name!r}"))
     for name, b in spec.binary.items():
         raw = cells[col[name]].strip()
         if raw not in (b.true, b.false) and raw not in spec.missing:

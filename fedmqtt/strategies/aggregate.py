@@ -132,17 +132,6 @@ def copy_weights(weights: Mapping[str, np.ndarray]) -> Weights:
     return {name: np.array(value, copy=True) for name, value in weights.items()}
 
 
-def weighted_mean(updates: Sequence[SiteUpdate], weights: np.ndarray, current: Weights) -> Weights:
-    """Convex combination of every tensor in `current`; integer buffers take the maximum.
-
-    Sums run in the order of `updates` (callers sort by site id) and in float64, so the result does
-    not depend on message arrival order. With no update, copies of `current`.
-    """
-    if not updates:
-        return copy_weights(current)
-    return combine(updates, weights, list(current), current)
-
-
 def check_update_shapes(update: SiteUpdate, current: Weights) -> str | None:
     """A reason why `update` cannot be combined with `current`, or None if it fits."""
     missing = sorted(set(current) - set(update.tensors))
