@@ -118,12 +118,13 @@ class DaemonRunner:
         c = self.config
         self.state = self._load_state()
         will = encode(self._status_msg("offline", detail="PS disconnected"))
-        transport = self._transport_factory(client_id=f"fedmqtt-ps-{c.run_id}", will=(topics.ps_status_topic(c.run_id), will))
-        self.channel = Channel(transport, run_id=c.run_id, sender=PS)
-        transport.connect(timeout_s=None)
-        # Statuses first: retained site statuses are replayed before any retained update.
+        self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-ps-{c.run_id}",
+                                    will=(topics.ps_status_topic(c.run_id), will), run_id=c.run_id, sender=PS)
+        self.channel.connect(timeout_s=None)
+        # Statuses first: retained site statuses are replayed before any retained update. These filters
+        # do not match `<topic>/chunk/<i>`: chunks are fetched one transfer at a time (transport/bulk.py).
         for kind in ("status", "update", "report"):
-            transport.subscribe([topics.any_site_filter(c.run_id, kind)])
+            self.channel.transport.subscribe([topics.any_site_filter(c.run_id, kind)])
         self._apply(Started(time.time()))
 
     def poll(self, timeout_s: float) -> bool:
@@ -144,9 +145,9 @@ class DaemonRunner:
         c = self.config
         if self.finished is None:  # say we are gone (a clean disconnect does not fire the Will)
             final = encode(self._status_msg("offline", detail="PS stopped"))
-            self.channel.transport.close(final=(topics.ps_status_topic(c.run_id), final))
+            self.channel.close(final=(topics.ps_status_topic(c.run_id), final))
         else:
-            self.channel.transport.close()
+            self.channel.close()
 
     def run(self) -> DaemonState:
         """Serve until the run is done or SIGTERM/SIGINT arrives; return the last state."""
@@ -175,7 +176,7 @@ class DaemonRunner:
         log.info("signal %d: stopping after the current step", signum)
         self._stop = True
         if hasattr(self, "channel"):
-            self.channel.transport.interrupt()
+            self.channel.interrupt()
 
     # -- inbound --------------------------------------------------------------------------------
     def _to_event(self, inbound: Inbound) -> Event | None:
@@ -279,8 +280,9 @@ class DaemonRunner:
         if state.best is not None:
             models["best"] = str(out / "best_model.safetensors")
             save_file({k: np.array(v, order="C") for k, v in state.best.weights.items()}, models["best"])
-        t = self.channel.transport
+        t = self.channel
         traffic = {"bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
+                   "chunked_transfers": vars(t.fetcher.stats),
                    "messages_received": self.channel.stats.received, "duplicates": self.channel.stats.duplicates,
                    "rejected": dict(self.channel.stats.rejected)}
         finished_at = time.time()

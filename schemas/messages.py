@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Union
 from pydantic import Field
 
 from schemas.base import ID_PATTERN, Frozen, Header
+from schemas.chunks import Chunk, ChunkManifest
 from schemas.tensors import TensorBlob
 
 Scalar = Union[bool, int, float, str]
@@ -92,6 +93,18 @@ class RecruitmentResult(Header):
     detail: str = ""
 
 
+class ResourceUsage(Frozen):
+    """What one local round cost the site: wall and CPU seconds, and on NVIDIA GPUs energy and load."""
+
+    device: str
+    wall_s: FiniteFloat = Field(ge=0)
+    cpu_s: FiniteFloat = Field(ge=0)  # process CPU time (all threads) spent in local training
+    energy_j: FiniteFloat | None = None  # NVML total-energy counter difference; None off NVIDIA or if unsupported
+    gpu_util_pct: FiniteFloat | None = None  # mean NVML utilisation sampled during training
+    gpu_peak_mem_mb: FiniteFloat | None = None
+    amp: str | None = None  # autocast dtype, e.g. "bfloat16"; None in full precision
+
+
 class ClientUpdate(Header):
     """`site/<site>/update`: a site's full post-training tensors and what the PS needs to weigh them."""
 
@@ -109,6 +122,7 @@ class ClientUpdate(Header):
     layer_stats: tuple[TensorBlob, ...] = ()
     label_histogram: dict[str, int] | None = None
     compute_seconds: float = Field(default=0.0, ge=0)
+    usage: ResourceUsage | None = None
     done: bool = True
 
 
@@ -167,7 +181,7 @@ class RoundMetrics(Header):
 
 Message = Annotated[
     Union[GlobalModel, TrainTask, EvalTask, RecruitmentResult, ClientUpdate, EvalReport, SiteStatus, DaemonStatus,
-          RoundMetrics],
+          RoundMetrics, ChunkManifest, Chunk],
     Field(discriminator="kind"),
 ]
 

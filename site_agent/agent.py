@@ -23,7 +23,7 @@ from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
 from schemas import messages as m
-from schemas.codec import encode
+from schemas.codec import decode, encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
@@ -65,10 +65,10 @@ class SiteAgent:
         c = self.config
         self.status_topic = topics.site_status_topic(c.run_id, c.site_id)
         will = (self.status_topic, encode(self._status("offline", "connection lost")))
-        transport = self._transport_factory(client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}", will=will)
-        self.channel = Channel(transport, run_id=c.run_id, sender=c.site_id)
-        transport.connect(timeout_s=None)
-        transport.subscribe([topics.ps_status_topic(c.run_id), topics.ps_model_topic(c.run_id),
+        self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}",
+                                    will=will, run_id=c.run_id, sender=c.site_id)
+        self.channel.connect(timeout_s=None)
+        self.channel.transport.subscribe([topics.ps_status_topic(c.run_id), topics.ps_model_topic(c.run_id),
                              topics.ps_task_topic(c.run_id, c.site_id)])
         log.info("site %s online: %d train / %d val / %d test rows on %s", c.site_id, self.data.n_train,
                  self.data.n_val, self.data.n_test, self.device)
@@ -82,7 +82,7 @@ class SiteAgent:
         self._work()
 
     def close(self) -> None:
-        self.channel.transport.close(final=(self.status_topic, encode(self._status("offline", "agent stopped"))))
+        self.channel.close(final=(self.status_topic, encode(self._status("offline", "agent stopped"))))
 
     def run(self, *, exit_when_done: bool = False) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -100,7 +100,7 @@ class SiteAgent:
     def _request_stop(self, signum: int, frame: object) -> None:
         self._stop = True
         if hasattr(self, "channel"):
-            self.channel.transport.interrupt()
+            self.channel.interrupt()
 
     def _announce_if_reconnected(self, status_topic: str) -> None:
         # After a network loss the broker published our Will ("offline"); say we are back.
@@ -173,7 +173,7 @@ class SiteAgent:
         stored = self.store.load("update", task.round, task.model_hash)
         if stored is not None:  # trained before a restart: re-send, never train twice
             log.info("round %d: re-publishing the stored update", task.round)
-            self.channel.transport.publish(topic, stored)
+            self.channel.send(topic, decode(stored, max_bytes=self.channel.max_bytes), payload=stored)
             return
         self.local.resolve(task.accepted_round, task.round)
         self.best.promote(task.best_round)
@@ -200,7 +200,7 @@ class SiteAgent:
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
         crash_point("site_before_publish", task.round)
-        self.channel.transport.publish(topic, payload)
+        self.channel.send(topic, update, payload=payload)
         crash_point("site_after_publish", task.round)
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))

@@ -24,7 +24,7 @@ def run_agents(config_paths: list[Path], *, exit_when_done: bool = True) -> None
         nonlocal stop
         stop = True
         for agent in agents:
-            agent.channel.transport.interrupt()
+            agent.channel.interrupt()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, request_stop)

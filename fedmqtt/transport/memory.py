@@ -41,11 +41,12 @@ class MemoryTransport:
     """Same surface as MqttTransport (publish, subscribe, get, close...), delivered in-process."""
 
     def __init__(self, broker: MemoryBroker, settings: BrokerSettings = SIMULATION_SETTINGS, *,
-                 client_id: str = "", will: tuple[str, bytes] | None = None) -> None:
+                 client_id: str = "", will: tuple[str, bytes] | None = None,
+                 inbox: "queue.Queue[RawMessage] | None" = None) -> None:
         self.broker = broker
         self.settings = settings
         self.client_id = client_id
-        self.inbox: queue.Queue[RawMessage] = queue.Queue()
+        self.inbox: queue.Queue[RawMessage] = inbox if inbox is not None else queue.Queue()
         self.filters: list[str] = []
         self.connects = 0
         self.bytes_sent = 0
@@ -81,6 +82,24 @@ class MemoryTransport:
         for topic, payload in sorted(self.broker.retained.items()):  # replay retained, as a broker does
             if any(topic_matches_sub(f, topic) for f in new):
                 self.receive_raw(RawMessage(topic, payload, True))
+
+    def unsubscribe(self, filters: Iterable[str]) -> None:
+        gone = set(filters)
+        self.filters = [f for f in self.filters if f not in gone]
+
+    def refetch(self, filters: Iterable[str]) -> None:
+        wanted = list(filters)
+        self.filters.extend(f for f in wanted if f not in self.filters)
+        for topic, payload in sorted(self.broker.retained.items()):
+            if any(topic_matches_sub(f, topic) for f in wanted):
+                self.receive_raw(RawMessage(topic, payload, True))
+
+    def publish_many(self, messages: Iterable[tuple[str, bytes]], **_: object) -> int:
+        sent = 0
+        for topic, payload in messages:
+            self.publish(topic, payload)
+            sent += len(payload)
+        return sent
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = True, timeout_s: float = 60.0) -> None:
         if len(payload) > self.settings.max_payload_bytes:

@@ -45,9 +45,12 @@ class MqttTransport:
         *,
         client_id: str,
         will: tuple[str, bytes] | None = None,
+        inbox: "queue.Queue[RawMessage] | None" = None,
     ) -> None:
+        """`inbox`: share another connection's queue (the bulk connection feeds the control one's reader)."""
         self.settings = settings
-        self.inbox: queue.Queue[RawMessage] = queue.Queue()
+        self.client_id = client_id
+        self.inbox: queue.Queue[RawMessage] = inbox if inbox is not None else queue.Queue()
         self._filters: list[str] = []
         self._connected = threading.Event()
         self._interrupted = threading.Event()  # set by a signal handler: stop waiting for the broker
@@ -151,6 +154,59 @@ class MqttTransport:
             self._filters.extend(new)
         if new and self.connected:
             self._client.subscribe([(f, 2) for f in new])
+
+    def unsubscribe(self, filters: Iterable[str]) -> None:
+        gone = [f for f in filters if f in self._filters]
+        with self._lock:
+            self._filters = [f for f in self._filters if f not in gone]
+        if gone and self.connected:
+            self._client.unsubscribe(gone)
+
+    def refetch(self, filters: Iterable[str]) -> None:
+        """Subscribe again even if subscribed: the broker replays the retained messages (MQTT v5 default)."""
+        wanted = list(filters)
+        with self._lock:
+            self._filters.extend(f for f in wanted if f not in self._filters)
+        if wanted and self.connected:
+            self._client.subscribe([(f, 2) for f in wanted])
+
+    def publish_many(self, messages: Iterable[tuple[str, bytes]], *, window: int = 16, timeout_s: float = 120.0) -> int:
+        """Publish retained at QoS 2 with up to `window` messages awaiting PUBCOMP (one round trip per message
+        would cap a chunked model at a few MB/s); anything not acknowledged is re-sent one by one."""
+        pending: list[tuple[str, bytes, mqtt.MQTTMessageInfo]] = []
+        retry: list[tuple[str, bytes]] = []
+        sent = 0
+
+        def settle(item: tuple[str, bytes, mqtt.MQTTMessageInfo]) -> None:
+            nonlocal sent
+            topic, payload, info = item
+            deadline = time.monotonic() + timeout_s
+            while not info.is_published() and self._connected.is_set() and time.monotonic() < deadline:
+                try:
+                    info.wait_for_publish(timeout=0.5)
+                except (RuntimeError, ValueError):
+                    break
+            if info.is_published():
+                sent += len(payload)
+            else:
+                retry.append((topic, payload))
+
+        for topic, payload in messages:
+            if len(payload) > self.settings.max_payload_bytes:
+                raise BrokerError(f"payload of {len(payload)} bytes for {topic} exceeds max_payload_bytes "
+                                  f"{self.settings.max_payload_bytes}")
+            if not self.wait_connected(timeout_s):
+                raise BrokerError(f"publish to {topic}: not connected within {timeout_s:.0f} s")
+            pending.append((topic, payload, self._client.publish(topic, payload, qos=2, retain=True)))
+            if len(pending) >= window:
+                settle(pending.pop(0))
+        for item in pending:
+            settle(item)
+        self.bytes_sent += sent
+        for topic, payload in retry:  # the connection dropped under us: publish() waits for the reconnect
+            self.publish(topic, payload, timeout_s=timeout_s)
+            sent += len(payload)
+        return sent
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = True, timeout_s: float = 60.0) -> None:
         """Publish at QoS 2 and wait for PUBCOMP; retry across reconnects until `timeout_s`."""

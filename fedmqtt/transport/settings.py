@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.chunks import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+
 
 class BrokerSettings(BaseModel):
     """Broker address and this party's own credentials (each site has its own user)."""
@@ -18,4 +20,12 @@ class BrokerSettings(BaseModel):
     password: str = Field(min_length=1, repr=False)
     keepalive_s: int = Field(default=30, ge=5, le=3600)
     tls_ca_file: Path | None = None  # set for a TLS listener (production); None on loopback
-    max_payload_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # Largest message after reassembly (a 512 MB model fits); the broker's own per-packet cap is far lower
+    # (mosquitto.conf) because anything above `chunk_threshold_bytes` travels as chunks.
+    max_payload_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    chunk_threshold_bytes: int = Field(default=4 * 1024 * 1024, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES)
+    chunk_bytes: int = Field(default=2 * 1024 * 1024, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES)
+    # A receiver asks for at most this many chunk bytes at a time: keep it under max_queued_bytes.
+    fetch_window_bytes: int = Field(default=64 * 1024 * 1024, ge=MIN_CHUNK_BYTES)
+    chunk_stall_s: float = Field(default=10.0, gt=0)  # no chunk for this long: fetch the missing ones again
+    chunk_refetches: int = Field(default=3, ge=0)  # then give up on the transfer, naming the missing chunks

@@ -19,6 +19,11 @@ PS_STATUS = "ps/status"
 PS_MODEL = "ps/model"
 PS_METRICS = "ps/metrics"
 SITE_KINDS = ("status", "update", "report")
+# Payloads that may be too big for one MQTT message travel as chunks under `<topic>/chunk/<index>`
+# (design.md section 3); the small manifest stays on `<topic>` itself.
+CHUNKED_KINDS = {("ps", "model"), ("ps", "task"), ("site", "update"), ("site", "report")}
+CHUNK = "chunk"
+MAX_CHUNKS = 1_000_000
 
 
 def validate_id(value: str, *, what: str = "id") -> str:
@@ -85,6 +90,18 @@ def any_site_filter(run_id: str, kind: str) -> str:
     return f"{run_prefix(run_id)}/site/+/{kind}"
 
 
+def chunk_topic(topic: str, index: int) -> str:
+    """Where chunk `index` of a large payload for `topic` travels."""
+    if not 0 <= index < MAX_CHUNKS:
+        raise TopicError(f"chunk index {index} out of range")
+    return f"{topic}/{CHUNK}/{index}"
+
+
+def chunk_filter(topic: str) -> str:
+    """Every chunk of `topic` (the ACL grants reads with this filter)."""
+    return f"{topic}/{CHUNK}/+"
+
+
 @dataclass(frozen=True)
 class ParsedTopic:
     """A topic taken apart: who it is about and what it carries."""
@@ -93,6 +110,11 @@ class ParsedTopic:
     role: str  # "ps" or "site"
     kind: str  # status | model | metrics | task | update | report
     site_id: str | None = None
+    chunk: int | None = None  # set on `<topic>/chunk/<index>`
+
+    @property
+    def base(self) -> tuple[str, str]:
+        return (self.role, self.kind)
 
 
 def parse_topic(topic: str) -> ParsedTopic:
@@ -102,6 +124,14 @@ def parse_topic(topic: str) -> ParsedTopic:
         raise TopicError(f"not a fedmqtt {VERSION} topic: {topic!r}")
     run_id = validate_id(parts[2], what="run id")
     rest = parts[3:]
+    if len(rest) >= 3 and rest[-2] == CHUNK:
+        index = rest[-1]
+        if not (index.isdigit() and len(index) <= 6 and str(int(index)) == index):
+            raise TopicError(f"bad chunk index in topic {topic!r}")
+        base = parse_topic("/".join(parts[:-2]))
+        if base.base not in CHUNKED_KINDS:
+            raise TopicError(f"{base.role}/{base.kind} payloads are never chunked: {topic!r}")
+        return ParsedTopic(base.run_id, base.role, base.kind, base.site_id, int(index))
     if rest[0] == "ps" and len(rest) == 2 and rest[1] in ("status", "model", "metrics"):
         return ParsedTopic(run_id, "ps", rest[1])
     if rest[0] == "ps" and len(rest) == 3 and rest[1] == "task":

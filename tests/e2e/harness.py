@@ -38,7 +38,8 @@ class CliFederation:
     def __init__(self, work: Path, *, run_id: str, rounds: int, sites: tuple[str, ...] = SITES,
                  round_timeout_s: float = 60.0, algorithm: str = "fedavg", hyper: dict | None = None,
                  train: dict | None = None, model: dict | None = None, share_label_histogram: bool = False,
-                 ps_extra: dict | None = None) -> None:
+                 ps_extra: dict | None = None, broker_extra: dict | None = None) -> None:
+        """`broker_extra`: BrokerSettings keys appended to every party's `[broker]` table (e.g. chunk sizes)."""
         self.work = work
         self.logs = work / "logs"
         fed = work / "federation"
@@ -47,6 +48,9 @@ class CliFederation:
             args += ["--site", site]
         subprocess.run([sys.executable, "-m", "fedmqtt", *args], check=True, capture_output=True)
         self.layout: FederationLayout = load_federation(fed)
+        for path in self.layout.credentials.values():
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.writelines(f"{key} = {value}\n" for key, value in (broker_extra or {}).items())
         self.ps_config, self.site_configs = write_role_configs(
             self.layout, work, rounds=rounds, seed=0, round_timeout_s=round_timeout_s, train=train or FAST_TRAIN,
             algorithm=algorithm, hyper=hyper, model=model, share_label_histogram=share_label_histogram,

@@ -36,10 +36,14 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
         ("site-a", "read", f"{P}/ps/status"),
         ("site-a", "read", f"{P}/ps/model"),
         ("site-a", "read", f"{P}/ps/task/site-a"),
+        ("site-a", "read", f"{P}/ps/model/chunk/+"),
+        ("site-a", "read", f"{P}/ps/task/site-a/chunk/+"),
         ("site-b", "write", f"{P}/site/site-b/#"),
         ("site-b", "read", f"{P}/ps/status"),
         ("site-b", "read", f"{P}/ps/model"),
         ("site-b", "read", f"{P}/ps/task/site-b"),
+        ("site-b", "read", f"{P}/ps/model/chunk/+"),
+        ("site-b", "read", f"{P}/ps/task/site-b/chunk/+"),
     }
 
     # Execute
@@ -64,6 +68,8 @@ def test_acl_topics_all_come_from_the_topic_builders() -> None:
         topics.any_site_filter(RUN, "status"),
         *(topics.ps_task_topic(RUN, s) for s in sites),
         *(topics.site_all_filter(RUN, s) for s in sites),
+        topics.chunk_filter(topics.ps_model_topic(RUN)),
+        *(topics.chunk_filter(topics.ps_task_topic(RUN, s)) for s in sites),
     }
 
     # Execute

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from fedmqtt.errors import SchemaError
 from schemas import messages as m
 from schemas.codec import decode, encode, json_schemas
+from schemas.chunks import Chunk, ChunkManifest, TensorEntry, chunk_digest, root_digest
 from schemas.messages import TEXT_KINDS
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays, tensors_hash
 
@@ -67,6 +68,8 @@ def _all_messages() -> list[BaseModel]:
             control_variates=arrays_to_blobs({"c": np.ones(3, np.float32)}),
             label_histogram={"0": 70, "1": 50},
             compute_seconds=1.5,
+            usage=m.ResourceUsage(device="cuda:0", wall_s=1.5, cpu_s=1.2, energy_j=310.5, gpu_util_pct=87.0,
+                                  gpu_peak_mem_mb=812.0, amp="bfloat16"),
         ),
         m.EvalReport(
             run_id=RUN,
@@ -113,7 +116,16 @@ def _all_messages() -> list[BaseModel]:
             train_loss=0.3,
             duration_s=4.25,
         ),
+        _manifest(),
+        Chunk(run_id=RUN, sender="ps", round=1, transfer_id="t" * 32, index=0, data=b"\x01" * 2048),
     ]
+
+
+def _manifest() -> ChunkManifest:
+    digests = (chunk_digest(b"\x01" * 2048), chunk_digest(b"\x02" * 100))
+    return ChunkManifest(run_id=RUN, sender="ps", round=1, inner_kind="global_model", transfer_id="t" * 32,
+                         total_bytes=2148, chunk_bytes=2048, chunk_sha256=digests, root_sha256=root_digest(digests),
+                         tensor_index=(TensorEntry(name="fc.weight", dtype="float32", shape=(2, 3)),))
 
 
 def _valid_update_dict() -> dict:

@@ -1,0 +1,78 @@
+"""Large payloads as chunks: one small manifest on the message's own topic, the bytes under `<topic>/chunk/<i>`.
+
+Any encoded message above the sender's threshold is cut into equal chunks (the last may be shorter). The
+manifest names the transfer (the inner message's msg_id), the byte count, the chunk size, a SHA-256 per
+chunk and a tensor index, so a receiver can size its buffer, spot a lost, duplicated, stale or corrupted
+chunk by itself and refuse an oversized transfer before it allocates anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from schemas.base import Frozen, Header
+from schemas.tensors import DType
+
+MIN_CHUNK_BYTES = 1024
+MAX_CHUNK_BYTES = 8 * 1024 * 1024  # keeps every MQTT packet under mosquitto.conf's max_packet_size
+_SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
+class TensorEntry(Frozen):
+    """One tensor of the chunked message: lets a receiver check the model's layout before downloading it."""
+
+    name: str = Field(min_length=1, max_length=256)
+    dtype: DType
+    shape: tuple[int, ...]
+
+
+class ChunkManifest(Header):
+    """On `<topic>` in place of a message too large for one MQTT packet; its chunks are already retained."""
+
+    kind: Literal["chunk_manifest"] = "chunk_manifest"
+    inner_kind: str = Field(max_length=64)
+    transfer_id: str = Field(min_length=8, max_length=64)  # the inner message's msg_id
+    total_bytes: int = Field(ge=1)
+    chunk_bytes: int = Field(ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES)
+    chunk_sha256: tuple[str, ...]
+    root_sha256: str = Field(pattern=_SHA256_HEX)  # SHA-256 of the concatenated chunk digests
+    tensor_index: tuple[TensorEntry, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return len(self.chunk_sha256)
+
+    def chunk_length(self, index: int) -> int:
+        return min(self.chunk_bytes, self.total_bytes - index * self.chunk_bytes)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ChunkManifest":
+        expected = math.ceil(self.total_bytes / self.chunk_bytes)
+        if self.count != expected:
+            raise ValueError(f"{self.count} chunk digests for {self.total_bytes} bytes in chunks of "
+                             f"{self.chunk_bytes} (expected {expected})")
+        if root_digest(self.chunk_sha256) != self.root_sha256:
+            raise ValueError("root_sha256 does not match the chunk digests")
+        return self
+
+
+class Chunk(Header):
+    """On `<topic>/chunk/<index>`: bytes [index * chunk_bytes, ...) of transfer `transfer_id`."""
+
+    kind: Literal["chunk"] = "chunk"
+    transfer_id: str = Field(min_length=8, max_length=64)
+    index: int = Field(ge=0)
+    data: bytes = Field(min_length=1, max_length=MAX_CHUNK_BYTES)
+
+
+def chunk_digest(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def root_digest(chunk_digests: tuple[str, ...] | list[str]) -> str:
+    """One hash for the whole payload without hashing its bytes twice."""
+    return hashlib.sha256("".join(chunk_digests).encode()).hexdigest()
