@@ -5,12 +5,19 @@ Every site is a real agent with its own MQTT connection and credentials; several
 site i reading hospital i mod 4 (the timing is what matters here, not the accuracy).
 
     python bench/many_sites.py --sites 100 --rounds 3 --processes 4 [--selection recruited --gamma-th 0.3]
+    python bench/many_sites.py --sites 20 --rounds 2 --model-mb 16 --bare   # model size, overhead vs bare paho
+
+`--model-mb M` swaps the small MLP for a wide one of about M MB of float32 weights and makes local work
+one SGD step, so the round is mostly communication; `--bare` then moves the same bytes through the same
+broker with bare paho clients (bench/bare_paho.py) for the floor to compare the overhead with.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,11 +43,42 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def model_spec(model_mb: float | None) -> dict:
+    """The heart MLP, or one with two hidden layers of width H so that it holds about `model_mb` MB."""
+    if not model_mb:
+        return {"name": "mlp", "args": {"in_features": 15, "hidden": [32, 32]}}
+    params = model_mb * 1e6 / 4
+    width = int((-18 + math.sqrt(18 * 18 + 4 * params)) / 2)  # 15H + H + H*H + H + H + 1 params
+    return {"name": "mlp", "args": {"in_features": 15, "hidden": [width, width]}}
+
+
+def model_bytes(spec: dict) -> int:
+    from fedmqtt.training.weights import initial_arrays
+
+    return sum(a.nbytes for a in initial_arrays(spec["name"], spec["args"], 0).values())
+
+
+def bare_paho(work: Path, layout, sites: int, model_mb: float) -> dict:  # noqa: ANN001
+    from fedmqtt.config_io import load_toml
+    from fedmqtt.transport.settings import BrokerSettings
+
+    settings = load_toml(layout.credentials["ps"], BrokerSettings, section="broker")
+    secret = work / "ps.password"
+    secret.write_text(settings.password)
+    os.chmod(secret, 0o600)
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("bare_paho.py")), "--port", str(layout.port),
+                          "--user", "ps", "--password-file", str(secret), "--prefix", f"fedmqtt/v1/{layout.run_id}/bench",
+                          "--sites", str(sites), "--model-mb", str(model_mb)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def write_configs(work: Path, layout, args) -> tuple[Path, list[Path]]:  # noqa: ANN001
     ps = {"run_id": layout.run_id, "rounds": args.rounds, "sites": list(layout.site_ids), "quorum": 1,
           "round_timeout_s": 600.0, "seed": 0, "out_dir": str(work / "ps"), "credentials": str(layout.credentials["ps"]),
-          "selection": args.selection, "model": {"name": "mlp", "args": {"in_features": 15, "hidden": [32, 32]}},
+          "selection": args.selection, "model": model_spec(args.model_mb),
           "train": {"epochs": 1, "batch_size": 32, "lr": 0.001, "optimizer": "adam"}}
+    if args.model_mb:
+        ps["train"] = {"epochs": 1, "batch_size": 16, "steps_per_epoch": 1, "lr": 0.001, "optimizer": "sgd"}
     if args.fraction:
         ps["fraction"] = args.fraction
     if args.selection == "recruited":
@@ -67,6 +105,8 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=None)
     ap.add_argument("--gamma-th", type=float, default=0.3)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--model-mb", type=float, default=None, help="model size in MB (default: the small heart MLP)")
+    ap.add_argument("--bare", action="store_true", help="also time the same bytes through bare paho clients")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="fedmqtt-many-"))
     site_ids = [f"site-{i:03d}" for i in range(args.sites)]
@@ -74,7 +114,7 @@ def main() -> None:
     layout = init_federation(work / "federation", run_id="many", site_ids=site_ids, port=free_port(), force=True)
     ps_path, site_paths = write_configs(work, layout, args)
     (work / "logs").mkdir(exist_ok=True)
-    with BrokerProcess.start(layout.conf_path, port=layout.port):
+    with BrokerProcess.start(layout.conf_path, port=layout.port) as broker:
         procs = []
         for k in range(args.processes):
             chunk = [str(p) for p in site_paths[k :: args.processes]]
@@ -83,9 +123,10 @@ def main() -> None:
         ps_log = open(work / "logs" / "ps.log", "wb")
         ps = subprocess.Popen([sys.executable, "-m", "fedmqtt", "ps", "start", "--config", str(ps_path)],
                               stdout=ps_log, stderr=ps_log)
-        peak = 0.0
+        peak = broker_peak = 0.0
         while ps.poll() is None:
             peak = max(peak, peak_rss_mb(ps.pid) or 0.0)
+            broker_peak = max(broker_peak, peak_rss_mb(broker.pid) or 0.0)
             failed = [k for k, p in enumerate(procs) if p.poll() not in (None, 0)]
             if failed:
                 ps.terminate()
@@ -95,6 +136,7 @@ def main() -> None:
             p.terminate()
         for p in procs:
             p.wait(30)
+        bare = bare_paho(work, layout, args.sites, args.model_mb) if args.bare and args.model_mb else None
     if ps.returncode != 0:
         raise SystemExit(f"PS failed ({ps.returncode}); see {work / 'logs' / 'ps.log'}")
     report = json.loads((work / "ps" / "report.json").read_text())
@@ -108,6 +150,26 @@ def main() -> None:
           f"{[len(r['sites']) for r in report['rounds']]}")
     print(f"PS peak RSS {peak:.0f} MB (VmHWM, sampled every 0.2 s)")
     print(f"PS traffic: sent {report['traffic']['bytes_sent']:,} B, received {report['traffic']['bytes_received']:,} B")
+    print(f"broker peak RSS {broker_peak:.0f} MB (VmHWM)")
+    spec = model_spec(args.model_mb)
+    raw = model_bytes(spec)
+    print(f"model {spec['args']['hidden']}: {raw / 1e6:.1f} MB of tensors")
+    usage = report.get("usage", {}).get("per_round", {})
+    overheads = []
+    for r in report["rounds"]:
+        compute = [u["wall_s"] for u in usage.get(str(r["round"]), {}).values()]
+        if compute:
+            overheads.append(r["duration_s"] - max(compute))
+    if overheads:
+        print("communication overhead per round (round wall time - slowest site's training), s: "
+              + ", ".join(f"{o:.2f}" for o in overheads))
+    answered = sum(len(r["sites"]) for r in report["rounds"])
+    received = report["traffic"]["bytes_received"]
+    print(f"uplink bytes on the wire / raw update tensor bytes: {received / max(1, answered * raw):.4f} "
+          f"({received:,} B for {answered} updates of {raw:,} B; includes statuses and final reports)")
+    if bare is not None:
+        print(f"bare paho, same broker, same bytes: fan-out {bare['fan_out_s']:.2f} s + fan-in {bare['fan_in_s']:.2f} s "
+              f"= {bare['total_s']:.2f} s ({bare['mb_per_s']:.0f} MB/s)")
     print(f"total wall time incl. start-up {time.monotonic() - started:.1f} s; work dir {work}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from schemas import messages as m
+from schemas.chunks import Chunk, ChunkManifest
 
 
 def _metrics(values: dict) -> str:
@@ -25,8 +26,11 @@ def summarize(msg: object) -> str:
         return f"eval task for {msg.site_id}: model {msg.model_hash[:12]} on {','.join(msg.splits)} ({msg.tag})"
     if isinstance(msg, m.ClientUpdate):
         loss = "n/a" if msg.train_loss is None else f"{msg.train_loss:.4f}"
+        cost = ""
+        if msg.usage is not None and msg.usage.energy_j is not None:
+            cost = f", {msg.usage.energy_j:.0f} J on {msg.usage.device}"
         return (f"update: {_tensors(msg.tensors)}, n={msg.n_samples}, steps={msg.local_steps}, loss={loss}, "
-                f"val {_metrics(msg.val_metrics)}, {msg.compute_seconds:.2f} s")
+                f"val {_metrics(msg.val_metrics)}, {msg.compute_seconds:.2f} s{cost}")
     if isinstance(msg, m.EvalReport):
         return " | ".join(f"{split} {_metrics(v)}" for split, v in msg.metrics.items()) + f" ({msg.tag})"
     if isinstance(msg, m.SiteStatus):
@@ -36,4 +40,9 @@ def summarize(msg: object) -> str:
         return f"PS {msg.state} round {msg.round}/{msg.rounds_total} {msg.algorithm}{waiting}: {msg.detail}"
     if isinstance(msg, m.RoundMetrics):
         return f"{msg.phase} metrics: mean {_metrics(msg.mean)} over {','.join(msg.sites)}"
+    if isinstance(msg, ChunkManifest):
+        return (f"{msg.inner_kind} of {msg.total_bytes:,} B in {msg.count} chunks "
+                f"(transfer {msg.transfer_id[:12]}, root {msg.root_sha256[:12]})")
+    if isinstance(msg, Chunk):
+        return f"chunk {msg.index} of transfer {msg.transfer_id[:12]}: {len(msg.data):,} B"
     return type(msg).__name__

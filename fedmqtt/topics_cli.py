@@ -19,6 +19,7 @@ def watch(
     run_id: str = typer.Option(..., "--run-id"),
     count: Optional[int] = typer.Option(None, help="Exit after this many messages."),
     timeout: Optional[float] = typer.Option(None, help="Exit after this many seconds."),
+    chunks: bool = typer.Option(False, "--chunks", help="Also print every chunk of a large model (one line each)."),
 ) -> None:
     """Print every message of a run as one decoded line (never raw tensors). What you see depends on the ACL."""
     from fedmqtt.config_io import load_toml
@@ -39,6 +40,8 @@ def watch(
             raw = transport.get(0.2)
             if raw is None or not raw.payload:
                 continue
+            if "/chunk/" in raw.topic and not chunks:
+                continue  # a chunked model is one manifest line; its chunks only with --chunks
             seen += 1
             stamp = datetime.now().strftime("%H:%M:%S")
             short = raw.topic.split("/", 3)[-1]

@@ -13,7 +13,8 @@ SPLITS = ("val", "test")
 
 
 def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str, float],
-                 traffic: dict[str, Any], models: dict[str, str]) -> dict[str, Any]:
+                 traffic: dict[str, Any], models: dict[str, str],
+                 usage: dict[int, dict[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
     per_site: dict[str, Any] = {}
     for site in config.sorted_sites:
         rep = state.final_reports.get(site)
@@ -44,7 +45,20 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         "timings": timings,
         "traffic": traffic,
         "models": models,
+        "usage": usage_section(usage or {}),
     }
+
+
+def usage_section(usage: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Per round and site what local training cost (ResourceUsage), and each site's totals."""
+    totals: dict[str, dict[str, float | None]] = {}
+    for per_site in usage.values():
+        for site, u in per_site.items():
+            t = totals.setdefault(site, {"rounds": 0, "wall_s": 0.0, "cpu_s": 0.0, "energy_j": 0.0})
+            t["rounds"] += 1
+            for key in ("wall_s", "cpu_s", "energy_j"):
+                t[key] = None if t[key] is None or u.get(key) is None else t[key] + u[key]
+    return {"per_round": {str(r): usage[r] for r in sorted(usage)}, "per_site_total": totals}
 
 
 def run_manifest(state: DaemonState) -> dict[str, Any]:
@@ -129,6 +143,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     for r in report["rounds"]:
         md.append(f"| {r['round']} | {len(r['sites'])} | {_fmt(r['mean'].get('auroc'))} | "
                   f"{_fmt(r['mean'].get('accuracy'))} | {_fmt(r['train_loss'])} |")
+    totals = report.get("usage", {}).get("per_site_total", {})
+    if totals:
+        md += ["", "## Cost of local training (all rounds)", "", "| site | rounds | wall s | CPU s | GPU energy J |",
+               "|---|---|---|---|---|"]
+        md += [f"| {site} | {u['rounds']} | {_fmt(u['wall_s'])} | {_fmt(u['cpu_s'])} | "
+               f"{_fmt(u['energy_j'])} |" for site, u in sorted(totals.items())]
     t = report["timings"]
     md += ["", f"Wall time {t.get('total_s', 0):.1f} s; bytes sent {report['traffic'].get('bytes_sent')}, "
            f"received {report['traffic'].get('bytes_received')}.", ""]

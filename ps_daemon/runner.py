@@ -93,6 +93,7 @@ class DaemonRunner:
         self._started_at = time.time()
         self._seen_connects = 0
         self._last_status: m.DaemonStatus | None = None
+        self.usage: dict[int, dict[str, dict[str, Any]]] = {}  # round -> site -> ResourceUsage, for the report
 
     # -- setup ----------------------------------------------------------------------------------
     def _load_state(self) -> DaemonState:
@@ -202,6 +203,8 @@ class DaemonRunner:
                     extras["feature_stats"] = {k: (flat[f"{k}/mean"], flat[f"{k}/var"]) for k in layers}
                 except KeyError as exc:
                     raise ValueError(f"feature_stats lacks {exc.args[0]!r}") from None
+            if msg.usage is not None:
+                self.usage.setdefault(msg.round, {})[site] = msg.usage.model_dump()
             tensors = self.spool.put(msg.round, site, msg.tensors)  # the message itself is dropped after this
             update = SiteUpdate(site, tensors, msg.n_samples, msg.local_steps, extras)
             return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
@@ -287,7 +290,7 @@ class DaemonRunner:
                    "rejected": dict(self.channel.stats.rejected)}
         finished_at = time.time()
         timings = {"started_at": self._started_at, "finished_at": finished_at, "total_s": finished_at - self._started_at}
-        report = build_report(c, state, timings=timings, traffic=traffic, models=models)
+        report = build_report(c, state, timings=timings, traffic=traffic, models=models, usage=self.usage)
         (out / "report.json").write_text(json.dumps(report, indent=2))
         (out / "report.md").write_text(render_markdown(report))
         mean_test = report["final"]["mean"].get("test", {})

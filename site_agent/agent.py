@@ -42,7 +42,7 @@ class SiteAgent:
         torch.set_num_threads(config.threads)
         self.data = load_site_data(config.data)
         self.device = pick_device(config.device)
-        self.trainer = Trainer(config.site_id, self.data, device=self.device)
+        self.trainer = Trainer(config.site_id, self.data, device=self.device, amp=config.amp)
         self.store = UplinkStore(config.state_dir / "uplink")
         self.local = LocalState(config.state_dir / "local")
         self.best = BestSlot(config.state_dir / "best")
@@ -191,7 +191,7 @@ class SiteAgent:
             run_id=c.run_id, sender=c.site_id, round=task.round, base_model_hash=task.model_hash,
             tensors=arrays_to_blobs({n: result.weights[n] for n in upload}), n_samples=result.n_samples,
             local_steps=result.steps, train_loss=result.train_loss, val_metrics=result.val_metrics,
-            undefined=result.undefined, compute_seconds=result.seconds,
+            undefined=result.undefined, compute_seconds=result.seconds, usage=result.usage,
             control_variates=arrays_to_blobs(result.uplink_extras.get("delta_c", {})),
             scalars={k: float(v) for k, v in result.uplink_extras.items() if k not in ("delta_c", "feature_stats")},
             layer_stats=_stats_blobs(result.uplink_extras.get("feature_stats", {})),

@@ -24,6 +24,8 @@ class SiteConfig(BaseModel):
     state_dir: Path = Field(description="where the agent keeps its uplink payloads and local state")
     data: DataSpec
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: Literal["auto", "off", "bf16"] = Field(
+        default="auto", description="mixed precision on CUDA: auto = bfloat16 where the GPU supports it; never on CPU")
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for torch")
     share_label_histogram: bool = Field(default=False, description="egress policy: may label counts leave the site")
 

@@ -14,8 +14,9 @@ from fedmqtt.training.loop import derive_seed, train_local
 from fedmqtt.training.client_rules import finish_round, plan_terms
 from fedmqtt.training.models import build_model, model_manifest
 from fedmqtt.training.statistics import site_statistics
+from fedmqtt.training.usage import UsageMeter, pick_amp
 from fedmqtt.training.weights import load_arrays, state_to_arrays
-from schemas.messages import ModelSpec, TrainSettings
+from schemas.messages import ModelSpec, ResourceUsage, TrainSettings
 
 Metrics = dict[str, float | None]
 
@@ -40,15 +41,17 @@ class TrainResult:
     undefined: dict[str, str]
     uplink_extras: dict[str, Any]  # algorithm fields for the update (SCAFFOLD delta_c, FedNova a_norm)
     algo_state: dict[str, dict[str, np.ndarray]]  # the site's new algorithm state (pending, 0.6)
+    usage: ResourceUsage | None = None
 
 
 class Trainer:
     """Holds the site's data and one model instance, rebuilt only when the model spec changes."""
 
-    def __init__(self, site_id: str, data: SiteData, *, device: str = "cpu") -> None:
+    def __init__(self, site_id: str, data: SiteData, *, device: str = "cpu", amp: str = "auto") -> None:
         self.site_id = site_id
         self.data = data
         self.device = device
+        self.amp = pick_amp(amp, device)
         self._spec: ModelSpec | None = None
         # Regression targets here are lengths of stay: predictions below 0 days are clamped (seed 002).
         self._nonnegative = data.task.kind == "regression"
@@ -76,9 +79,10 @@ class Trainer:
         manifest = self.manifest(spec)
         terms = plan_terms(settings, manifest, extras=extras, local=local, round_no=round_no)
         start = state_to_arrays(model)
-        stats = train_local(model, self.data.x_train, self.data.y_train, settings,
-                            seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device, terms=terms,
-                            task=self.data.task)
+        with UsageMeter(self.device, self.amp) as meter:
+            stats = train_local(model, self.data.x_train, self.data.y_train, settings,
+                                seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device,
+                                terms=terms, task=self.data.task, amp=self.amp)
         end = state_to_arrays(model)
         uplink, algo_state = finish_round(settings, manifest, start=start, end=end, steps=stats.steps,
                                           extras=extras, local=local)
@@ -86,7 +90,7 @@ class Trainer:
         if kind:
             uplink["feature_stats"] = self._statistics(kind, spec, model, extras.get("pretrained"))
         return TrainResult(end, stats.n_samples, stats.steps, stats.mean_loss, stats.seconds,
-                           val, {f"val.{k}": v for k, v in undefined.items()}, uplink, algo_state)
+                           val, {f"val.{k}": v for k, v in undefined.items()}, uplink, algo_state, meter.usage)
 
     def _statistics(self, kind: int, spec: ModelSpec, trained: torch.nn.Module,
                     pretrained: dict[str, np.ndarray] | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -102,6 +102,7 @@ def train_local(
     device: str | torch.device = "cpu",
     terms: GradTerms | None = None,
     task: TaskInfo = BINARY,
+    amp: str | None = None,
 ) -> TrainStats:
     """Train `model` in place for `settings.epochs` passes over `(x, y)`.
 
@@ -111,7 +112,7 @@ def train_local(
     reseeded inside a fork so the caller's RNG state is untouched. The optimizer is new on every
     call (algorithms.md 0.5). `terms` adds the algorithm's client-side gradient terms
     (FedProx/FedPxN proximal, FedDyn, SCAFFOLD correction), anchored on the weights this call
-    started from.
+    started from. `amp` ("bfloat16") runs forward and loss under autocast (CUDA sites; see usage.pick_amp).
 
     Raises:
         ValueError: rows of x and y differ, or the labels do not fit the task or the loss.
@@ -133,18 +134,20 @@ def train_local(
     correct = _gradient_terms(model, terms, dev)
     shuffle = torch.Generator().manual_seed(seed)
     steps, loss_sum, loss_rows = 0, 0.0, 0
+    autocast = torch.autocast(dev.type, dtype=getattr(torch, amp or "float32"), enabled=amp is not None)
     with _seeded_global_rng(seed, dev):
         for _ in range(settings.epochs):
             for idx in itertools.islice(_batches(xt.shape[0], settings.batch_size, shuffle), settings.steps_per_epoch):
-                idx = idx.to(dev)
+                xb, yb = _batch(xt, yt, idx, dev)
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model(xt[idx]), yt[idx])
+                with autocast:
+                    loss = loss_fn(model(xb).float(), yb)
                 loss.backward()
                 if correct is not None:
                     correct()
                 optimizer.step()
                 steps += 1
-                loss_sum += float(loss.detach()) * len(idx)
+                loss_sum += float(loss.detach()) * len(idx)  # syncs once per step: fine at these batch sizes
                 loss_rows += len(idx)
     # NaN here (a diverged run) is reported as is; the caller decides what to do with it.
     mean_loss = loss_sum / loss_rows if loss_rows else None
@@ -172,7 +175,26 @@ def _labelled_tensors(
     # Unlabelled rows take no part in training (algorithms.md 17.1); with none missing nothing moves.
     if not keep.all():
         xa, ya = xa[keep], ya[keep]
+    if dev.type == "cuda" and xa.nbytes > _GPU_RESIDENT_FRACTION * torch.cuda.mem_get_info(dev)[0]:
+        # Too big to keep on the GPU: pinned host memory, batches copied asynchronously (see _batch).
+        return torch.as_tensor(xa).pin_memory(), torch.as_tensor(ya).pin_memory()
+    # The usual case for these medical datasets: the whole training split lives on the device, so a
+    # batch is one index operation there and the GPU never waits for the host.
     return torch.as_tensor(xa, device=dev), torch.as_tensor(ya, device=dev)
+
+
+_GPU_RESIDENT_FRACTION = 0.25  # of the free GPU memory a site's training split may occupy
+
+
+def _batch(xt: torch.Tensor, yt: torch.Tensor, idx: torch.Tensor, dev: torch.device
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    if xt.device == dev:
+        idx = idx.to(dev)
+        return xt[idx], yt[idx]
+    # Host-resident data: gather into pinned memory so the copy is a DMA the next kernels overlap with.
+    xb = torch.index_select(xt, 0, idx).pin_memory().to(dev, non_blocking=True)
+    yb = torch.index_select(yt, 0, idx).pin_memory().to(dev, non_blocking=True)
+    return xb, yb
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:

@@ -89,5 +89,10 @@ def test_chunked_transfer_changes_nothing(cli_federation, tmp_path, algorithm) -
         np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
     import json
 
-    transfers = json.loads((fed.work / "ps" / "report.json").read_text())["traffic"]["chunked_transfers"]
+    report = json.loads((fed.work / "ps" / "report.json").read_text())
+    transfers = report["traffic"]["chunked_transfers"]
     assert transfers["completed"] >= ROUNDS * len(SITES) and transfers["failed"] == 0
+    # every site's update said what its rounds cost (CPU seconds here; joules on an NVIDIA GPU)
+    totals = report["usage"]["per_site_total"]
+    assert sorted(totals) == sorted(SITES)
+    assert all(t["rounds"] == ROUNDS and t["cpu_s"] > 0 and t["energy_j"] is None for t in totals.values())
