@@ -31,7 +31,7 @@ class Counter:
                 self.done.set()
 
 
-def _client(name: str, args: argparse.Namespace, on_message=None) -> mqtt.Client:  # noqa: ANN001
+def _client(name: str, args: argparse.Namespace, on_message=None) -> mqtt.Client:
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5)
     c.username_pw_set(args.user, args.password)
     c.max_inflight_messages_set(20)
@@ -73,17 +73,37 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     sites = [_client(f"bare-site-{i}", args, on_message=lambda *_: down.add()) for i in range(args.sites)]
     for s in sites:
         _subscribe(s, f"{args.prefix}/down/#")
+    window = max(1, args.window_bytes // chunk)  # the same flow control as fedmqtt's fetch window
+
+    def wait_for(counter: Counter, n: int) -> None:
+        deadline = time.monotonic() + 600
+        while counter.n < n and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert counter.n >= n, f"only {counter.n} of {n} messages arrived"
+
     t0 = time.perf_counter()
-    _publish_all(server, [f"{args.prefix}/down/{i}" for i in range(n_chunks)], payload)
-    assert down.done.wait(600), f"fan-out incomplete: {down.n}/{down.target}"
+    # Fan-out: a window of chunks to every site, then wait until all have it (a broker ack is not delivery;
+    # without this, queues past max_queued_bytes make Mosquitto drop messages silently).
+    for first in range(0, n_chunks, window):
+        last = min(n_chunks, first + window)
+        _publish_all(server, [f"{args.prefix}/down/{i}" for i in range(first, last)], payload)
+        wait_for(down, args.sites * last)
     t1 = time.perf_counter()
-    threads = [threading.Thread(target=_publish_all, args=(s, [f"{args.prefix}/up/{k}/{i}" for i in range(n_chunks)],
-                                                            payload)) for k, s in enumerate(sites)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert up.done.wait(600), f"fan-in incomplete: {up.n}/{up.target}"
+    # Fan-in: `--concurrent` sites at a time, each a window at a time.
+    sent = 0
+    for first_site in range(0, len(sites), args.concurrent):
+        batch = list(enumerate(sites[first_site:first_site + args.concurrent], start=first_site))
+        step = max(1, window // len(batch))  # the window is shared by the sites sending at once
+        for first in range(0, n_chunks, step):
+            last = min(n_chunks, first + step)
+            threads = [threading.Thread(target=_publish_all, args=(
+                s, [f"{args.prefix}/up/{k}/{i}" for i in range(first, last)], payload)) for k, s in batch]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            sent += len(batch) * (last - first)
+            wait_for(up, sent)
     t2 = time.perf_counter()
     for c in [server, *sites]:
         c.disconnect()
@@ -102,6 +122,8 @@ def main() -> None:
     ap.add_argument("--sites", type=int, required=True)
     ap.add_argument("--model-mb", type=float, required=True)
     ap.add_argument("--chunk-bytes", type=int, default=2 * 1024 * 1024)
+    ap.add_argument("--concurrent", type=int, default=4, help="sites sending to the server at once in the fan-in")
+    ap.add_argument("--window-bytes", type=int, default=64 * 1024 * 1024, help="bytes in flight per receiver")
     args = ap.parse_args()
     args.password = args.password_file.read_text().strip()
     print(json.dumps(run(args)))

@@ -33,6 +33,15 @@ from fedmqtt.config_io import dump_toml  # noqa: E402
 from fedmqtt.data.heart_disease import SITES, bundled_path  # noqa: E402
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a live process (from /proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def peak_rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -123,10 +132,11 @@ def main() -> None:
         ps_log = open(work / "logs" / "ps.log", "wb")
         ps = subprocess.Popen([sys.executable, "-m", "fedmqtt", "ps", "start", "--config", str(ps_path)],
                               stdout=ps_log, stderr=ps_log)
-        peak = broker_peak = 0.0
+        peak = broker_peak = ps_cpu = broker_cpu = 0.0
         while ps.poll() is None:
             peak = max(peak, peak_rss_mb(ps.pid) or 0.0)
             broker_peak = max(broker_peak, peak_rss_mb(broker.pid) or 0.0)
+            ps_cpu, broker_cpu = cpu_seconds(ps.pid) or ps_cpu, cpu_seconds(broker.pid) or broker_cpu
             failed = [k for k, p in enumerate(procs) if p.poll() not in (None, 0)]
             if failed:
                 ps.terminate()
@@ -151,6 +161,8 @@ def main() -> None:
     print(f"PS peak RSS {peak:.0f} MB (VmHWM, sampled every 0.2 s)")
     print(f"PS traffic: sent {report['traffic']['bytes_sent']:,} B, received {report['traffic']['bytes_received']:,} B")
     print(f"broker peak RSS {broker_peak:.0f} MB (VmHWM)")
+    print(f"CPU seconds over the whole run (start-up and final evaluation included): PS {ps_cpu:.1f}, "
+          f"broker {broker_cpu:.1f}, for {args.rounds} rounds")
     spec = model_spec(args.model_mb)
     raw = model_bytes(spec)
     print(f"model {spec['args']['hidden']}: {raw / 1e6:.1f} MB of tensors")

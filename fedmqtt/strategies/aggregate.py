@@ -85,12 +85,32 @@ def population_weights(
     return {site: n / total for site, n in sizes.items()}
 
 
+_BLOCK = 1 << 20  # elements summed at a time: float64 scratch of 8 MB however big the tensor
+
+
 def convex_combine(arrays: Iterable[np.ndarray], weights: Coefficients, like: np.ndarray) -> np.ndarray:
-    """sum_i weights_i * arrays_i, accumulated in float64 in the given order, cast to `like`'s dtype."""
-    acc = np.zeros(like.shape, dtype=np.float64)
-    for w, arr in zip(weights, arrays):
-        acc += float(w) * np.asarray(arr, dtype=np.float64)
-    return acc.astype(like.dtype)
+    """sum_i weights_i * arrays_i, accumulated in float64 in the given order, cast to `like`'s dtype.
+
+    Summed block by block (each element still gets exactly the same additions in the same order), so a
+    512 MB layer needs 16 MB of float64 scratch instead of two full-size float64 copies. The arrays are
+    the PS's spooled memory maps: a block of each is read from the page cache when it is needed.
+    """
+    flats = [np.asarray(a).reshape(-1) for a in arrays]
+    factors = [float(w) for w in weights]
+    out = np.empty(like.shape, dtype=like.dtype)
+    flat_out = out.reshape(-1)
+    n = flat_out.size
+    acc = np.empty(min(n, _BLOCK), dtype=np.float64)
+    term = np.empty_like(acc)
+    for start in range(0, n, _BLOCK):
+        stop = min(n, start + _BLOCK)
+        a, t = acc[: stop - start], term[: stop - start]
+        a.fill(0.0)
+        for w, flat in zip(factors, flats):
+            np.multiply(flat[start:stop], w, out=t, dtype=np.float64)
+            a += t
+        flat_out[start:stop] = a  # the same cast as astype(like.dtype)
+    return out
 
 
 def max_combine(arrays: Iterable[np.ndarray], like: np.ndarray) -> np.ndarray:
