@@ -20,14 +20,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedmqtt.transport.bulk import split  # noqa: E402
-from schemas import messages as m  # noqa: E402
-from schemas.chunks import chunk_digest  # noqa: E402
-from schemas.codec import decode, encode  # noqa: E402
-from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash  # noqa: E402
+from fedmqtt.transport.bulk import split
+from schemas import messages as m
+from schemas.chunks import chunk_digest
+from schemas.codec import decode, encode
+from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 
 
-def best(fn, repeat: int) -> float:  # noqa: ANN001
+def best(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
         t = time.perf_counter()

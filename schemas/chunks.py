@@ -50,7 +50,7 @@ class ChunkManifest(Header):
         return min(self.chunk_bytes, self.total_bytes - index * self.chunk_bytes)
 
     @model_validator(mode="after")
-    def _check(self) -> "ChunkManifest":
+    def _check(self) -> ChunkManifest:
         expected = math.ceil(self.total_bytes / self.chunk_bytes)
         if self.count != expected:
             raise ValueError(f"{self.count} chunk digests for {self.total_bytes} bytes in chunks of "

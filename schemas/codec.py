@@ -8,6 +8,8 @@ A msgpack map never starts with `{`, so the first byte tells the two apart.
 from __future__ import annotations
 
 import json
+import secrets
+import struct
 from typing import Any
 
 import msgpack
@@ -26,10 +28,46 @@ def encode(message: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     if message.kind in TEXT_KINDS:
         data = message.model_dump_json().encode("utf-8")
     else:
-        data = msgpack.packb(message.model_dump(mode="python"), use_bin_type=True)
+        data = pack(message.model_dump(mode="python"))
     if len(data) > max_bytes:
         raise SchemaError(f"{message.kind} of {len(data)} bytes exceeds the budget of {max_bytes} bytes")
     return data
+
+
+_LARGE_BIN = 1 << 16  # from here on msgpack writes bin 32: a 0xc6 byte and a 4-byte big-endian length
+
+
+def pack(obj: Any) -> bytes:
+    """`msgpack.packb(obj, use_bin_type=True)`, byte for byte, with each large `bytes` copied exactly once.
+
+    Why: packb appends into a buffer that keeps growing and then copies it into the result, which runs
+    a 512 MB model at under 0.5 GB/s. Here the structure is packed with a short placeholder for each
+    large blob, and the result is assembled by one `join` of the pieces and the blobs themselves.
+    """
+    blobs: list[bytes] = []
+    token = secrets.token_bytes(16)
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, (bytes, bytearray)) and len(value) >= _LARGE_BIN:
+            blobs.append(value)
+            return token
+        if isinstance(value, dict):
+            return {k: swap(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [swap(v) for v in value]
+        return value
+
+    skeleton = msgpack.packb(swap(obj), use_bin_type=True)
+    if not blobs:
+        return skeleton
+    placeholder = b"\xc4\x10" + token
+    pieces = skeleton.split(placeholder)
+    if len(pieces) != len(blobs) + 1:  # the random token cannot occur by chance; fall back if it ever did
+        return msgpack.packb(obj, use_bin_type=True)
+    out: list[bytes] = [pieces[0]]
+    for blob, piece in zip(blobs, pieces[1:]):
+        out += [b"\xc6" + struct.pack(">I", len(blob)), blob, piece]
+    return b"".join(out)
 
 
 def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
@@ -71,7 +109,7 @@ def json_schemas() -> dict[str, Any]:
 
 
 def encode_checkpoint(checkpoint: Any) -> bytes:
-    return msgpack.packb(checkpoint.model_dump(mode="python"), use_bin_type=True)
+    return pack(checkpoint.model_dump(mode="python"))
 
 
 def decode_checkpoint(data: bytes) -> Any:

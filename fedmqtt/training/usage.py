@@ -60,7 +60,7 @@ class UsageMeter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "UsageMeter":
+    def __enter__(self) -> UsageMeter:
         self._cuda = self.device.type == "cuda"
         if self._cuda:
             torch.cuda.synchronize(self.device)

@@ -20,8 +20,9 @@ import logging
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from fedmqtt.transport.topics import chunk_topic
 from schemas.chunks import Chunk, ChunkManifest, TensorEntry, chunk_digest, root_digest

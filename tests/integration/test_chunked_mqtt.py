@@ -45,7 +45,7 @@ def _tensors(n_bytes: int, seed: int = 0):
 
 def _broker_packet_limit(federation) -> int:
     conf = federation.layout.conf_path.read_text()
-    return int(re.search(r"^max_packet_size (\d+)", conf, re.M).group(1))
+    return int(re.search(r"^max_packet_size (\d+)", conf, re.MULTILINE).group(1))
 
 
 def test_model_larger_than_the_broker_packet_limit_crosses_in_chunks(federation) -> None:

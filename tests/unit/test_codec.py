@@ -388,3 +388,17 @@ def test_no_message_field_suggests_patient_level_data() -> None:
         if name in FORBIDDEN or set(name.split("_")) & FORBIDDEN
     )
     assert offending == []
+
+
+def test_fast_pack_is_byte_identical_to_msgpack() -> None:
+    """`pack` copies large blobs once instead of growing a buffer; the bytes must be exactly packb's."""
+    from schemas.codec import pack
+
+    blobs = arrays_to_blobs({"big": np.arange(70_000, dtype=np.float32), "edge": np.ones(16_384, np.float32),
+                             "below": np.ones(16_383, np.float32), "empty": np.zeros((0,), np.float32)})
+    big = m.GlobalModel(run_id=RUN, sender="ps", round=1, model=m.ModelSpec(name="mlp"), model_hash="h" * 64,
+                        tensors=blobs, extras={"c": blobs})
+    for message in [*ALL, big]:
+        dumped = message.model_dump(mode="python")
+        assert pack(dumped) == msgpack.packb(dumped, use_bin_type=True), message.kind
+    assert decode(encode(big)) == big
