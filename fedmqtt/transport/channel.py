@@ -178,9 +178,7 @@ class Channel:
                 if inbound is not None:
                     return inbound
             self._report(self.fetcher.tick())
-            if raw is None and (time.monotonic() >= deadline or not self.fetcher.busy):
-                return None
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (raw is None and not self.fetcher.busy):
                 return None
 
     def _report(self, outcome: Completed | Failed | None) -> Inbound | None:

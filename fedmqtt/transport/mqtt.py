@@ -180,21 +180,13 @@ class MqttTransport:
         def settle(item: tuple[str, bytes, mqtt.MQTTMessageInfo]) -> None:
             nonlocal sent
             topic, payload, info = item
-            deadline = time.monotonic() + timeout_s
-            while not info.is_published() and self._connected.is_set() and time.monotonic() < deadline:
-                try:
-                    info.wait_for_publish(timeout=0.5)
-                except (RuntimeError, ValueError):
-                    break
-            if info.is_published():
+            if self._await_pubcomp(info, time.monotonic() + timeout_s):
                 sent += len(payload)
             else:
                 retry.append((topic, payload))
 
         for topic, payload in messages:
-            if len(payload) > self.settings.max_payload_bytes:
-                raise BrokerError(f"payload of {len(payload)} bytes for {topic} exceeds max_payload_bytes "
-                                  f"{self.settings.max_payload_bytes}")
+            self._check_size(topic, payload)
             if not self.wait_connected(timeout_s):
                 raise BrokerError(f"publish to {topic}: not connected within {timeout_s:.0f} s")
             pending.append((topic, payload, self._client.publish(topic, payload, qos=2, retain=True)))
@@ -210,27 +202,32 @@ class MqttTransport:
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = True, timeout_s: float = 60.0) -> None:
         """Publish at QoS 2 and wait for PUBCOMP; retry across reconnects until `timeout_s`."""
-        if len(payload) > self.settings.max_payload_bytes:
-            raise BrokerError(
-                f"payload of {len(payload)} bytes for {topic} exceeds max_payload_bytes "
-                f"{self.settings.max_payload_bytes}"
-            )
+        self._check_size(topic, payload)
         deadline = time.monotonic() + timeout_s
         while True:
             if not self.wait_connected(max(0.0, deadline - time.monotonic())):
                 why = "interrupted" if self._interrupted.is_set() else f"not connected within {timeout_s:.0f} s"
                 raise BrokerError(f"publish to {topic}: {why}")
             info = self._client.publish(topic, payload, qos=2, retain=retain)
-            while not info.is_published() and self._connected.is_set() and time.monotonic() < deadline:
-                try:
-                    info.wait_for_publish(timeout=0.5)
-                except (RuntimeError, ValueError):
-                    break  # the connection dropped under us: wait for the reconnect and try again
-            if info.is_published():
+            if self._await_pubcomp(info, deadline):
                 self.bytes_sent += len(payload)
                 return
             if time.monotonic() > deadline:
                 raise BrokerError(f"publish to {topic} not acknowledged within {timeout_s:.0f} s")
+
+    def _check_size(self, topic: str, payload: bytes) -> None:
+        if len(payload) > self.settings.max_payload_bytes:
+            raise BrokerError(f"payload of {len(payload)} bytes for {topic} exceeds max_payload_bytes "
+                              f"{self.settings.max_payload_bytes}")
+
+    def _await_pubcomp(self, info: mqtt.MQTTMessageInfo, deadline: float) -> bool:
+        """True once the broker completed the QoS-2 handshake; False if the connection dropped or time ran out."""
+        while not info.is_published() and self._connected.is_set() and time.monotonic() < deadline:
+            try:
+                info.wait_for_publish(timeout=0.5)
+            except (RuntimeError, ValueError):
+                break  # the connection dropped under us: the caller waits for the reconnect and retries
+        return info.is_published()
 
     def clear_retained(self, topic: str) -> None:
         self.publish(topic, b"", retain=True)
