@@ -41,6 +41,7 @@ class CliFederation:
                  ps_extra: dict | None = None, broker_extra: dict | None = None) -> None:
         """`broker_extra`: BrokerSettings keys appended to every party's `[broker]` table (e.g. chunk sizes)."""
         self.work = work
+        self.sites = sites
         self.logs = work / "logs"
         fed = work / "federation"
         args = ["broker", "init", "--dir", str(fed), "--run-id", run_id, "--port", str(free_port())]
@@ -74,6 +75,14 @@ class CliFederation:
         env = {**os.environ, **({"FEDMQTT_FAULT": fault} if fault else {})}
         self.procs[site] = cli("site", "start", "--config", str(self.site_configs[site]),
                                log=self.logs / f"{site}.log", env=env)
+
+    def run_to_completion(self, timeout_s: float) -> None:
+        """Broker, PS and every site, then wait for the PS to finish the run."""
+        self.start_broker()
+        self.start_ps()
+        for site in self.sites:
+            self.start_site(site)
+        self.wait_ps_done(timeout_s)
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]

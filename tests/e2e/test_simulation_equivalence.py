@@ -47,11 +47,7 @@ def test_simulation_matches_mqtt_bit_for_bit(cli_federation, tmp_path, algorithm
                            out_dir=tmp_path / "sim", model=BN_MODEL, train=train, pretrained=pretrained,
                            sites={s: d for s, d in bundled_sites().items() if s in SITES})
     # Execute
-    fed.start_broker()
-    fed.start_ps()
-    for site in SITES:
-        fed.start_site(site)
-    fed.wait_ps_done(240)
+    fed.run_to_completion(240)
     sim_report = run_simulation(sim, progress=False)
     # Assert: server weights and every site's final metrics (personalised models included).
     over_mqtt, simulated = _final(fed.work / "ps"), _final(tmp_path / "sim")
@@ -77,11 +73,7 @@ def test_chunked_transfer_changes_nothing(cli_federation, tmp_path, algorithm) -
                            model=BN_MODEL, train=FAST_TRAIN,
                            sites={s: d for s, d in bundled_sites().items() if s in SITES})
     # Execute
-    fed.start_broker()
-    fed.start_ps()
-    for site in SITES:
-        fed.start_site(site)
-    fed.wait_ps_done(240)
+    fed.run_to_completion(240)
     run_simulation(sim, progress=False)
     # Assert
     over_mqtt, simulated = _final(fed.work / "ps"), _final(tmp_path / "sim")
