@@ -1,4 +1,4 @@
-"""Every payload kind, discriminated on `kind`. Topics and directions are in design.md section 2."""
+"""Every payload kind, discriminated on `kind`. Topics and directions: docs/design-notes.md."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ class GlobalModel(Header):
     """`ps/model`: the global model of round `round` (shared tensors only)."""
 
     kind: Literal["global_model"] = "global_model"
+    # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a
+    # site never mistakes a new run with the same id and seed for one it has already served.
+    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
     model: ModelSpec
     model_hash: str
     tensors: tuple[TensorBlob, ...]
@@ -57,6 +60,9 @@ class TrainTask(Header):
     """`ps/task/<site>`: train the global model `model_hash` for round `round`."""
 
     kind: Literal["train_task"] = "train_task"
+    # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a
+    # site never mistakes a new run with the same id and seed for one it has already served.
+    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
     site_id: str = Field(pattern=ID_PATTERN)
     model_hash: str
     deadline: float
@@ -72,6 +78,9 @@ class EvalTask(Header):
     """`ps/task/<site>`: evaluate the global model `model_hash` on the named splits."""
 
     kind: Literal["eval_task"] = "eval_task"
+    # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a
+    # site never mistakes a new run with the same id and seed for one it has already served.
+    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
     site_id: str = Field(pattern=ID_PATTERN)
     model_hash: str
     tag: str = "final"
@@ -85,6 +94,9 @@ class RecruitmentResult(Header):
     """`ps/task/<site>`: whether this site was recruited (seed 002), with its score and rank."""
 
     kind: Literal["recruitment_result"] = "recruitment_result"
+    # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a
+    # site never mistakes a new run with the same id and seed for one it has already served.
+    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
     site_id: str = Field(pattern=ID_PATTERN)
     recruited: bool
     score: FiniteFloat | None = None
@@ -164,6 +176,9 @@ class DaemonStatus(Header):
     waiting_for: tuple[str, ...] = ()
     deadline: float | None = None
     detail: str = ""
+    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
+    # Messages the PS refused, per sending site and reason (bounded: the top reasons per site only).
+    rejected: dict[str, dict[str, int]] = Field(default_factory=dict)
 
 
 class RoundMetrics(Header):
