@@ -29,9 +29,11 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "[setup] installing torch==2.13.0"
   "${PIP[@]}" "torch==2.13.0"
 fi
-if ! .venv/bin/python -c "import fedmqtt, paho.mqtt, pytest_timeout, wfdb" 2>/dev/null \
-   || [ pyproject.toml -nt .venv/.fedmqtt-installed ]; then
+# Re-install whenever pyproject.toml changed (its hash, not its time stamp: a checkout sets times anew).
+WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if ! .venv/bin/python -c "import fedmqtt, paho.mqtt, pytest_timeout, wfdb, hypothesis, cryptography" 2>/dev/null \
+   || [ "$(cat .venv/.fedmqtt-installed 2>/dev/null)" != "$WANT" ]; then
   echo "[setup] installing fedmqtt (editable) with its site, ecg and dev extras"
   "${PIP[@]}" -e ".[site,ecg,dev]"
-  touch .venv/.fedmqtt-installed
+  echo "$WANT" > .venv/.fedmqtt-installed
 fi
