@@ -20,6 +20,10 @@ class BrokerSettings(BaseModel):
     password: str = Field(min_length=1, repr=False)
     keepalive_s: int = Field(default=30, ge=5, le=3600)
     tls_ca_file: Path | None = None  # set for a TLS listener (production); None on loopback
+    # Mutual TLS: this party's client certificate and key (PEM). The broker then takes the user name from the
+    # certificate (use_identity_as_username) and `password` is not sent.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     # Largest message after reassembly (a 512 MB model fits); the broker's own per-packet cap is far lower
     # (mosquitto.conf) because anything above `chunk_threshold_bytes` travels as chunks.
     max_payload_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
