@@ -62,6 +62,7 @@ def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) ->
         enrolled=dict(state.enrolled), personal={k: arrays_to_blobs(v) for k, v in state.personal.items()},
         extras={k: arrays_to_blobs(v) for k, v in state.extras.items()}, saved_at=time.time(),
         recruited=state.recruited, recruitment=None if state.recruitment is None else dict(state.recruitment),
+        session=state.session,
     )
 
 
@@ -78,7 +79,7 @@ def checkpoint_to_state(ckpt: Checkpoint) -> DaemonState:
         strategy_state=_unpack(dict(ckpt.strategy_state)), manifest=manifest_from_dict(ckpt.manifest),
         enrolled=dict(ckpt.enrolled), personal={k: _copy(blobs_to_arrays(v)) for k, v in ckpt.personal.items()},
         extras={k: _copy(blobs_to_arrays(v)) for k, v in ckpt.extras.items()},
-        recruited=ckpt.recruited, recruitment=ckpt.recruitment,
+        recruited=ckpt.recruited, recruitment=ckpt.recruitment, session=ckpt.session,
     )
 
 
@@ -99,6 +100,18 @@ class CheckpointStore:
         for old in self._files()[: -self.keep]:
             old.unlink(missing_ok=True)
         return path
+
+    def latest(self) -> Path | None:
+        """The newest checkpoint file, if any."""
+        files = self._files()
+        return files[-1] if files else None
+
+    def clear(self) -> int:
+        """Remove every checkpoint (a forced fresh start); returns how many there were."""
+        files = self._files()
+        for path in files:
+            path.unlink(missing_ok=True)
+        return len(files)
 
     def _files(self) -> list[Path]:
         return sorted(self.folder.glob("round-*.ckpt")) if self.folder.is_dir() else []

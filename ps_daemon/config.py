@@ -56,6 +56,9 @@ class DaemonConfig(BaseModel):
     fraction: float | None = Field(default=None, gt=0, le=1, description="share of the pool drawn each round")
     recruitment: RecruitmentConfig = RecruitmentConfig()
     round_timeout_s: float = Field(default=300.0, gt=0)
+    # Nothing arrived for the open round for this long: re-publish its model and the missing sites' tasks (a
+    # broker that lost retained messages, a lost uplink), and say so in ps/status. 0 turns it off.
+    stall_s: float = Field(default=120.0, ge=0, allow_inf_nan=False)
     seed: int = 0
     selection_metric: str = Field(default="auroc", description="validation metric of the best round (17.1); "
                                   "loss, mae, mape, mse and msle are minimised, the rest maximised")
@@ -88,6 +91,12 @@ class DaemonConfig(BaseModel):
             raise ValueError("selection = \"fraction\" needs `fraction` (e.g. 0.1)")
         if self.quorum > len(self.sites):
             raise ValueError(f"quorum {self.quorum} > number of sites {len(self.sites)}")
+        if self.selection == "fraction" and self.fraction is not None:
+            drawn = min_drawn(len(self.sites), self.fraction)
+            if drawn < self.quorum:
+                raise ValueError(f"selection = \"fraction\" with fraction {self.fraction} draws {drawn} of "
+                                 f"{len(self.sites)} sites per round, fewer than quorum {self.quorum}: no round could "
+                                 f"close. Raise `fraction` or lower `quorum`")
         return self
 
     def strategy_params(self) -> dict[str, float]:
@@ -111,6 +120,13 @@ class DaemonConfig(BaseModel):
 
     def broker_settings(self) -> BrokerSettings:
         return load_toml(self.credentials, BrokerSettings, section="broker")
+
+
+def min_drawn(n_sites: int, fraction: float) -> int:
+    """How many sites a per-round draw of `fraction` picks from `n_sites` (fedmqtt.recruitment.sample_sites)."""
+    from fedmqtt.recruitment import sample_sites
+
+    return len(sample_sites([f"s{i}" for i in range(n_sites)], fraction, seed=0, round_no=1))
 
 
 def load_daemon_config(path: Path, *, algorithm: str | None = None) -> DaemonConfig:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+import numpy as np
+
 from fedmqtt.means import direction_of, mean_defined
 from fedmqtt.strategies.aggregate import check_update_shapes
 from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
@@ -37,11 +39,11 @@ class Machine:
         self.hash_weights = hash_weights
 
     def initial_state(self, weights: Weights, manifest: Manifest | None = None,
-                      extras: dict[str, Weights] | None = None) -> DaemonState:
+                      extras: dict[str, Weights] | None = None, session: str = "") -> DaemonState:
         """Round 1 sends every tensor (all sites start identical); later rounds only the shared ones.
-        `extras` go out with the round-1 model (AdaFed's pretrained model)."""
+        `extras` go out with the round-1 model (AdaFed's pretrained model). `session` names this start."""
         state = DaemonState(phase="waiting_for_sites", round=0, weights=weights, model_hash="",
-                            manifest=manifest or {}, extras=extras or {})
+                            manifest=manifest or {}, extras=extras or {}, session=session)
         return replace(state, model_hash=self.hash_weights(self.published(state)))
 
     def shared_names(self, state: DaemonState) -> list[str]:
@@ -77,12 +79,22 @@ class Machine:
     # -- events ---------------------------------------------------------------------------------
     def _on_started(self, state: DaemonState, ev: Started) -> Result:
         if state.phase == "training":  # resumed from a checkpoint: re-send the round
-            state = replace(state, round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s)
-            return state, self._round_effects(state, "resumed from checkpoint")
+            state = replace(state, round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s,
+                            last_progress=ev.now)
+            return state, self._round_effects(state, f"resumed from checkpoint at round {state.round}")
         if state.phase == "evaluating":
-            state = replace(state, deadline=ev.now + self.config.round_timeout_s)
-            return state, self._eval_effects(state, "resumed from checkpoint")
+            state = replace(state, deadline=ev.now + self.config.round_timeout_s, last_progress=ev.now)
+            return state, self._eval_effects(state, "resumed from checkpoint: evaluating the final model")
         return state, [self._status(state, "waiting for sites")]
+
+    def resend(self, state: DaemonState, why: str) -> list[fx.Effect]:
+        """Everything the open round needs at the broker, again (same message ids: a receiver that has it drops
+        the copy). After a broker restart that lost retained messages, a restarted site still finds its work."""
+        if state.phase == "training":
+            return self._round_effects(state, why)
+        if state.phase == "evaluating":
+            return self._eval_effects(state, why)
+        return [self._status(state, why)]
 
     def _on_online(self, state: DaemonState, ev: SiteOnline) -> Result:
         if ev.site_id not in self.config.sites:
@@ -98,11 +110,19 @@ class Machine:
         effects: list[fx.Effect] = []
         if self.config.selection == "recruited":
             recruited, summary, effects = selection.run_recruitment(self.config, state, ready)
+            if len(recruited) < self.config.quorum:
+                blind = [s for s in ready if state.histograms.get(s) is None]
+                why = (f"recruitment chose {len(recruited)} site(s), fewer than quorum {self.config.quorum}: no round "
+                       "could close")
+                if blind:
+                    why += (f"; {', '.join(blind)} share no label histogram, which selection = \"recruited\" needs "
+                            "(set share_label_histogram = true in those sites' configs and restart them)")
+                return state, [*effects, fx.Log("warning", why), self._status(state, why)]
             state = replace(state, recruited=recruited, recruitment=summary)
         chosen = selection.select(self.config, state, 1)
         state = replace(
             state, phase="training", round=1, selected=chosen,
-            round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s,
+            round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s, last_progress=ev.now,
         )
         return state, [*effects, fx.Log("info", f"starting round 1 with {', '.join(chosen)}"), *self._round_effects(state)]
 
@@ -123,7 +143,7 @@ class Machine:
         if reason is not None:
             return state, [fx.Log("warning", f"update from {ev.site_id} for round {ev.round} ignored: {reason}")]
         received = ReceivedUpdate(ev.update, ev.train_loss, dict(ev.val_metrics), dict(ev.undefined))
-        state = replace(state, updates={**state.updates, ev.site_id: received})
+        state = replace(state, updates={**state.updates, ev.site_id: received}, last_progress=ev.now)
         if self._all_answered(state) and len(state.updates) >= self.config.quorum:
             return self._close_round(state, ev.now)
         return state, [self._status(state, f"round {state.round}: {len(state.updates)}/{len(state.selected)} updates")]
@@ -134,12 +154,16 @@ class Machine:
         if ev.site_id not in state.selected or ev.site_id in state.final_reports:
             return state, []
         report = FinalReport(dict(ev.metrics), dict(ev.n_samples), dict(ev.undefined), ev.best_round)
-        state = replace(state, final_reports={**state.final_reports, ev.site_id: report})
+        state = replace(state, final_reports={**state.final_reports, ev.site_id: report}, last_progress=ev.now)
         if self._all_reported(state):
             return self._finish(state)
         return state, []
 
     def _on_tick(self, state: DaemonState, ev: Tick) -> Result:
+        stall = self.config.stall_s
+        if (stall and state.phase in ("training", "evaluating") and state.last_progress
+                and ev.now - state.last_progress >= stall and (state.deadline is None or ev.now < state.deadline)):
+            return self._republish_stalled(state, ev.now)
         if state.deadline is None or ev.now < state.deadline:
             return state, []
         if state.phase == "training":
@@ -157,18 +181,39 @@ class Machine:
             return self._finish(state)
         return state, []
 
+    def _republish_stalled(self, state: DaemonState, now: float) -> Result:
+        """Nothing arrived for `stall_s`: the broker may have lost the round's retained messages or a site's
+        uplink. Re-publish under new message ids (a site that already answered re-sends its stored update)."""
+        state = replace(state, attempt=state.attempt + 1, last_progress=now)
+        answered = state.updates if state.phase == "training" else state.final_reports
+        missing = tuple(s for s in state.selected if s not in answered)
+        why = (f"round {state.round}: nothing arrived for {self.config.stall_s:.0f} s; re-published the model and "
+               f"the tasks of {', '.join(missing) or 'no site'} (attempt {state.attempt})")
+        effects = self._round_effects(state, why) if state.phase == "training" else self._eval_effects(state, why)
+        keep = [e for e in effects if not isinstance(e, (fx.PublishTrainTask, fx.PublishEvalTask)) or e.site_id in missing]
+        return state, [fx.Log("warning", why), *keep]
+
     # -- helpers --------------------------------------------------------------------------------
-    def _reject_update_reason(self, state: DaemonState, ev: UpdateReceived) -> str | None:
-        if state.phase != "training" or ev.round != state.round:
+    def admit_update(self, state: DaemonState, site: str, round_no: int, base_model_hash: str) -> str | None:
+        """Why an update cannot be accepted now, judged before its tensors are stored (None: admissible).
+        First wins: exactly one accepted update per site and round; only the open round is admissible."""
+        if state.phase != "training" or round_no != state.round:
             return f"stale or future round (PS is in {state.phase} round {state.round})"
-        if ev.site_id not in state.selected:
+        if site not in state.selected:
             return "site was not selected for this round"
-        if ev.site_id in state.updates:
-            return "duplicate update"
-        if ev.base_model_hash != state.model_hash:
+        if site in state.updates:
+            return "duplicate update (the first one for this round was accepted)"
+        if base_model_hash != state.model_hash:
             return "trained from a different model version"
-        shared = {n: state.weights[n] for n in self.shared_names(state) if n in state.weights}
-        return check_update_shapes(ev.update, shared)
+        return None
+
+    def shared_model(self, state: DaemonState) -> Weights:
+        """The tensors every update of the open round must match by name, dtype and shape."""
+        return {n: state.weights[n] for n in self.shared_names(state) if n in state.weights}
+
+    def _reject_update_reason(self, state: DaemonState, ev: UpdateReceived) -> str | None:
+        reason = self.admit_update(state, ev.site_id, ev.round, ev.base_model_hash)
+        return reason if reason is not None else check_update_shapes(ev.update, self.shared_model(state))
 
     def _all_answered(self, state: DaemonState) -> bool:
         # Only a site seen going offline is skipped: after a resume, a site not yet heard from may
@@ -181,11 +226,19 @@ class Machine:
     def _close_round(self, state: DaemonState, now: float) -> Result:
         participants = tuple(sorted(state.updates))  # sorted: sums do not depend on arrival order
         self.strategy.load_state_dict(dict(state.strategy_state))
-        self._take_statistics(state, participants)
-        result = self.strategy.aggregate_train(RoundInput(
-            round_no=state.round, current=dict(state.weights), updates=[state.updates[s].update for s in participants],
-            enrolled=dict(state.enrolled), manifest=state.manifest,
-        ))
+        try:
+            self._take_statistics(state, participants)
+            result = self.strategy.aggregate_train(RoundInput(
+                round_no=state.round, current=dict(state.weights),
+                updates=[state.updates[s].update for s in participants], enrolled=dict(state.enrolled),
+                manifest=state.manifest,
+            ))
+        except ValueError as exc:  # a strategy's protocol check (e.g. SCAFFOLD's delta_c for every tensor)
+            return self._refuse_aggregate(state, now, f"the strategy refused them: {exc}")
+        broken = [n for w in (result.weights, result.eval_weights or {}, *result.personal.values(),
+                              *result.extras.values()) for n in _non_finite(w)]
+        if broken:
+            return self._refuse_aggregate(state, now, f"non-finite values in {', '.join(broken[:3])}")
         extras = dict(result.extras)
         if result.eval_weights is not None:
             extras["eval"] = result.eval_weights
@@ -199,6 +252,7 @@ class Machine:
             extras=extras, selected=chosen, updates={},
             history=(*state.history, record), best=best, strategy_state=self.strategy.state_dict(),
             accepted_rounds={**state.accepted_rounds, **{s: state.round for s in participants}}, round_started_at=now, deadline=now + self.config.round_timeout_s,
+            attempt=0, last_progress=now,
         )
         state = replace(state, model_hash=self.hash_weights(self.published(state)))
         head: list[fx.Effect] = [fx.PublishRoundMetrics(record)]
@@ -206,6 +260,17 @@ class Machine:
             state = replace(state, phase="evaluating")
             return state, [fx.SaveCheckpoint(state), *head, *self._eval_effects(state)]
         return state, [fx.SaveCheckpoint(state), *head, *self._round_effects(state)]
+
+    def _refuse_aggregate(self, state: DaemonState, now: float, problem: str) -> Result:
+        """Valid-looking updates (finite, in range) can still combine into Inf/NaN, e.g. huge values under an
+        adaptive server rule. Publishing or checkpointing that would fail and crash-loop the PS on every resume;
+        instead the round's updates are dropped and the round is re-published (a run is delayed, never broken)."""
+        why = (f"round {state.round}: could not aggregate the updates of {', '.join(sorted(state.updates))} "
+               f"({problem}); discarded them; the round's tasks go out again after stall_s "
+               f"({self.config.stall_s:.0f} s) without progress")
+        # No immediate re-publish: the same stored updates would come straight back and fail again.
+        state = replace(state, updates={}, last_progress=now, deadline=now + self.config.round_timeout_s)
+        return state, [fx.Log("warning", why), self._status(state, why)]
 
     def _record(self, state: DaemonState, participants: tuple[str, ...], now: float) -> RoundRecord:
         per_site = {s: dict(state.updates[s].val_metrics) for s in participants}
@@ -296,3 +361,9 @@ class Machine:
         else:
             waiting = ()
         return fx.PublishStatus(state.phase, state.round, waiting, state.deadline, detail)
+
+
+def _non_finite(weights: Weights) -> list[str]:
+    """Names of floating-point tensors holding NaN or Inf."""
+    return [n for n, v in sorted(weights.items())
+            if np.asarray(v).dtype.kind == "f" and not np.isfinite(np.asarray(v)).all()]

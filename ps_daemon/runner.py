@@ -5,21 +5,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 
-from fedmqtt.errors import BrokerError
+from fedmqtt.errors import BrokerError, CheckpointError
 from fedmqtt.faults import crash_point
 from fedmqtt.recruitment import histogram_vector
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
 from ps_daemon import effects as fx
+from ps_daemon.admission import histogram_rejection, manifest_rejection, update_rejection
 from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state, state_to_checkpoint
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
@@ -35,6 +39,9 @@ from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 
 log = logging.getLogger("fedmqtt.ps")
 PS = "ps"
+REMIND_S = 30.0  # a waiting PS says what it waits for at least this often
+STATUS_REFRESH_S = 5.0  # new rejection counts reach ps/status at most this often (a flood must not echo)
+MAX_REASONS_SHOWN = 8  # per site in ps/status
 
 
 def hash_weights(weights: dict) -> str:
@@ -72,15 +79,28 @@ def _as_tuple(values: list[float] | None) -> tuple[float, ...] | None:
 
 
 def stable_msg_id(*parts: object) -> str:
-    """Same message, same id: a resumed PS re-sends the round with the ids receivers already know."""
+    """Same message, same id: a resumed PS re-sends the round with the ids receivers already know. The session
+    is one of the parts, so a fresh start with the same run id and seed never looks like a replay."""
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
+_CATEGORIES = (("stale or future round", "wrong round"), ("not selected", "not selected"),
+               ("duplicate", "duplicate"), ("different model version", "wrong model version"),
+               ("tensor", "wrong layout"), ("control variates", "wrong layout"), ("layer statistics", "wrong layout"),
+               ("histogram", "bad histogram"), ("a_norm", "out of range"), ("training sample", "out of range"))
+
+
+def _category(reason: str) -> str:
+    """A short, stable counter key for a refusal reason (the log line keeps the whole reason)."""
+    return next((label for text, label in _CATEGORIES if text in reason), "refused")
+
+
 class DaemonRunner:
-    def __init__(self, config: DaemonConfig, *, resume: bool = False,
+    def __init__(self, config: DaemonConfig, *, resume: bool = False, force: bool = False,
                  transport_factory: Callable[..., Any] | None = None) -> None:
         """`transport_factory(client_id=..., will=...)` makes the connection (default: MQTT to the broker
-        in the config's credentials; `fedmqtt simulate` passes an in-process one)."""
+        in the config's credentials; `fedmqtt simulate` passes an in-process one). `force`: start afresh even
+        where out_dir holds checkpoints of an earlier start (they are removed)."""
         self.config = config
         self._transport_factory = transport_factory or (
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
@@ -88,6 +108,11 @@ class DaemonRunner:
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
         self.spool = UpdateSpool(config.out_dir / "spool")
         self.resume = resume
+        self.force = force
+        self.rejections: dict[str, Counter[str]] = {}  # site -> reason -> count, refused by the PS itself
+        self._shown_rejections: dict[str, dict[str, int]] = {}
+        self._status_refreshed_at = 0.0
+        self._reminded_at = time.monotonic()
         self.finished: DaemonState | None = None
         self._stop = False
         self._started_at = time.time()
@@ -98,21 +123,58 @@ class DaemonRunner:
     # -- setup ----------------------------------------------------------------------------------
     def _load_state(self) -> DaemonState:
         if self.resume:
-            ckpt = self.store.load_latest(run_id=self.config.run_id, config_hash=self.config.config_hash())
-            log.info("resuming from checkpoint of round %d (%s)", ckpt.round - 1, ckpt.phase)
-            return checkpoint_to_state(ckpt)
+            if self.store.latest() is None:
+                log.info("--resume: no checkpoint in %s yet (round 1 had not closed); starting the run from its "
+                         "config", self.store.folder)
+            else:
+                ckpt = self.store.load_latest(run_id=self.config.run_id, config_hash=self.config.config_hash())
+                state = checkpoint_to_state(ckpt)
+                if not state.session:  # a checkpoint from before sessions existed
+                    state = replace(state, session=secrets.token_hex(8))
+                where = (f"round {ckpt.round} of {self.config.rounds}" if ckpt.phase == "training"
+                         else "the final evaluation")
+                log.info("resuming session %s at %s (rounds 1-%d are done, checkpoint %s)", state.session, where,
+                         ckpt.round - 1, self.store.latest())
+                return state
+        elif self.store.latest() is not None:
+            if not self.force:
+                raise CheckpointError(
+                    f"{self.store.folder} holds checkpoints of an earlier start of this run (newest: "
+                    f"{self.store.latest().name}). Continue it with `fedmqtt ps start --config ... --resume`, or "
+                    "start over with `--force` (removes those checkpoints)")
+            removed = self.store.clear()
+            log.warning("--force: removed %d checkpoint(s) of an earlier start in %s", removed, self.store.folder)
         weights, manifest = initial_model(self.config)
         extras = {}
         if self.config.pretrained is not None:
             from safetensors.numpy import load_file
 
             extras["pretrained"] = load_file(str(self.config.pretrained))
-        return self.machine.initial_state(weights, manifest_from_dict(manifest), extras)
+        session = secrets.token_hex(8)
+        log.info("run %s: new session %s", self.config.run_id, session)
+        return self.machine.initial_state(weights, manifest_from_dict(manifest), extras, session=session)
 
     def _status_msg(self, state: str, round_no: int = 0, **kw: Any) -> m.DaemonStatus:
         c = self.config
+        session = self.state.session if hasattr(self, "state") else ""
         return m.DaemonStatus(run_id=c.run_id, sender=PS, round=round_no, state=state, algorithm=c.algorithm,
-                              rounds_total=c.rounds, sites_expected=c.sorted_sites, **kw)
+                              rounds_total=c.rounds, sites_expected=c.sorted_sites, session=session,
+                              rejected=self._rejection_summary(), **kw)
+
+    def _rejection_summary(self) -> dict[str, dict[str, int]]:
+        """Refused messages per site and reason: the channel's (malformed, spoofed, ...) and the PS's own
+        (wrong round, duplicate, wrong layout, ...). Only the most frequent reasons per site, so it stays small."""
+        merged: dict[str, Counter[str]] = {}
+        by_site = getattr(getattr(self, "channel", None), "stats", None)
+        for source in (getattr(by_site, "rejected_by_site", {}), self.rejections):
+            for site, reasons in source.items():
+                merged.setdefault(site, Counter()).update(reasons)
+        return {site: dict(c.most_common(MAX_REASONS_SHOWN)) for site, c in sorted(merged.items())}
+
+    def _refuse(self, site: str, category: str, detail: str) -> None:
+        """Count and log one refused message (the state is left exactly as it was)."""
+        self.rejections.setdefault(site, Counter())[category] += 1
+        log.warning("refused a message from %s: %s", site, detail[:300])
 
     def start(self) -> None:
         """Load or create the state, connect, subscribe, and publish the first effects."""
@@ -121,6 +183,8 @@ class DaemonRunner:
         will = encode(self._status_msg("offline", detail="PS disconnected"))
         self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-ps-{c.run_id}",
                                     will=(topics.ps_status_topic(c.run_id), will), run_id=c.run_id, sender=PS)
+        if hasattr(self.channel, "admit_manifest"):  # refuse a chunked upload before fetching a byte of it
+            self.channel.admit_manifest = self._admit_manifest
         self.channel.connect(timeout_s=None)
         # Statuses first: retained site statuses are replayed before any retained update. These filters
         # do not match `<topic>/chunk/<i>`: chunks are fetched one transfer at a time (transport/bulk.py).
@@ -132,15 +196,28 @@ class DaemonRunner:
         """Handle at most one inbound message and the clock; True once the run is finished."""
         self._announce_if_reconnected()
         inbound = self.channel.receive(timeout_s)
-        try:
-            event = self._to_event(inbound) if inbound is not None else None
-        except (KeyError, ValueError) as exc:  # well-formed but inconsistent content: drop it, keep serving
-            log.warning("dropping a message from %s: %s", inbound.topic.site_id if inbound else "?", exc)
-            event = None
-        if event is not None:
-            self._apply(event)
+        if inbound is not None:
+            self._handle(inbound)
         self._apply(Tick(time.time()))
+        self._refresh_status()
+        self._remind()
         return self.finished is not None
+
+    def _handle(self, inbound: Inbound) -> None:
+        """One checked message -> at most one event. Whatever a message holds, the PS keeps serving: anything it
+        cannot use is refused with a reason; the machine is pure, so a refused event leaves the state as it was."""
+        site = inbound.topic.site_id or "?"
+        try:
+            event = self._to_event(inbound)
+            if event is not None:
+                self.state, effects = self.machine.step(self.state, event)
+            else:
+                effects = []
+        except (KeyError, ValueError, TypeError, ArithmeticError, OverflowError) as exc:
+            log.exception("refused a message from %s on %s", site, inbound.topic)
+            self._refuse(site, "unusable content", f"{type(exc).__name__}: {exc}")
+            return
+        self._run_effects(effects)
 
     def close(self) -> None:
         c = self.config
@@ -166,12 +243,49 @@ class DaemonRunner:
         return self.state
 
     def _announce_if_reconnected(self) -> None:
-        # After a network loss the broker published our Will ("offline") on ps/status: restore it.
+        """After a network loss the broker published our Will ("offline") on ps/status; after a broker restart
+        it may also have lost the open round's retained model and tasks (SIGKILL, no persistence file). Publish
+        all of it again: the same message ids, so a site that has them drops the copies."""
         connects = self.channel.transport.connects
         if connects != self._seen_connects:
-            if self._seen_connects and self._last_status is not None:
-                self.channel.send(topics.ps_status_topic(self.config.run_id), self._last_status)
+            again = bool(self._seen_connects)
             self._seen_connects = connects
+            if again:
+                log.warning("reconnected to the broker: re-publishing the status and the open round")
+                self._run_effects(self.machine.resend(self.state, "reconnected: re-published the open round"))
+
+    def _refresh_status(self) -> None:
+        """Publish new rejection counts (at most every STATUS_REFRESH_S), so operators see who sends what."""
+        now = time.monotonic()
+        if self._last_status is None or now - self._status_refreshed_at < STATUS_REFRESH_S:
+            return
+        summary = self._rejection_summary()
+        if summary == self._shown_rejections:
+            return
+        status = self._last_status.model_copy(update={"rejected": summary, "sent_at": time.time()})
+        self.channel.send(topics.ps_status_topic(self.config.run_id), status)
+        self._last_status, self._shown_rejections, self._status_refreshed_at = status, summary, now
+
+    def _remind(self) -> None:
+        """Nothing waits in silence: every REMIND_S say what the PS waits for and who is missing."""
+        now = time.monotonic()
+        if now - self._reminded_at < REMIND_S or self.finished is not None:
+            return
+        self._reminded_at = now
+        s, c = self.state, self.config
+        online = sorted(s.online)
+        if s.phase == "waiting_for_sites":
+            missing = [x for x in c.sorted_sites if x not in s.online]
+            log.info("waiting for sites: %d/%d online (need %d to start); missing: %s", len(online),
+                     len(c.sites), c.start_sites, ", ".join(missing) or "none")
+            return
+        answered = s.updates if s.phase == "training" else s.final_reports
+        missing = [x for x in s.selected if x not in answered]
+        left = f"{s.deadline - time.time():.0f} s" if s.deadline else "none"
+        what = f"round {s.round}/{c.rounds}" if s.phase == "training" else "the final evaluation"
+        log.info("%s: %d/%d answers; waiting for %s (offline: %s); deadline in %s", what, len(answered),
+                 len(s.selected), ", ".join(missing) or "nobody", ", ".join(m for m in missing if m not in s.online)
+                 or "none", left)
 
     def _request_stop(self, signum: int, frame: object) -> None:
         log.info("signal %d: stopping after the current step", signum)
@@ -188,9 +302,16 @@ class DaemonRunner:
             if msg.state == "offline":
                 return SiteOffline(site, now)
             if msg.state == "error":
-                log.warning("site %s reports an error: %s", site, msg.detail)
+                log.warning("site %s reports an error: %s", site, msg.detail[:500])
+            if msg.label_histogram is not None and (why := histogram_rejection(msg.label_histogram)):
+                self._refuse(site, "bad histogram", f"status: {why}")
+                return None
             return SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)))
         if isinstance(msg, m.ClientUpdate):
+            why = update_rejection(self.machine, self.state, site, msg)
+            if why is not None:  # judged before anything is stored: first wins, nothing on disk for other rounds
+                self._refuse(site, _category(why), f"update for round {msg.round}: {why}")
+                return None
             extras: dict[str, Any] = dict(msg.scalars)
             if msg.control_variates:
                 extras["delta_c"] = blobs_to_arrays(msg.control_variates)
@@ -205,7 +326,7 @@ class DaemonRunner:
                     raise ValueError(f"feature_stats lacks {exc.args[0]!r}") from None
             if msg.usage is not None:
                 self.usage.setdefault(msg.round, {})[site] = msg.usage.model_dump()
-            tensors = self.spool.put(msg.round, site, msg.tensors)  # the message itself is dropped after this
+            tensors = self.spool.put(msg.round, site, msg.tensors)  # accepted: stored atomically, message dropped
             update = SiteUpdate(site, tensors, msg.n_samples, msg.local_steps, extras)
             return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
                                   msg.val_metrics, msg.undefined)
@@ -215,8 +336,20 @@ class DaemonRunner:
         return None
 
     # -- effects --------------------------------------------------------------------------------
+    def _msg_id(self, *parts: object) -> str:
+        """Stable per (run, session, re-publish attempt, what): see `stable_msg_id`."""
+        s = self.state
+        return stable_msg_id(self.config.run_id, s.session, *(("attempt", s.attempt) if s.attempt else ()), *parts)
+
+    def _admit_manifest(self, parsed: Any, manifest: Any) -> str | None:
+        """The channel asks before fetching a chunked message; a reason refuses it (counted by the channel)."""
+        return manifest_rejection(self.machine, self.state, parsed.site_id, parsed.kind, manifest)
+
     def _apply(self, event: Event) -> None:
         self.state, effects = self.machine.step(self.state, event)
+        self._run_effects(effects)
+
+    def _run_effects(self, effects: list[fx.Effect]) -> None:
         for effect in effects:
             self._run_effect(effect)
         if any(isinstance(e, fx.SaveCheckpoint) for e in effects):
@@ -231,7 +364,7 @@ class DaemonRunner:
             msg = m.GlobalModel(run_id=c.run_id, sender=PS, round=effect.round, model=c.model,
                                 model_hash=effect.model_hash, tensors=arrays_to_blobs(effect.weights),
                                 extras={k: arrays_to_blobs(v) for k, v in effect.extras.items()},
-                                msg_id=stable_msg_id(c.run_id, "model", effect.round, effect.model_hash))
+                                session=self.state.session, msg_id=self._msg_id("model", effect.round, effect.model_hash))
             ch.send(topics.ps_model_topic(c.run_id), msg)
         elif isinstance(effect, fx.PublishTrainTask):
             hyper = {**c.hyper, **effect.hyper}
@@ -240,19 +373,21 @@ class DaemonRunner:
                               model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,
                               accepted_round=effect.accepted_round, tensors=arrays_to_blobs(effect.tensors),
                               upload=effect.upload, best_round=effect.best_round,
-                              msg_id=stable_msg_id(c.run_id, "train", effect.round, effect.site_id, effect.model_hash))
+                              session=self.state.session,
+                              msg_id=self._msg_id("train", effect.round, effect.site_id, effect.model_hash))
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
         elif isinstance(effect, fx.PublishEvalTask):
             msg = m.EvalTask(run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
                              model_hash=effect.model_hash, accepted_round=effect.accepted_round,
                              tensors=arrays_to_blobs(effect.tensors), best_round=effect.best_round,
-                             msg_id=stable_msg_id(c.run_id, "eval", effect.round, effect.site_id, effect.model_hash))
+                             session=self.state.session,
+                             msg_id=self._msg_id("eval", effect.round, effect.site_id, effect.model_hash))
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
         elif isinstance(effect, fx.PublishRecruitment):
             msg = m.RecruitmentResult(run_id=c.run_id, sender=PS, round=0, site_id=effect.site_id,
                                       recruited=effect.recruited, score=effect.score, rank=effect.rank,
                                       candidates=effect.candidates, detail=effect.detail,
-                                      msg_id=stable_msg_id(c.run_id, "recruit", effect.site_id))
+                                      session=self.state.session, msg_id=self._msg_id("recruit", effect.site_id))
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
         elif isinstance(effect, fx.PublishStatus):
             msg = self._status_msg(effect.state, effect.round, waiting_for=effect.waiting_for,

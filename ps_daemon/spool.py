@@ -15,7 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmqtt.atomic import write_atomic
 from schemas.tensors import TensorBlob
+
+# What numpy can map; bfloat16 has no numpy dtype (and no model the PS holds uses it).
+_NUMPY_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"})
 
 
 class SpooledTensors(Mapping[str, np.ndarray]):
@@ -46,16 +50,19 @@ class UpdateSpool:
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def put(self, round_no: int, site: str, blobs: tuple[TensorBlob, ...]) -> SpooledTensors:
+        """Store an ACCEPTED update (the caller has checked round, sender, first-wins and the tensors' layout
+        against the model): atomically, so a reader never maps half a file and a crash leaves no torn one."""
         directory = self.folder / f"round-{round_no:06d}"
         directory.mkdir(exist_ok=True)
         path = directory / f"{site}.bin"
         index: dict[str, tuple[int, str, tuple[int, ...]]] = {}
         offset = 0
-        with open(path, "wb") as fh:
-            for blob in blobs:
-                fh.write(blob.data)
-                index[blob.name] = (offset, blob.dtype, tuple(blob.shape))
-                offset += len(blob.data)
+        for blob in blobs:
+            if blob.dtype not in _NUMPY_DTYPES:
+                raise ValueError(f"tensor {blob.name!r}: {blob.dtype} cannot be spooled (the model has no such tensor)")
+            index[blob.name] = (offset, blob.dtype, tuple(blob.shape))
+            offset += len(blob.data)
+        write_atomic(path, (blob.data for blob in blobs), durable=False)  # wiped at every start
         return SpooledTensors(path, index)
 
     def drop_before(self, round_no: int) -> None:

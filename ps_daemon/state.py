@@ -78,3 +78,6 @@ class DaemonState:
     strategy_state: Mapping[str, Any] = field(default_factory=dict)
     # The commit rule (algorithms.md 0.6): per site, the round of its last update that was aggregated.
     accepted_rounds: Mapping[str, int] = field(default_factory=dict)
+    session: str = ""  # this start of the run (kept by --resume): part of every task's and model's identity
+    attempt: int = 0  # how often the open round was re-published after a stall (new message ids each time)
+    last_progress: float = 0.0  # when the open round last started, got an update or a report

@@ -35,4 +35,5 @@ class Checkpoint(Frozen):
     extras: dict[str, tuple[TensorBlob, ...]] = {}
     recruited: tuple[str, ...] | None = None
     recruitment: dict[str, Any] | None = None
+    session: str = ""
     saved_at: float

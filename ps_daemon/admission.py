@@ -1,0 +1,145 @@
+"""What the PS accepts from a site, judged against the open round before anything is stored or acted on.
+
+The schemas already guarantee a well-formed message (sizes, dtypes, finite numbers, sender = topic owner). This
+module adds what only the PS knows: the open round, who was selected, what was already accepted (first wins), and
+the model every update must match by tensor name, dtype and shape. Pure functions: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ps_daemon.machine import Machine
+from ps_daemon.state import DaemonState
+from schemas.chunks import ChunkManifest
+from schemas.messages import ClientUpdate
+from schemas.tensors import TensorBlob
+
+# FedNova divides by ||a_i||_1, which is >= 1 for any real local run (one or more SGD steps): a tiny or huge value
+# is not a training result, and would blow up the aggregate.
+A_NORM_RANGE = (1e-3, 1e9)
+# A histogram bin is a class index; far more bins than any classifier has is not a label histogram.
+MAX_HISTOGRAM_BINS = 100_000
+# A chunked update may carry the model, SCAFFOLD's control variates and AdaFed's layer statistics.
+CHUNKED_UPDATE_SLACK_BYTES = 16 * 1024 * 1024
+
+
+def model_layout(weights: dict[str, np.ndarray]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (wire dtype, shape) of the tensors an update must carry."""
+    return {n: (np.asarray(v).dtype.name, tuple(int(d) for d in np.shape(v))) for n, v in weights.items()}
+
+
+def _layout_mismatch(entries: list[tuple[str, str, tuple[int, ...]]], layout: dict[str, tuple[str, tuple[int, ...]]],
+                     what: str, *, complete: bool) -> str | None:
+    names = [name for name, _, _ in entries]
+    if len(set(names)) != len(names):
+        return f"{what}: a tensor name appears twice"
+    extra = sorted(set(names) - set(layout))
+    missing = sorted(set(layout) - set(names)) if complete else []
+    if extra or missing:
+        return f"{what}: tensor names differ from the global model (missing {missing[:3]}, unexpected {extra[:3]})"
+    for name, dtype, shape in entries:
+        want_dtype, want_shape = layout[name]
+        if dtype != want_dtype or tuple(shape) != want_shape:
+            return f"{what}: tensor {name[:64]!r} is {dtype}{list(shape)[:8]}, the model has {want_dtype}{list(want_shape)}"
+    return None
+
+
+def _blob_entries(blobs: tuple[TensorBlob, ...]) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(b.name, b.dtype, tuple(b.shape)) for b in blobs]
+
+
+def update_rejection(machine: Machine, state: DaemonState, site: str, msg: ClientUpdate) -> str | None:
+    """Why `msg` from `site` cannot be accepted into the open round (None: accept it)."""
+    reason = machine.admit_update(state, site, msg.round, msg.base_model_hash)
+    if reason is not None:
+        return reason
+    layout = model_layout(machine.shared_model(state))
+    reason = _layout_mismatch(_blob_entries(msg.tensors), layout, "tensors", complete=True)
+    if reason is not None:
+        return reason
+    if msg.n_samples < 1 or msg.local_steps < 1:
+        return f"an update needs at least one training sample and one local step (got {msg.n_samples}, {msg.local_steps})"
+    takes_cv = "delta_c" in getattr(machine.strategy, "uplink_extras", ())
+    if msg.control_variates and not takes_cv:
+        return f"control variates sent, but the run's algorithm {machine.strategy.name!r} takes none"
+    if takes_cv:
+        if not msg.control_variates:
+            return f"{machine.strategy.name} needs control variates with every update"
+        # Control variates are float32 whatever the model's float type: compare names and shapes only.
+        full = {n: ("float", shape) for n, (_, shape) in model_layout(dict(state.weights)).items()}
+        entries = [(b.name, "float" if b.dtype.startswith("float") else b.dtype, tuple(b.shape))
+                   for b in msg.control_variates]
+        reason = _layout_mismatch(entries, full, "control variates", complete=False)
+        if reason is not None:
+            return reason
+    if msg.layer_stats:
+        reason = _layer_stats_rejection(msg.layer_stats)
+        if reason is not None:
+            return reason
+    a_norm = msg.scalars.get("a_norm")
+    if a_norm is not None and not A_NORM_RANGE[0] <= a_norm <= A_NORM_RANGE[1]:
+        return f"scalar a_norm {a_norm:.3g} is outside {A_NORM_RANGE}"
+    if msg.label_histogram is not None:
+        return histogram_rejection(msg.label_histogram)
+    return None
+
+
+def _layer_stats_rejection(blobs: tuple[TensorBlob, ...]) -> str | None:
+    by_name = {b.name: b for b in blobs}
+    if len(by_name) != len(blobs):
+        return "layer statistics: a name appears twice"
+    for name, blob in by_name.items():
+        layer, _, what = name.rpartition("/")
+        if not layer or what not in ("mean", "var"):
+            return f"layer statistics: {name[:64]!r} is not '<layer>/mean' or '<layer>/var'"
+        if blob.dtype not in ("float32", "float64"):
+            return f"layer statistics: {name[:64]!r} is {blob.dtype}, expected a float"
+        twin = by_name.get(f"{layer}/{'var' if what == 'mean' else 'mean'}")
+        if twin is None or twin.shape != blob.shape:
+            return f"layer statistics: {layer[:64]!r} needs a mean and a var of the same shape"
+    return None
+
+
+def histogram_rejection(hist: dict[str, int]) -> str | None:
+    """A label histogram's bins are class indices "0", "1", ... with non-negative counts."""
+    if len(hist) > MAX_HISTOGRAM_BINS:
+        return f"label histogram with {len(hist)} bins"
+    for key, count in hist.items():
+        if not (key.isdigit() and len(key) <= 6) or count < 0:
+            return f"label histogram bin {key[:16]!r}: {count} is not a class index with a non-negative count"
+    return None
+
+
+def manifest_rejection(machine: Machine, state: DaemonState, site: str | None, kind: str,
+                       manifest: ChunkManifest) -> str | None:
+    """Refuse a chunked transfer before a single chunk is fetched: wrong round or sender, a layout that cannot
+    match the model, or more bytes than such a message can need."""
+    if site is None:
+        return "chunked messages from the PS are not expected here"
+    if kind == "update":
+        if manifest.inner_kind != "client_update":
+            return f"a {manifest.inner_kind[:32]} cannot travel on an update topic"
+        reason = machine.admit_update(state, site, manifest.round, state.model_hash)
+        if reason is not None:
+            return reason
+        layout = model_layout(machine.shared_model(state))
+        entries = [(t.name, t.dtype, tuple(t.shape)) for t in manifest.tensor_index]
+        reason = _layout_mismatch(entries, layout, "chunked update", complete=True)
+        if reason is not None:
+            return reason
+        model_bytes = sum(np.asarray(v).nbytes for v in state.weights.values())
+        budget = 2 * model_bytes + CHUNKED_UPDATE_SLACK_BYTES  # tensors + control variates + statistics
+        if manifest.total_bytes > budget:
+            return f"chunked update of {manifest.total_bytes} bytes; an update of this model needs at most {budget}"
+        return None
+    if kind == "report":
+        if state.phase != "evaluating" or manifest.round != state.round or site not in state.selected:
+            return f"no report is expected now (PS is in {state.phase} round {state.round})"
+        if manifest.total_bytes > CHUNKED_UPDATE_SLACK_BYTES:
+            return f"chunked report of {manifest.total_bytes} bytes"
+        return None
+    return f"a chunked {kind} is not expected from a site"
+
+
+__all__ = ["histogram_rejection", "manifest_rejection", "model_layout", "update_rejection"]
