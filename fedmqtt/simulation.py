@@ -112,7 +112,7 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
         return MemoryTransport(broker, **kw)
 
     agents = [SiteAgent(cfg, transport_factory=factory) for cfg in config.site_configs()]
-    runner = DaemonRunner(daemon_cfg, transport_factory=factory)
+    runner = DaemonRunner(daemon_cfg, force=True, transport_factory=factory)  # a simulation always starts afresh
     for agent in agents:
         agent.start()
     runner.start()

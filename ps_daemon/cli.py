@@ -12,9 +12,12 @@ app = typer.Typer(help="Run the parameter-server daemon (PS).", no_args_is_help=
 @app.command("start")
 def start(
     config: Path = typer.Option(..., "--config", help="PS config file (TOML)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in out_dir."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in out_dir (with none "
+                                "yet, start the run from its config)."),
+    force: bool = typer.Option(False, "--force", help="Start afresh even though out_dir holds checkpoints of an "
+                               "earlier start (they are deleted)."),
     algorithm: str = typer.Option(None, "--algorithm", "-a", help="Override the config's algorithm (see `fedmqtt algorithms`)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages too."),
 ) -> None:
     """Wait for the sites, run every round (aggregate, checkpoint, publish), then write the final model and report.
 
@@ -26,7 +29,9 @@ def start(
 
     setup_logging(verbose)
     cfg = load_daemon_config(config, algorithm=algorithm)
-    runner = DaemonRunner(cfg, resume=resume)
+    if resume and force:
+        raise typer.BadParameter("--resume continues a run, --force starts it over: choose one")
+    runner = DaemonRunner(cfg, resume=resume, force=force)
     runner.run()
     if runner.finished is None:
         raise typer.Exit(code=1)

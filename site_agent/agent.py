@@ -7,7 +7,9 @@ retained topics replay the latest model and task, so start order and network los
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -16,6 +18,7 @@ import torch
 from fedmqtt.training.weights import initial_arrays
 
 from fedmqtt import __version__
+from fedmqtt.atomic import write_atomic
 from fedmqtt.errors import BrokerError
 from fedmqtt.faults import crash_point
 from fedmqtt.recruitment import label_histogram
@@ -33,6 +36,7 @@ from site_agent.trainer import Trainer, pick_device
 
 log = logging.getLogger("fedmqtt.site")
 Task = m.TrainTask | m.EvalTask
+REMIND_S = 30.0  # a waiting site says what it waits for at least this often
 
 
 class SiteAgent:
@@ -43,15 +47,43 @@ class SiteAgent:
         self.data = load_site_data(config.data)
         self.device = pick_device(config.device)
         self.trainer = Trainer(config.site_id, self.data, device=self.device, amp=config.amp)
-        self.store = UplinkStore(config.state_dir / "uplink")
-        self.local = LocalState(config.state_dir / "local")
-        self.best = BestSlot(config.state_dir / "best")
-        self.models: dict[str, m.GlobalModel] = {}
+        self._open_state()
+        self.session = self._recorded_session()
+        self.models: dict[tuple[str, str], m.GlobalModel] = {}  # (session, model hash) -> model
         self.task: Task | None = None
-        self.done: set[tuple[str, int, str]] = set()  # (kind, round, model hash) handled this process
         self._stop = False
         self._seen_connects = 0
         self.ps_done = False
+        self.ps_state = "not heard from"
+        self._reminded_at = time.monotonic()
+        self._last_work = "no task yet"
+
+    def _open_state(self) -> None:
+        c = self.config
+        self.store = UplinkStore(c.state_dir / "uplink")
+        self.local = LocalState(c.state_dir / "local")
+        self.best = BestSlot(c.state_dir / "best")
+
+    def _recorded_session(self) -> str:
+        path = self.config.state_dir / "session"
+        return path.read_text(encoding="ascii").strip() if path.is_file() else ""
+
+    def _join(self, session: str) -> None:
+        """A task of another start of the run: local layers, control variates, the best slot and stored uplinks
+        belong to the old one, and reusing them would mix two runs (same run id and seed or not)."""
+        if session == self.session:
+            return
+        c = self.config
+        if self.session:
+            log.warning("run %s: the PS started afresh (session %s, was %s): clearing this site's state of the "
+                        "earlier start", c.run_id, session, self.session)
+            for sub in ("uplink", "local", "best"):
+                shutil.rmtree(c.state_dir / sub, ignore_errors=True)
+            self._open_state()
+        c.state_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(c.state_dir / "session", session.encode("ascii"))
+        self.session = session
+        log.info("joined run %s, session %s", c.run_id, session)
 
     def _status(self, state: str, detail: str = "") -> m.SiteStatus:
         c, d = self.config, self.data
@@ -80,6 +112,22 @@ class SiteAgent:
         if inbound is not None:
             self._on_message(inbound.message)
         self._work()
+        self._remind()
+
+    def _remind(self) -> None:
+        """Nothing waits in silence: every REMIND_S say what this site waits for."""
+        now = time.monotonic()
+        if now - self._reminded_at < REMIND_S or self.ps_done:
+            return
+        self._reminded_at = now
+        if not self.channel.transport.connected:
+            s = self.channel.transport.settings
+            log.info("waiting for the broker at %s:%s (reconnecting by itself)", s.host, s.port)
+        elif self.task is not None:
+            log.info("round %d %s received; waiting for its model %s from the PS (PS: %s)", self.task.round,
+                     self.task.kind, self.task.model_hash[:12], self.ps_state)
+        else:
+            log.info("waiting for a task from the PS (PS: %s; last: %s)", self.ps_state, self._last_work)
 
     def close(self) -> None:
         self.channel.close(final=(self.status_topic, encode(self._status("offline", "agent stopped"))))
@@ -110,28 +158,31 @@ class SiteAgent:
 
     def _on_message(self, msg: object) -> None:
         if isinstance(msg, m.GlobalModel):
-            self.models = {k: v for k, v in self.models.items() if v.round >= msg.round - 1}
-            self.models[msg.model_hash] = msg
+            self.models = {k: v for k, v in self.models.items() if v.session == msg.session and v.round >= msg.round - 1}
+            self.models[(msg.session, msg.model_hash)] = msg
         elif isinstance(msg, m.RecruitmentResult):
             log.info("recruitment: %s", msg.detail)
             self.channel.send(self.status_topic, self._status("online", msg.detail))
         elif isinstance(msg, (m.TrainTask, m.EvalTask)):
-            if self.task is None or msg.round >= self.task.round:
+            newer_session = self.task is not None and msg.session != self.task.session
+            if self.task is None or newer_session or msg.round >= self.task.round:
                 self.task = msg
         elif isinstance(msg, m.DaemonStatus):
             self.ps_done = msg.state == "done"
+            self.ps_state = f"{msg.state}, round {msg.round}"
             if msg.detail:
-                log.info("PS: %s (round %d) %s", msg.state, msg.round, msg.detail)
+                log.info("PS: %s (round %d) %s", msg.state, msg.round, msg.detail[:300])
 
     def _work(self) -> None:
         task = self.task
-        if task is None or task.model_hash not in self.models:
+        if task is None or (task.session, task.model_hash) not in self.models:
             return  # the model this task names has not arrived yet
-        key = (task.kind, task.round, task.model_hash)
         self.task = None
-        if key in self.done:
-            return
-        model = self.models[task.model_hash]
+        self._join(task.session)
+        model = self.models[(task.session, task.model_hash)]
+        # A task that arrives again under a new message id (the PS re-published a stalled round) is served
+        # again: a train task re-sends the stored update (never trains twice), an eval task re-evaluates.
+        self._last_work = f"round {task.round} {task.kind}"
         try:
             if isinstance(task, m.TrainTask):
                 self._train(task, model)
@@ -143,7 +194,6 @@ class SiteAgent:
             log.exception("round %d %s failed", task.round, task.kind)
             status = self._status("error", f"round {task.round} {task.kind} failed: {exc}"[:500])
             self.channel.send(topics.site_status_topic(self.config.run_id, self.config.site_id), status)
-        self.done.add(key)
 
     def _compose(self, model: m.GlobalModel, task: Task, *, evaluate: bool = False) -> dict[str, np.ndarray]:
         """The model this site uses: received shared tensors, then its personalised tensors, then its
