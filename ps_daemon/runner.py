@@ -133,8 +133,8 @@ class DaemonRunner:
                     state = replace(state, session=secrets.token_hex(8))
                 where = (f"round {ckpt.round} of {self.config.rounds}" if ckpt.phase == "training"
                          else "the final evaluation")
-                log.info("resuming session %s at %s (rounds 1-%d are done, checkpoint %s)", state.session, where,
-                         ckpt.round - 1, self.store.latest())
+                log.info("resuming from checkpoint of round %d (%s): session %s continues with %s",
+                         ckpt.round - 1, self.store.latest(), state.session, where)
                 return state
         elif self.store.latest() is not None:
             if not self.force:
