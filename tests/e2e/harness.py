@@ -64,11 +64,12 @@ class CliFederation:
         self.procs["broker"] = cli("broker", "start", "--dir", str(self.layout.fed_dir), log=self.logs / "broker.log")
         wait_until(lambda: _port_open(self.layout.host, self.layout.port), 15, "broker port open")
 
-    def start_ps(self, *, resume: bool = False, fault: str | None = None) -> None:
-        """`fault` (e.g. "after_checkpoint:1") makes the PS SIGKILL itself at that point (FEDMQTT_FAULT)."""
+    def start_ps(self, *, resume: bool = False, fault: str | None = None, extra: tuple[str, ...] = ()) -> None:
+        """`fault` (e.g. "after_checkpoint:1") makes the PS SIGKILL itself at that point (FEDMQTT_FAULT);
+        `extra`: more `ps start` options (e.g. "--force")."""
         env = {**os.environ, **({"FEDMQTT_FAULT": fault} if fault else {})}
         self.procs["ps"] = cli("ps", "start", "--config", str(self.ps_config), *(["--resume"] if resume else []),
-                               log=self.logs / "ps.log", env=env)
+                               *extra, log=self.logs / "ps.log", env=env)
 
     def start_site(self, site: str, *, fault: str | None = None) -> None:
         """`fault` (e.g. "site_before_publish:2") makes the site SIGKILL itself there (FEDMQTT_FAULT)."""

@@ -53,9 +53,7 @@ def test_fresh_start_needs_force_and_running_sites_follow_the_new_session(cli_fe
 
     # --force: same run id, same seed, so the same round-1 model bytes; the sites kept running and must not
     # take it for the model they already trained on.
-    fed.procs["ps"] = subprocess.Popen(
-        [sys.executable, "-m", "fedmqtt", "ps", "start", "--config", str(fed.ps_config), "--force"],
-        stdout=open(fed.logs / "ps.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    fed.start_ps(extra=("--force",))
     fed.wait_ps_done(180)
     _assert_same(fed.final_weights(), _simulated(tmp_path, "e2e-again"))
     site_log = (fed.logs / "cleveland.log").read_text(errors="replace")
