@@ -9,17 +9,19 @@ chunk by itself and refuse an oversized transfer before it allocates anything.
 from __future__ import annotations
 
 import hashlib
-import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from schemas.base import Frozen, Header
-from schemas.tensors import DType
+from schemas.base import MAX_TENSORS, Frozen, Header
+from schemas.tensors import DType, Shape
 
 MIN_CHUNK_BYTES = 1024
 MAX_CHUNK_BYTES = 8 * 1024 * 1024  # keeps every MQTT packet under mosquitto.conf's max_packet_size
+MAX_TRANSFER_BYTES = 2**40  # far above any max_payload_bytes; the receiver's own budget is the real cap
+MAX_CHUNKS = 1_000_000  # the chunk topic's index has at most 6 digits
 _SHA256_HEX = r"^[0-9a-f]{64}$"
+Sha256Hex = Annotated[str, Field(pattern=_SHA256_HEX)]
 
 
 class TensorEntry(Frozen):
@@ -27,7 +29,7 @@ class TensorEntry(Frozen):
 
     name: str = Field(min_length=1, max_length=256)
     dtype: DType
-    shape: tuple[int, ...]
+    shape: Shape
 
 
 class ChunkManifest(Header):
@@ -35,12 +37,14 @@ class ChunkManifest(Header):
 
     kind: Literal["chunk_manifest"] = "chunk_manifest"
     inner_kind: str = Field(max_length=64)
-    transfer_id: str = Field(min_length=8, max_length=64)  # the inner message's msg_id
-    total_bytes: int = Field(ge=1)
+    transfer_id: str = Field(min_length=8, max_length=64, pattern=r"^[0-9A-Za-z._:-]+$")  # the inner msg_id
+    # Declared, not trusted: receivers size nothing by it (buffers grow with verified chunks) and refuse a
+    # transfer above their own max_payload_bytes before fetching anything.
+    total_bytes: int = Field(ge=1, le=MAX_TRANSFER_BYTES)
     chunk_bytes: int = Field(ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES)
-    chunk_sha256: tuple[str, ...]
-    root_sha256: str = Field(pattern=_SHA256_HEX)  # SHA-256 of the concatenated chunk digests
-    tensor_index: tuple[TensorEntry, ...] = ()
+    chunk_sha256: tuple[Sha256Hex, ...] = Field(max_length=MAX_CHUNKS)
+    root_sha256: Sha256Hex  # SHA-256 of the concatenated chunk digests
+    tensor_index: tuple[TensorEntry, ...] = Field(default=(), max_length=MAX_TENSORS)
 
     @property
     def count(self) -> int:
@@ -51,7 +55,7 @@ class ChunkManifest(Header):
 
     @model_validator(mode="after")
     def _check(self) -> ChunkManifest:
-        expected = math.ceil(self.total_bytes / self.chunk_bytes)
+        expected = -(-self.total_bytes // self.chunk_bytes)  # integer ceil: no float, no OverflowError
         if self.count != expected:
             raise ValueError(f"{self.count} chunk digests for {self.total_bytes} bytes in chunks of "
                              f"{self.chunk_bytes} (expected {expected})")
@@ -64,8 +68,8 @@ class Chunk(Header):
     """On `<topic>/chunk/<index>`: bytes [index * chunk_bytes, ...) of transfer `transfer_id`."""
 
     kind: Literal["chunk"] = "chunk"
-    transfer_id: str = Field(min_length=8, max_length=64)
-    index: int = Field(ge=0)
+    transfer_id: str = Field(min_length=8, max_length=64, pattern=r"^[0-9A-Za-z._:-]+$")
+    index: int = Field(ge=0, lt=MAX_CHUNKS)
     data: bytes = Field(min_length=1, max_length=MAX_CHUNK_BYTES)
 
 

@@ -3,16 +3,25 @@
 Why two encodings: status and metrics must be readable with `mosquitto_sub` and no project code,
 so they are JSON text; everything that can carry tensors is msgpack with raw `bin` bytes.
 A msgpack map never starts with `{`, so the first byte tells the two apart.
+
+Decoding is hostile by default: every payload may come from a party holding valid credentials and bad intent.
+Before anything is allocated in proportion to what the payload *claims*, its size, nesting depth, container
+lengths and string lengths are bounded; then the schema checks types, ranges and finiteness. Every failure is a
+`WireError` (a SchemaError) whose `category` is a short, stable counter key and whose text is one readable,
+bounded line.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import struct
+import typing
 from typing import Any
 
 import msgpack
+import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
 from fedmqtt.errors import SchemaError
@@ -20,7 +29,46 @@ from schemas.base import SCHEMA_VERSION
 from schemas.messages import TEXT_KINDS, Message
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+# Far above what real messages need (a message is <= 5 levels deep; the largest list is a 1 GiB manifest's
+# chunk digests; the largest map a label histogram), far below what hurts a receiver.
+MAX_DEPTH = 32
+MAX_ARRAY_LEN = 1_000_000
+MAX_MAP_LEN = 131_072
+MAX_STR_LEN = 1024 * 1024
+MAX_CONTAINERS = 1_000_000  # lists + maps in one payload: an empty one costs ~60 bytes of RAM for 1 wire byte
+# Status and metrics documents are small summaries; JSON has no container limits while parsing, so its size is.
+MAX_TEXT_BYTES = 4 * 1024 * 1024
+REASON_CHARS = 200  # attacker-controlled text in a reason is cut to this
+
+
+class WireError(SchemaError):
+    """A refused payload. `category` is a short, stable key for counters; str() is the full, bounded reason."""
+
+    def __init__(self, category: str, reason: str) -> None:
+        super().__init__(clip(reason, 4 * REASON_CHARS))
+        self.category = category
+
+
+# Rejection categories: counter keys in ChannelStats and in the PS's status.
+TOO_LARGE = "too large"
+TOO_DEEP = "too deep"
+MALFORMED = "malformed"
+WRONG_VERSION = "wrong version"
+SCHEMA = "schema"
+NON_FINITE = "non-finite"
+OUT_OF_RANGE = "out of range"
+TENSOR_LAYOUT = "tensor layout"
+
+
+def clip(text: object, limit: int = REASON_CHARS) -> str:
+    """`text` as one printable line of at most `limit` characters: it goes into logs and counters."""
+    s = str(text)
+    cut = s[:limit]
+    if not cut.isprintable():
+        cut = "".join(c if c.isprintable() else "?" for c in cut)
+    return cut + ("..." if len(s) > limit else "")
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+_KINDS = frozenset(cls.model_fields["kind"].default for cls in typing.get_args(typing.get_args(Message)[0]))
 
 
 def encode(message: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
@@ -70,35 +118,133 @@ def pack(obj: Any) -> bytes:
     return b"".join(out)
 
 
-def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
-    """Parse and validate a payload; raise SchemaError saying what is wrong."""
+def decode(data: bytes | bytearray, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
+    """Parse and validate a payload; raise WireError (a SchemaError) saying what is wrong."""
     if len(data) > max_bytes:
-        raise SchemaError(f"payload of {len(data)} bytes exceeds the budget of {max_bytes} bytes")
+        raise WireError(TOO_LARGE, f"payload of {len(data)} bytes exceeds the budget of {max_bytes} bytes")
     if not data:
-        raise SchemaError("empty payload")
-    try:
-        if data[:1] == b"{":
-            obj = json.loads(data.decode("utf-8"))
-        else:
-            obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=max_bytes)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, UnicodeDecodeError) as exc:
-        raise SchemaError(f"malformed payload: {type(exc).__name__}: {exc}") from None
+        raise WireError(MALFORMED, "empty payload")
+    text = data[:1] == b"{"
+    obj = _parse_json(data) if text else _parse_msgpack(data, max_bytes)
     if not isinstance(obj, dict):
-        raise SchemaError(f"payload is a {type(obj).__name__}, expected a map")
+        raise WireError(MALFORMED, f"payload is a {type(obj).__name__}, expected a map")
+    _check_nesting(obj)
     version = obj.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise SchemaError(f"schema_version {version!r} is not supported (this build speaks {SCHEMA_VERSION})")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise WireError(WRONG_VERSION, f"schema_version {clip(repr(version), 40)} is not supported "
+                                       f"(this build speaks {SCHEMA_VERSION})")
+    kind = obj.get("kind")
+    if isinstance(kind, str) and kind in _KINDS and (kind in TEXT_KINDS) != text:
+        # encode() writes observer kinds as JSON and the rest as msgpack; anything else is hand-made, and JSON
+        # would let bytes fields arrive as text.
+        raise WireError(MALFORMED, f"a {kind} must travel as {'JSON' if kind in TEXT_KINDS else 'msgpack'}")
     try:
         return _ADAPTER.validate_python(obj)
     except ValidationError as exc:
-        raise SchemaError(f"invalid {obj.get('kind', '?')}: {_first_errors(exc)}") from None
+        raise WireError(_category(exc), f"invalid {clip(kind, 40)}: {_first_errors(exc)}") from None
+    except (ValueError, TypeError, ArithmeticError, RecursionError, MemoryError) as exc:
+        # Not expected (validators raise ValidationError), but a payload must never crash a receiver.
+        raise WireError(SCHEMA, f"invalid {clip(kind, 40)}: {type(exc).__name__}: {clip(exc)}") from None
+
+
+def _parse_msgpack(data: bytes | bytearray, max_bytes: int) -> Any:
+    """msgpack with every length bounded before it is allocated, and a cap on the number of containers."""
+    containers = 0
+
+    def count(container: Any) -> Any:
+        nonlocal containers
+        containers += 1
+        if containers > MAX_CONTAINERS:
+            raise WireError(TOO_LARGE, f"more than {MAX_CONTAINERS} lists and maps")
+        return container
+
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=max_bytes, max_str_len=MAX_STR_LEN,
+                               max_array_len=MAX_ARRAY_LEN, max_map_len=MAX_MAP_LEN, max_ext_len=0,
+                               list_hook=count, object_hook=count)
+    except msgpack.StackError:
+        raise WireError(TOO_DEEP, "malformed payload: nested too deeply") from None
+    except (ValueError, TypeError, msgpack.UnpackException, UnicodeDecodeError, RecursionError, MemoryError,
+            OverflowError) as exc:
+        reason = str(exc)
+        category = TOO_LARGE if "exceeds max_" in reason else MALFORMED
+        raise WireError(category, f"malformed payload: {type(exc).__name__}: {clip(reason)}") from None
+
+
+# A JSON string (escapes included); an unterminated one runs to the end, so the scan stays linear.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\[\s\S][^"\\]*)*(?:"|\\?\Z)')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def json_depth(data: bytes | bytearray) -> int:
+    """Deepest bracket nesting outside strings, in linear time and without recursion (run before json.loads,
+    whose recursive parser would otherwise meet a hostile 100 000-deep document)."""
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((codes == 0x5B) | (codes == 0x7B), 1, -1).astype(np.int32)
+    return int(np.cumsum(steps).max())
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise WireError(NON_FINITE, f"number {clip(text, 40)} is not finite")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise WireError(NON_FINITE, f"{name} is not a JSON number")
+
+
+def _parse_json(data: bytes | bytearray) -> Any:
+    if len(data) > MAX_TEXT_BYTES:
+        raise WireError(TOO_LARGE, f"JSON payload of {len(data)} bytes exceeds {MAX_TEXT_BYTES} bytes")
+    depth = json_depth(data)
+    if depth > MAX_DEPTH:
+        raise WireError(TOO_DEEP, f"JSON nested {depth} levels deep (at most {MAX_DEPTH})")
+    try:
+        return json.loads(bytes(data).decode("utf-8"), parse_float=_finite_float, parse_constant=_no_constant)
+    except (ValueError, RecursionError, MemoryError, OverflowError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise WireError(MALFORMED, f"malformed payload: {type(exc).__name__}: {clip(exc)}") from None
+
+
+def _check_nesting(obj: Any) -> None:
+    """Depth and container count of a parsed document, without recursion."""
+    stack = [(obj, 1)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if depth > MAX_DEPTH:
+            raise WireError(TOO_DEEP, f"payload nested more than {MAX_DEPTH} levels deep")
+        if seen > MAX_CONTAINERS:
+            raise WireError(TOO_LARGE, f"more than {MAX_CONTAINERS} lists and maps")
+        for child in (node.values() if isinstance(node, dict) else node):
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+
+
+_CATEGORY_BY_ERROR = {
+    "finite_number": NON_FINITE, "non_finite": NON_FINITE, "tensor_size": TENSOR_LAYOUT,
+    "greater_than": OUT_OF_RANGE, "greater_than_equal": OUT_OF_RANGE, "less_than": OUT_OF_RANGE,
+    "less_than_equal": OUT_OF_RANGE, "too_long": TOO_LARGE, "too_short": OUT_OF_RANGE,
+    "string_too_long": TOO_LARGE, "string_too_short": OUT_OF_RANGE, "bytes_too_long": TOO_LARGE,
+}
+
+
+def _category(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False, include_input=False)
+    return _CATEGORY_BY_ERROR.get(errors[0]["type"], SCHEMA) if errors else SCHEMA
 
 
 def _first_errors(exc: ValidationError, limit: int = 3) -> str:
     parts = []
-    for err in exc.errors()[:limit]:
-        where = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{where}: {err['msg']}" if where else err["msg"])
+    for err in exc.errors(include_url=False, include_input=False)[:limit]:
+        where = ".".join(clip(p, 40) for p in err["loc"])
+        msg = clip(err["msg"])
+        parts.append(f"{where}: {msg}" if where else msg)
     more = exc.error_count() - limit
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 
@@ -117,7 +263,7 @@ def decode_checkpoint(data: bytes) -> Any:
     from schemas.checkpoint import Checkpoint  # local: checkpoints are not wire messages
 
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False, max_ext_len=0)
         return Checkpoint.model_validate(obj)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise SchemaError(f"damaged checkpoint: {type(exc).__name__}: {str(exc)[:200]}") from None
+    except (ValueError, TypeError, msgpack.UnpackException, ArithmeticError, RecursionError, MemoryError) as exc:
+        raise SchemaError(f"damaged checkpoint: {type(exc).__name__}: {clip(exc)}") from None

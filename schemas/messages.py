@@ -6,39 +6,51 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from schemas.base import ID_PATTERN, Frozen, Header
+# FiniteFloat is imported for callers that used it from here before it moved to schemas.base.
+from schemas.base import (  # noqa: F401
+    ID_PATTERN, MAX_COUNT, MAX_MAP_ENTRIES, MAX_ROUND, MAX_SECONDS, MAX_SITES, MAX_TENSORS, Count, Detail,
+    FiniteFloat, Frozen, Header, Label, Name, NonNegativeSeconds, Real, RoundNo, Session, SiteName, Timestamp,
+)
 from schemas.chunks import Chunk, ChunkManifest
-from schemas.tensors import TensorBlob
+from schemas.tensors import Tensors
 
-Scalar = Union[bool, int, float, str]
+# Every field below is bounded (see schemas.base for why): numbers finite and in range, strings and maps short.
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # what torch and numpy seeds accept
+Scalar = Union[bool, Int64, Real, Label]
 # None: undefined on that split (the reason travels beside it). NaN/Inf are refused: they would
 # poison means and best-round selection, and JSON has no spelling for them.
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-MetricValue = Union[FiniteFloat, None]
+MetricValue = Union[Real, None]
+Metrics = Annotated[dict[Name, MetricValue], Field(max_length=MAX_MAP_ENTRIES)]
+Reasons = Annotated[dict[Name, Detail], Field(max_length=16 * MAX_MAP_ENTRIES)]  # "<split>.<metric>" -> why
+# Class index -> count; as many bins as the PS's admission allows (it also checks that keys are class indices).
+LabelHistogram = Annotated[dict[Annotated[str, Field(max_length=16)], Count], Field(max_length=100_000)]
+SiteNames = Annotated[tuple[SiteName, ...], Field(max_length=MAX_SITES)]
+MAX_SPLITS = 64  # "val", "test", "best.val", ...
 
 
 class ModelSpec(Frozen):
     """Which model to build and with which arguments (a registry name, never code)."""
 
-    name: str = Field(pattern=r"^[a-z0-9_]+$")
-    args: dict[str, Scalar | list[int]] = Field(default_factory=dict)
+    name: str = Field(pattern=r"^[a-z0-9_]+$", max_length=64)
+    args: Annotated[dict[Name, Scalar | Annotated[list[Int64], Field(max_length=1024)]],
+                    Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
 
 
 class TrainSettings(Frozen):
     """Local-training settings the PS sends with each task."""
 
-    algorithm: str = "fedavg"
-    epochs: int = Field(default=1, ge=1)
+    algorithm: str = Field(default="fedavg", max_length=64)
+    epochs: int = Field(default=1, ge=1, le=1_000_000)
     # Seed 003's "4 local epochs of 3 batches of 50": at most this many batches per epoch (None: all)
-    steps_per_epoch: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=16, ge=1)
-    lr: float = Field(default=1e-3, gt=0)
+    steps_per_epoch: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    batch_size: int = Field(default=16, ge=1, le=2**31)
+    lr: float = Field(default=1e-3, gt=0, le=1e6, allow_inf_nan=False)
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
-    weight_decay: float = Field(default=0.0, ge=0)
-    seed: int = 0
+    weight_decay: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
+    seed: Int64 = 0
     # auto: BCE for binary and (masked) multilabel, cross-entropy for multiclass, MSE for regression
     loss: Literal["auto", "bce", "ce", "mse", "msle"] = "auto"
-    hyper: dict[str, float] = Field(default_factory=dict)
+    hyper: Annotated[dict[Name, Real], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
 
 
 class GlobalModel(Header):
@@ -47,13 +59,13 @@ class GlobalModel(Header):
     kind: Literal["global_model"] = "global_model"
     # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a
     # site never mistakes a new run with the same id and seed for one it has already served.
-    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
+    session: Session = ""
     model: ModelSpec
-    model_hash: str
-    tensors: tuple[TensorBlob, ...]
+    model_hash: Label
+    tensors: Tensors
     # Server state every site needs, by name: e.g. "c" (SCAFFOLD control variate), "eval" (the model
     # to validate when it differs from the one to train, FedDyn's theta_avg).
-    extras: dict[str, tuple[TensorBlob, ...]] = Field(default_factory=dict)
+    extras: Annotated[dict[Name, Tensors], Field(max_length=64)] = Field(default_factory=dict)
 
 
 class TrainTask(Header):
@@ -62,16 +74,17 @@ class TrainTask(Header):
     kind: Literal["train_task"] = "train_task"
     # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a
     # site never mistakes a new run with the same id and seed for one it has already served.
-    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
+    session: Session = ""
     site_id: str = Field(pattern=ID_PATTERN)
-    model_hash: str
-    deadline: float
+    model_hash: Label
+    deadline: Timestamp
     settings: TrainSettings
-    # The commit rule (algorithms.md 0.6): the round of this site's last update the PS aggregated.
-    accepted_round: int | None = None
-    tensors: tuple[TensorBlob, ...] = ()  # personalised tensors for this site only (AdaFed psi_i)
-    upload: tuple[str, ...] | None = None  # tensor names to send back (None: all); the rest stays local
-    best_round: int | None = None  # seed 000: the round whose model is best so far (sites keep that model)
+    # The commit rule: the round of this site's last update the PS aggregated.
+    accepted_round: RoundNo | None = None
+    tensors: Tensors = ()  # personalised tensors for this site only (AdaFed psi_i)
+    # tensor names to send back (None: all); the rest stays local
+    upload: Annotated[tuple[Label, ...], Field(max_length=MAX_TENSORS)] | None = None
+    best_round: RoundNo | None = None  # seed 000: the round whose model is best so far (sites keep that model)
 
 
 class EvalTask(Header):
@@ -80,14 +93,14 @@ class EvalTask(Header):
     kind: Literal["eval_task"] = "eval_task"
     # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a
     # site never mistakes a new run with the same id and seed for one it has already served.
-    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
+    session: Session = ""
     site_id: str = Field(pattern=ID_PATTERN)
-    model_hash: str
-    tag: str = "final"
-    splits: tuple[Literal["train", "val", "test"], ...] = ("val", "test")
-    accepted_round: int | None = None
-    tensors: tuple[TensorBlob, ...] = ()
-    best_round: int | None = None
+    model_hash: Label
+    tag: Name = "final"
+    splits: Annotated[tuple[Literal["train", "val", "test"], ...], Field(max_length=3)] = ("val", "test")
+    accepted_round: RoundNo | None = None
+    tensors: Tensors = ()
+    best_round: RoundNo | None = None
 
 
 class RecruitmentResult(Header):
@@ -96,44 +109,47 @@ class RecruitmentResult(Header):
     kind: Literal["recruitment_result"] = "recruitment_result"
     # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a
     # site never mistakes a new run with the same id and seed for one it has already served.
-    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
+    session: Session = ""
     site_id: str = Field(pattern=ID_PATTERN)
     recruited: bool
-    score: FiniteFloat | None = None
-    rank: int | None = None
-    candidates: int = 0
-    detail: str = ""
+    score: Real | None = None
+    rank: Annotated[int, Field(ge=0, le=MAX_SITES * 100)] | None = None
+    candidates: Annotated[int, Field(ge=0, le=MAX_SITES * 100)] = 0
+    detail: Detail = ""
 
 
 class ResourceUsage(Frozen):
     """What one local round cost the site: wall and CPU seconds, and on NVIDIA GPUs energy and load."""
 
-    device: str
-    wall_s: FiniteFloat = Field(ge=0)
-    cpu_s: FiniteFloat = Field(ge=0)  # process CPU time (all threads) spent in local training
-    energy_j: FiniteFloat | None = None  # NVML total-energy counter difference; None off NVIDIA or if unsupported
-    gpu_util_pct: FiniteFloat | None = None  # mean NVML utilisation sampled during training
-    gpu_peak_mem_mb: FiniteFloat | None = None
-    amp: str | None = None  # autocast dtype, e.g. "bfloat16"; None in full precision
+    device: Label
+    wall_s: NonNegativeSeconds
+    cpu_s: NonNegativeSeconds  # process CPU time (all threads) spent in local training
+    # NVML total-energy counter difference; None off NVIDIA or if unsupported
+    energy_j: Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e15)] | None = None
+    # mean NVML utilisation sampled during training
+    gpu_util_pct: Annotated[float, Field(allow_inf_nan=False, ge=0, le=100)] | None = None
+    gpu_peak_mem_mb: Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e12)] | None = None
+    amp: Annotated[str, Field(max_length=32)] | None = None  # autocast dtype, e.g. "bfloat16"; None in full precision
 
 
 class ClientUpdate(Header):
     """`site/<site>/update`: a site's full post-training tensors and what the PS needs to weigh them."""
 
     kind: Literal["client_update"] = "client_update"
-    base_model_hash: str
-    tensors: tuple[TensorBlob, ...]
-    n_samples: int = Field(ge=0)
-    local_steps: int = Field(ge=0)
-    train_loss: FiniteFloat | None = None
-    val_metrics: dict[str, MetricValue] = Field(default_factory=dict)
-    undefined: dict[str, str] = Field(default_factory=dict)
-    control_variates: tuple[TensorBlob, ...] = ()  # SCAFFOLD: Delta c_i
-    scalars: dict[str, FiniteFloat] = Field(default_factory=dict)  # e.g. FedNova "a_norm"
-    # AdaFed: per layer "<layer>/mean" and "<layer>/var": aggregate statistics of layer inputs (11.1)
-    layer_stats: tuple[TensorBlob, ...] = ()
-    label_histogram: dict[str, int] | None = None
-    compute_seconds: float = Field(default=0.0, ge=0)
+    base_model_hash: Label
+    tensors: Tensors
+    n_samples: Count
+    local_steps: Count
+    train_loss: Real | None = None
+    val_metrics: Metrics = Field(default_factory=dict)
+    undefined: Reasons = Field(default_factory=dict)
+    control_variates: Tensors = ()  # SCAFFOLD: Delta c_i
+    # e.g. FedNova "a_norm"
+    scalars: Annotated[dict[Name, Real], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
+    # AdaFed: per layer "<layer>/mean" and "<layer>/var": aggregate statistics of layer inputs
+    layer_stats: Tensors = ()
+    label_histogram: LabelHistogram | None = None
+    compute_seconds: NonNegativeSeconds = 0.0
     usage: ResourceUsage | None = None
     done: bool = True
 
@@ -142,12 +158,13 @@ class EvalReport(Header):
     """`site/<site>/report`: metrics of one model version on a site's own splits."""
 
     kind: Literal["eval_report"] = "eval_report"
-    model_hash: str
-    tag: str
-    metrics: dict[str, dict[str, MetricValue]]  # by split; "best.<split>": the site's best-round model
-    n_samples: dict[str, int]
-    undefined: dict[str, str] = Field(default_factory=dict)
-    best_round: int | None = None  # the round of the model behind the "best.*" entries
+    model_hash: Label
+    tag: Name
+    # by split; "best.<split>": the site's best-round model
+    metrics: Annotated[dict[Name, Metrics], Field(max_length=MAX_SPLITS)]
+    n_samples: Annotated[dict[Name, Count], Field(max_length=MAX_SPLITS)]
+    undefined: Reasons = Field(default_factory=dict)
+    best_round: RoundNo | None = None  # the round of the model behind the "best.*" entries
 
 
 class SiteStatus(Header):
@@ -155,13 +172,13 @@ class SiteStatus(Header):
 
     kind: Literal["site_status"] = "site_status"
     state: Literal["online", "training", "evaluating", "offline", "error"]
-    device: str = "cpu"
-    n_train: int = 0
-    n_val: int = 0
-    n_test: int = 0
-    label_histogram: dict[str, int] | None = None
-    detail: str = ""
-    version: str = ""
+    device: Label = "cpu"
+    n_train: Count = 0
+    n_val: Count = 0
+    n_test: Count = 0
+    label_histogram: LabelHistogram | None = None
+    detail: Detail = ""
+    version: Annotated[str, Field(max_length=64)] = ""
 
 
 class DaemonStatus(Header):
@@ -169,16 +186,17 @@ class DaemonStatus(Header):
 
     kind: Literal["daemon_status"] = "daemon_status"
     state: Literal["waiting_for_sites", "training", "evaluating", "done", "offline", "error"]
-    algorithm: str = ""
-    rounds_total: int = 0
-    sites_expected: tuple[str, ...] = ()
-    sites_online: tuple[str, ...] = ()
-    waiting_for: tuple[str, ...] = ()
-    deadline: float | None = None
-    detail: str = ""
-    session: str = Field(default="", max_length=64, pattern=r"^[0-9a-f]*$")
+    algorithm: Annotated[str, Field(max_length=64)] = ""
+    rounds_total: Annotated[int, Field(ge=0, le=MAX_ROUND)] = 0
+    sites_expected: SiteNames = ()
+    sites_online: SiteNames = ()
+    waiting_for: SiteNames = ()
+    deadline: Timestamp | None = None
+    detail: Detail = ""
+    session: Session = ""
     # Messages the PS refused, per sending site and reason (bounded: the top reasons per site only).
-    rejected: dict[str, dict[str, int]] = Field(default_factory=dict)
+    rejected: Annotated[dict[Name, Annotated[dict[Name, Count], Field(max_length=64)]],
+                        Field(max_length=MAX_SITES)] = Field(default_factory=dict)
 
 
 class RoundMetrics(Header):
@@ -186,12 +204,13 @@ class RoundMetrics(Header):
 
     kind: Literal["round_metrics"] = "round_metrics"
     phase: Literal["train", "final"] = "train"
-    sites: tuple[str, ...]
-    stragglers: tuple[str, ...] = ()
-    per_site: dict[str, dict[str, MetricValue]]
-    mean: dict[str, MetricValue]
-    train_loss: float | None = None
-    duration_s: float = 0.0
+    sites: SiteNames
+    stragglers: SiteNames = ()
+    per_site: Annotated[dict[Name, Metrics], Field(max_length=MAX_SITES)]
+    mean: Metrics
+    train_loss: Real | None = None
+    # Wall-clock difference on the PS: finite, but not asserted >= 0 (a clock step back must not stop the PS)
+    duration_s: Annotated[float, Field(allow_inf_nan=False, ge=-MAX_SECONDS, le=MAX_SECONDS)] = 0.0
 
 
 Message = Annotated[

@@ -1,6 +1,6 @@
 """Chunked transfer of large payloads: cut on the sender, fetched in windows and verified on the receiver.
 
-Why this shape (design.md section 3):
+Why this shape (docs/design-notes.md, "Large models"):
 - The sender publishes every chunk retained on `<topic>/chunk/<i>` *before* the manifest on `<topic>`, so a
   manifest always points at chunks the broker already holds, and a late or restarted receiver finds them.
 - A receiver subscribes to a chunk's exact topic only when it wants it, a window at a time: the broker
@@ -10,6 +10,10 @@ Why this shape (design.md section 3):
   copy); a corrupted one (SHA-256 mismatch) likewise. A chunk from another transfer is stale and ignored.
   If re-fetching does not help, the transfer fails with a reason that names the chunks; it never yields
   a wrong payload.
+- Nothing is sized by what a manifest declares: a manifest is a few kB that anyone with a topic can write. The
+  reassembly buffer grows only as verified chunks arrive, and each sender's queued transfers are bounded by
+  configuration (`max_pending_chunk_bytes`, `max_pending_manifests`). A transfer that trickles in slower than
+  `min_rate_bytes_per_s` is given up, so one sender cannot hold the single fetch slot for ever.
 
 This module holds the logic only; `Fetcher` talks to the broker through the three `BulkLink` calls.
 """
@@ -28,6 +32,7 @@ from fedmqtt.transport.topics import chunk_topic
 from schemas.chunks import Chunk, ChunkManifest, TensorEntry, chunk_digest, root_digest
 
 log = logging.getLogger(__name__)
+MAX_WINDOW_CHUNKS = 256
 
 
 class BulkLink(Protocol):
@@ -89,8 +94,9 @@ class Failed:
 class _Transfer:
     topic: str
     manifest: ChunkManifest
-    buffer: bytearray
     have: bytearray  # 1 per chunk received and verified
+    buffer: bytearray = field(default_factory=bytearray)  # verified chunks 0..k-1, joined in order
+    early: dict[int, bytes] = field(default_factory=dict)  # verified chunks that arrived ahead of the buffer
     next_index: int = 0  # the next chunk not yet asked for
     outstanding: set[int] = field(default_factory=set)
     to_unsubscribe: list[int] = field(default_factory=list)
@@ -98,23 +104,66 @@ class _Transfer:
     stalls: int = 0
     last_progress: float = 0.0
     received: int = 0
+    started: float = 0.0
+    deadline: float = math.inf  # give up when not complete by then (see Fetcher.min_rate_bytes_per_s)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of chunk data this transfer holds: never more than what arrived and verified."""
+        return len(self.buffer) + sum(len(c) for c in self.early.values())
+
+    def store(self, index: int, data: bytes) -> None:
+        """Keep a verified chunk: append it (and any early successors) to the buffer, or park it until its turn."""
+        chunk_bytes = self.manifest.chunk_bytes
+        if index * chunk_bytes != len(self.buffer):
+            self.early[index] = data
+            return
+        self.buffer += data
+        follow = index + 1
+        while follow in self.early:
+            self.buffer += self.early.pop(follow)
+            follow += 1
 
 
 class Fetcher:
-    """Fetches one chunked transfer at a time; newer manifests for a topic replace older pending ones."""
+    """Fetches one chunked transfer at a time; newer manifests for a topic replace older pending ones.
+
+    Budgets, per sender (the manifest's sender, which the channel has matched to the topic's owner): at most
+    `max_pending_manifests` transfers queued or in progress, declaring at most `max_pending_chunk_bytes` in all.
+    """
 
     def __init__(self, link: BulkLink, *, window_bytes: int, stall_s: float, max_refetches: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_pending_chunk_bytes: int = 2 << 30,
+                 max_pending_manifests: int = 64, min_rate_bytes_per_s: float = 32 * 1024) -> None:
         self.link = link
         self.window_bytes = window_bytes
         self.stall_s = stall_s
         self.max_refetches = max_refetches
         self.clock = clock
+        self.max_pending_chunk_bytes = max_pending_chunk_bytes
+        self.max_pending_manifests = max_pending_manifests
+        self.min_rate_bytes_per_s = min_rate_bytes_per_s
         self.stats = TransferStats()
         self.active: _Transfer | None = None
         self.pending: OrderedDict[str, ChunkManifest] = OrderedDict()
 
     # -- manifests --------------------------------------------------------------------------------
+    def refusal(self, topic: str, manifest: ChunkManifest) -> str | None:
+        """Why `manifest` would exceed its sender's budget (None: it fits). A manifest replaces the one
+        queued or in progress on the same topic, so that one does not count."""
+        queued = [m for t, m in self.pending.items() if t != topic and m.sender == manifest.sender]
+        active = self.active
+        if active is not None and active.topic != topic and active.manifest.sender == manifest.sender:
+            queued.append(active.manifest)
+        if len(queued) + 1 > self.max_pending_manifests:
+            return (f"{manifest.sender} already has {len(queued)} chunked transfers queued "
+                    f"(at most {self.max_pending_manifests})")
+        declared = sum(m.total_bytes for m in queued) + manifest.total_bytes
+        if declared > self.max_pending_chunk_bytes:
+            return (f"{manifest.sender}'s queued chunked transfers would declare {declared} bytes "
+                    f"(at most {self.max_pending_chunk_bytes})")
+        return None
+
     def offer(self, topic: str, manifest: ChunkManifest) -> Failed | None:
         """Queue a transfer; returns a Failed if it replaces the active one (a newer model superseded it)."""
         active = self.active
@@ -137,12 +186,27 @@ class Fetcher:
         if self.active is not None or not self.pending:
             return
         topic, manifest = self.pending.popitem(last=False)
-        self.active = _Transfer(topic, manifest, bytearray(manifest.total_bytes), bytearray(manifest.count),
-                                last_progress=self.clock())
+        now = self.clock()
+        # `have` is one byte per digest the manifest really carried (it arrived, so it is bounded by the
+        # payload cap); the data buffer starts empty and grows with verified chunks only.
+        self.active = _Transfer(topic, manifest, bytearray(manifest.count), last_progress=now, started=now,
+                                deadline=now + self._grace_s + manifest.total_bytes / self.min_rate_bytes_per_s)
         self._top_up(self.active)
 
+    @property
+    def _grace_s(self) -> float:
+        """Time the stall-and-refetch logic may take on top of the minimum rate: it decides before the rate does."""
+        return self.stall_s * (self.max_refetches + 2)
+
+    @property
+    def held_bytes(self) -> int:
+        """Chunk bytes held in memory right now (the active transfer's; queued ones hold nothing)."""
+        return self.active.held_bytes if self.active is not None else 0
+
     def _window(self, manifest: ChunkManifest) -> int:
-        return max(1, self.window_bytes // manifest.chunk_bytes)
+        """Chunks asked for at once: `window_bytes` worth, but never more than MAX_WINDOW_CHUNKS topics, so a
+        manifest of tiny chunks cannot make us send one huge SUBSCRIBE (the broker would drop the connection)."""
+        return max(1, min(MAX_WINDOW_CHUNKS, self.window_bytes // manifest.chunk_bytes))
 
     def _top_up(self, t: _Transfer) -> None:
         """Ask for more chunks once half the window has arrived; drop subscriptions we are done with."""
@@ -166,15 +230,17 @@ class Fetcher:
             self.stats.stale += 1
             return None
         m = t.manifest
-        if chunk.index != index or index >= m.count:
+        if index >= m.count:  # not part of this transfer (a leftover of a longer one): no state kept for it
+            self.stats.stale += 1
+            return None
+        if chunk.index != index:
             return self._corrupt(t, index, f"chunk {chunk.index} arrived on the topic of chunk {index}")
         if t.have[index]:
             self.stats.duplicates += 1
             return None
         if len(chunk.data) != m.chunk_length(index) or chunk_digest(chunk.data) != m.chunk_sha256[index]:
             return self._corrupt(t, index, f"chunk {index} of {m.count} fails its SHA-256 or length check")
-        start = index * m.chunk_bytes
-        t.buffer[start:start + len(chunk.data)] = chunk.data
+        t.store(index, chunk.data)
         t.have[index] = 1
         t.received += 1
         t.outstanding.discard(index)
@@ -187,6 +253,7 @@ class Fetcher:
         self.active = None
         self.stats.completed += 1
         self._start_next()
+        assert len(t.buffer) == m.total_bytes and not t.early  # every chunk verified, in order
         return Completed(t.topic, m, t.buffer)
 
     def _corrupt(self, t: _Transfer, index: int, what: str) -> Failed | None:
@@ -197,15 +264,19 @@ class Fetcher:
             return self._fail(f"{what}, still after {self.max_refetches} re-fetches")
         log.warning("%s: %s; fetching it again", t.topic, what)
         self.stats.refetches += 1
-        if index < t.manifest.count:
-            self.link.refetch([chunk_topic(t.topic, index)])
+        self.link.refetch([chunk_topic(t.topic, index)])
         return None
 
     # -- time -------------------------------------------------------------------------------------
     def tick(self) -> Failed | None:
         """Re-fetch what has not arrived after `stall_s` without progress; fail after `max_refetches`."""
         t = self.active
-        if t is None or self.clock() - t.last_progress < self.stall_s:
+        if t is None:
+            return None
+        if self.clock() > t.deadline:
+            return self._fail(f"only {t.received} of {t.manifest.count} chunks after "
+                              f"{self.clock() - t.started:.0f} s, slower than {self.min_rate_bytes_per_s:.0f} B/s")
+        if self.clock() - t.last_progress < self.stall_s:
             return None
         missing = sorted(t.outstanding)
         if t.stalls >= self.max_refetches:

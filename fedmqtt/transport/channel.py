@@ -2,6 +2,8 @@
 
 Every check that protects a receiver from a bad or spoofed payload lives here, so the PS and the
 site agents see only messages that are well-formed, on the right topic, from the right sender.
+A refused message is counted per sender and category (`ChannelStats`) and logged once, in one bounded line;
+`accept` never raises, whatever bytes arrive.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +20,7 @@ from fedmqtt.transport.bulk import Completed, Failed, Fetcher, split, tensor_ind
 from fedmqtt.transport.mqtt import MqttTransport, RawMessage
 from fedmqtt.transport.topics import CHUNKED_KINDS, ParsedTopic, chunk_topic, parse_topic
 from schemas.chunks import MAX_CHUNK_BYTES, ChunkManifest
-from schemas.codec import decode, encode
+from schemas.codec import WireError, clip, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,58 @@ _KINDS_BY_TOPIC = {
     ("site", "report"): {"eval_report"},
 }
 PS_SENDER = "ps"
+UNKNOWN_SENDER = "?"  # the topic did not parse, so whose message it was is unknown
+OTHER_SENDERS = "other"  # beyond MAX_TRACKED_SENDERS distinct senders, counted together
+MAX_TRACKED_SENDERS = 1024
 _STATE_KINDS = frozenset({"site_status", "daemon_status"})
+# The longest topic of ours: fedmqtt/v1/<run>/site/<site>/update/chunk/<index> (8 levels, < 200 characters).
+MAX_TOPIC_LEVELS = 10
+MAX_TOPIC_CHARS = 256
+
+# Rejection categories the channel adds to the codec's (schemas.codec: malformed, too large, too deep, ...).
+BAD_TOPIC = "bad topic"
+WRONG_RUN = "wrong run"
+WRONG_TOPIC = "wrong topic"  # a kind that does not belong on that topic
+WRONG_SENDER = "wrong sender"
+WRONG_ADDRESS = "wrong address"  # a task on another site's topic
+MANIFEST_REFUSED = "manifest refused"  # by the receiver's admission hook
+OVER_BUDGET = "over budget"  # a sender's queued chunked transfers
+TRANSFER_FAILED = "chunked transfer failed"
+MISMATCH = "manifest mismatch"  # reassembled message differs from its manifest
+INTERNAL = "internal error"
+
+
+class WrongRun(TopicError):
+    """A topic of another run: a configuration mix-up, not necessarily hostile."""
+
+
+def rejection_category(exc: Exception) -> str:
+    """The short counter key for an exception check_message raised."""
+    if isinstance(exc, WireError):
+        return exc.category
+    if isinstance(exc, WrongRun):
+        return WRONG_RUN
+    if isinstance(exc, TopicError):
+        return BAD_TOPIC
+    return "schema"
+
+
+def _parse_topic(topic: str) -> ParsedTopic:
+    """parse_topic, after a cheap check of the topic's size: parse_topic takes `<topic>/chunk/<i>` apart
+    recursively, and thousands of such suffixes on a topic a site may write (site/<id>/#) would otherwise end
+    in a RecursionError."""
+    if len(topic) > MAX_TOPIC_CHARS or topic.count("/") + 1 > MAX_TOPIC_LEVELS:
+        raise TopicError(f"not a fedmqtt topic: {len(topic)} characters, {topic.count('/') + 1} levels")
+    return parse_topic(topic)
+
+
+def topic_owner(topic: str) -> str:
+    """Who may write `topic`: its site, "ps" for ps/..., "?" if it is not a topic of ours."""
+    try:
+        parsed = _parse_topic(topic)
+    except TopicError:
+        return UNKNOWN_SENDER
+    return parsed.site_id if parsed.role == "site" and parsed.site_id else PS_SENDER
 
 
 @dataclass(frozen=True)
@@ -48,38 +102,47 @@ class Inbound:
 @dataclass
 class ChannelStats:
     received: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)  # by category, all senders together
     duplicates: int = 0
+    # sender (the topic's owner) -> category -> count; both key sets are bounded (see MAX_TRACKED_SENDERS)
+    rejected_by_site: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def count_rejection(self, sender: str, category: str) -> None:
+        self.rejected[category] += 1
+        if sender not in self.rejected_by_site and len(self.rejected_by_site) >= MAX_TRACKED_SENDERS:
+            sender = OTHER_SENDERS
+        self.rejected_by_site.setdefault(sender, Counter())[category] += 1
 
 
 def check_message(topic: str, payload: bytes, *, run_id: str, max_bytes: int) -> tuple[ParsedTopic, object]:
-    """Decode `payload` and check it belongs on `topic`; raise SchemaError/TopicError naming the problem."""
-    parsed = parse_topic(topic)
+    """Decode `payload` and check it belongs on `topic`; raise SchemaError/TopicError naming the problem
+    (a WireError's `category` says which check failed)."""
+    parsed = _parse_topic(topic)
     if parsed.run_id != run_id:
-        raise TopicError(f"{topic}: run {parsed.run_id!r} is not this run ({run_id!r})")
-    message = decode(payload, max_bytes=max_bytes)
-    kind = getattr(message, "kind")
+        raise WrongRun(f"{topic}: run {parsed.run_id!r} is not this run ({run_id!r})")
+    message: Any = decode(payload, max_bytes=max_bytes)
+    kind = message.kind
     allowed = _KINDS_BY_TOPIC[parsed.base]
     if parsed.chunk is not None:
         allowed = {"chunk"}
     elif kind == "chunk_manifest" and parsed.base in CHUNKED_KINDS:
-        kind = message.inner_kind  # type: ignore[attr-defined]
-        if message.total_bytes > max_bytes:  # type: ignore[attr-defined]
-            raise SchemaError(f"{topic}: chunked {kind} of {message.total_bytes} bytes exceeds the budget of "  # type: ignore[attr-defined]
-                              f"{max_bytes} bytes")
+        kind = message.inner_kind
+        if message.total_bytes > max_bytes:
+            raise WireError("too large", f"{topic}: chunked {clip(kind, 40)} of {message.total_bytes} bytes "
+                                         f"exceeds the budget of {max_bytes} bytes")
     if kind not in allowed:
-        raise SchemaError(f"{topic}: a {kind} does not belong on this topic (expected {sorted(allowed)})")
-    if message.run_id != run_id:  # type: ignore[attr-defined]
-        raise SchemaError(f"{topic}: message run_id {message.run_id!r} != {run_id!r}")  # type: ignore[attr-defined]
+        raise WireError(WRONG_TOPIC, f"{topic}: a {clip(kind, 40)} does not belong on this topic "
+                                     f"(expected {sorted(allowed)})")
+    if message.run_id != run_id:
+        raise WireError(WRONG_RUN, f"{topic}: message run_id {message.run_id!r} != {run_id!r}")
     expected_sender = parsed.site_id if parsed.role == "site" else PS_SENDER
-    if message.sender != expected_sender:  # type: ignore[attr-defined]
-        raise SchemaError(
-            f"{topic}: sender {message.sender!r} claims another identity than its topic ({expected_sender!r})"  # type: ignore[attr-defined]
-        )
+    if message.sender != expected_sender:
+        raise WireError(WRONG_SENDER, f"{topic}: sender {message.sender!r} claims another identity than its "
+                                      f"topic ({expected_sender!r})")
     task_site = getattr(message, "site_id", None)
-    whole = parsed.chunk is None and message.kind != "chunk_manifest"  # type: ignore[attr-defined]
+    whole = parsed.chunk is None and message.kind != "chunk_manifest"
     if whole and parsed.kind == "task" and task_site != parsed.site_id:
-        raise SchemaError(f"{topic}: task addressed to {task_site!r} on {parsed.site_id!r}'s topic")
+        raise WireError(WRONG_ADDRESS, f"{topic}: task addressed to {task_site!r} on {parsed.site_id!r}'s topic")
     return parsed, message
 
 
@@ -93,17 +156,26 @@ class Channel:
     """
 
     def __init__(self, transport: MqttTransport, *, run_id: str, sender: str, bulk: Any = None,
-                 dedupe_window: int = 4096) -> None:
+                 dedupe_window: int = 4096,
+                 admit_manifest: Callable[[ParsedTopic, ChunkManifest], str | None] | None = None) -> None:
+        """`admit_manifest(topic, manifest)`: the receiver's own judgement of a chunked transfer before a single
+        chunk is fetched (e.g. the PS: wrong round, a tensor index that cannot match the model); a returned
+        string refuses it and is logged as the reason."""
         self.transport = transport
         self.bulk = bulk if bulk is not None else transport
         self.run_id = run_id
         self.sender = sender
         self.stats = ChannelStats()
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        # Message ids already delivered, per topic owner: a party that reuses or guesses another's id on its own
+        # topic must not make us drop that other party's message, nor evict the other's ids by flooding its own.
+        self._seen: dict[str, OrderedDict[str, None]] = {}
         self._dedupe_window = dedupe_window
+        self.admit_manifest = admit_manifest
         s = transport.settings
         self.fetcher = Fetcher(self.bulk, window_bytes=s.fetch_window_bytes, stall_s=s.chunk_stall_s,
-                               max_refetches=s.chunk_refetches)
+                               max_refetches=s.chunk_refetches, max_pending_chunk_bytes=s.max_pending_chunk_bytes,
+                               max_pending_manifests=s.max_pending_manifests,
+                               min_rate_bytes_per_s=s.chunk_min_rate_bytes_per_s)
         self._chunks_sent: dict[str, int] = {}  # topic -> chunk count of our last transfer there
 
     @classmethod
@@ -181,12 +253,16 @@ class Channel:
             if time.monotonic() >= deadline or (raw is None and not self.fetcher.busy):
                 return None
 
+    def _reject(self, topic: str, category: str, reason: object) -> None:
+        """Count one refused message for its topic's owner and log it: one line, bounded, whatever the input."""
+        self.stats.count_rejection(topic_owner(topic), category)
+        log.warning("rejected (%s) a message on %s: %s", category, clip(topic), clip(reason, 1000))
+
     def _report(self, outcome: Completed | Failed | None) -> Inbound | None:
         if isinstance(outcome, Failed):
             m = outcome.manifest
-            self.stats.rejected["chunked transfer failed"] += 1
-            log.warning("gave up on the %s from %s (round %d) on %s: %s", m.inner_kind, m.sender, m.round,
-                        outcome.topic, outcome.reason)
+            self._reject(outcome.topic, TRANSFER_FAILED,
+                         f"gave up on the {m.inner_kind} from {m.sender} (round {m.round}): {outcome.reason}")
             return None
         if isinstance(outcome, Completed):
             return self._accept_reassembled(outcome)
@@ -196,26 +272,36 @@ class Channel:
         m = done.manifest
         try:
             parsed, message = check_message(done.topic, done.payload, run_id=self.run_id, max_bytes=self.max_bytes)
-            if (message.kind, message.msg_id, message.round) != (m.inner_kind, m.transfer_id, m.round):  # type: ignore[attr-defined]
-                raise SchemaError(f"{done.topic}: reassembled message does not match its manifest")
+            inner: Any = message
+            if (inner.kind, inner.msg_id, inner.round) != (m.inner_kind, m.transfer_id, m.round):
+                raise WireError(MISMATCH, f"{done.topic}: reassembled message does not match its manifest")
             if bulk_index(message) != m.tensor_index:
-                raise SchemaError(f"{done.topic}: reassembled tensors do not match the manifest's tensor index")
+                raise WireError(MISMATCH, f"{done.topic}: reassembled tensors do not match the manifest's "
+                                          "tensor index")
         except (SchemaError, TopicError) as exc:
-            self.stats.rejected[type(exc).__name__] += 1
-            log.warning("rejected a chunked message on %s: %s", done.topic, exc)
+            category = MISMATCH if rejection_category(exc) == WRONG_TOPIC else rejection_category(exc)
+            self._reject(done.topic, category, f"chunked message: {exc}")
             return None
         return self._deliver(parsed, message, len(done.payload), False)
 
     def accept(self, raw: RawMessage) -> Inbound | None:
+        """Check one raw message; a whole, valid, new one comes back. Never raises: whatever the bytes, a refusal
+        is counted and logged and None returned."""
         if not raw.payload:
             return None  # a cleared retained message
         self.stats.received += 1
         try:
+            return self._accept(raw)
+        except Exception as exc:  # a bug of ours, never the sender's fault: keep serving everyone else
+            self.stats.count_rejection(topic_owner(raw.topic), INTERNAL)
+            log.exception("internal error on a message on %s: %s", clip(raw.topic), clip(exc))
+            return None
+
+    def _accept(self, raw: RawMessage) -> Inbound | None:
+        try:
             parsed, message = check_message(raw.topic, raw.payload, run_id=self.run_id, max_bytes=self.max_bytes)
         except (SchemaError, TopicError) as exc:
-            reason = str(exc).split(":")[0] if isinstance(exc, TopicError) else type(exc).__name__
-            self.stats.rejected[reason] += 1
-            log.warning("rejected message on %s: %s", raw.topic, exc)
+            self._reject(raw.topic, rejection_category(exc), exc)
             return None
         kind = getattr(message, "kind")
         if kind == "chunk":
@@ -224,23 +310,42 @@ class Channel:
             return self._report(self.fetcher.on_chunk(base, parsed.chunk, message))  # type: ignore[arg-type]
         if kind == "chunk_manifest":
             assert isinstance(message, ChunkManifest)
-            if message.transfer_id in self._seen:
-                self.stats.duplicates += 1
-            else:
-                self._report(self.fetcher.offer(raw.topic, message))
+            self._offer(raw.topic, parsed, message)
             return None
         return self._deliver(parsed, message, len(raw.payload), raw.retain)
 
+    def _offer(self, topic: str, parsed: ParsedTopic, manifest: ChunkManifest) -> None:
+        """Queue a checked manifest for fetching, unless it is known, over its sender's budget or refused."""
+        if manifest.transfer_id in self._seen.get(topic_owner(topic), ()):
+            self.stats.duplicates += 1
+            return
+        over = self.fetcher.refusal(topic, manifest)
+        if over is not None:
+            self._reject(topic, OVER_BUDGET, over)
+            return
+        if self.admit_manifest is not None:
+            reason = self.admit_manifest(parsed, manifest)
+            if reason is not None:
+                self._reject(topic, MANIFEST_REFUSED, f"chunked {manifest.inner_kind} of round {manifest.round}: "
+                                                      f"{reason}")
+                return
+        self._report(self.fetcher.offer(topic, manifest))
+
     def _deliver(self, parsed: ParsedTopic, message: Any, size: int, retained: bool) -> Inbound | None:
-        msg_id = message.msg_id
         if getattr(message, "kind") in _STATE_KINDS:
             # Statuses are idempotent state, and a Last Will re-fires with the same bytes (and id)
             # after every network loss: de-duplicating them would hide the second outage.
             return Inbound(parsed, message, size, retained)
-        if msg_id in self._seen:
+        owner = PS_SENDER if parsed.role == "ps" else str(parsed.site_id)
+        seen = self._seen.get(owner)
+        if seen is None:
+            if len(self._seen) >= MAX_TRACKED_SENDERS:  # only reachable without the broker's ACL
+                owner = OTHER_SENDERS
+            seen = self._seen.setdefault(owner, OrderedDict())
+        if message.msg_id in seen:
             self.stats.duplicates += 1
             return None
-        self._seen[msg_id] = None
-        if len(self._seen) > self._dedupe_window:
-            self._seen.popitem(last=False)
+        seen[message.msg_id] = None
+        if len(seen) > self._dedupe_window:
+            seen.popitem(last=False)
         return Inbound(parsed, message, size, retained)

@@ -33,3 +33,10 @@ class BrokerSettings(BaseModel):
     fetch_window_bytes: int = Field(default=64 * 1024 * 1024, ge=MIN_CHUNK_BYTES)
     chunk_stall_s: float = Field(default=10.0, gt=0)  # no chunk for this long: fetch the missing ones again
     chunk_refetches: int = Field(default=3, ge=0)  # then give up on the transfer, naming the missing chunks
+    # Receiver budgets, per sender, set here and never by what a manifest declares: the declared bytes and the
+    # number of chunked transfers one party may have queued or in progress at this receiver (a sender needs
+    # at most one per topic it writes), and the slowest transfer rate tolerated before the single fetch slot
+    # is handed on (one party must not hold it for ever by trickling chunks).
+    max_pending_chunk_bytes: int = Field(default=2 * 1024 * 1024 * 1024, ge=MIN_CHUNK_BYTES)
+    max_pending_manifests: int = Field(default=64, ge=1, le=100_000)
+    chunk_min_rate_bytes_per_s: float = Field(default=32 * 1024, gt=0, allow_inf_nan=False)

@@ -173,3 +173,20 @@ def test_rejects_a_topic_outside_the_table() -> None:
     """A topic that is not in the topic table is a TopicError before the payload is read."""
     with pytest.raises(TopicError, match="unknown fedmqtt topic"):
         check_message("fedmqtt/v1/r1/site/site-a/secrets", b"", run_id=RUN, max_bytes=MAX)
+
+
+@pytest.mark.parametrize(("topic", "message", "category"), [
+    (t.site_update_topic(RUN, "site-a"), _model(), "wrong topic"),
+    (t.site_update_topic("r2", "site-a"), _update(), "wrong run"),
+    (t.site_update_topic(RUN, "site-a"), _update(run_id="r2"), "wrong run"),
+    (t.ps_task_topic(RUN, "site-a"), _task(site_id="site-b"), "wrong address"),
+    (t.ps_model_topic(RUN), _model(sender="site-a"), "wrong sender"),
+    ("fedmqtt/v1/r1/site/site-a/secrets", _update(), "bad topic"),
+], ids=["kind", "run-in-topic", "run-in-payload", "address", "sender", "topic"])
+def test_each_refusal_has_a_stable_category(topic: str, message: object, category: str) -> None:
+    """Counters key on these short categories (the PS publishes them per site), never on free text."""
+    from fedmqtt.transport.channel import rejection_category
+
+    with pytest.raises((SchemaError, TopicError)) as info:
+        check_message(topic, encode(message), run_id=RUN, max_bytes=MAX)
+    assert rejection_category(info.value) == category
