@@ -328,6 +328,33 @@ def test_json_depth_counts_brackets_outside_strings_only() -> None:
     assert json_depth(b'{"unterminated [[[[[[') == 1  # an open string runs to the end
 
 
+def _true_depth(doc: Any) -> int:
+    if isinstance(doc, dict):
+        return 1 + max((_true_depth(v) for v in doc.values()), default=0)
+    if isinstance(doc, list):
+        return 1 + max((_true_depth(v) for v in doc), default=0)
+    return 0
+
+
+_tricky_text = st.text(alphabet='[]{}"\\\n ab\u00e9\u2028', max_size=12)
+_tricky_docs = st.recursive(st.one_of(_tricky_text, st.integers(), st.none()), lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(_tricky_text, inner, max_size=4)), max_leaves=30)
+
+
+@FUZZ
+@given(_tricky_docs, st.sampled_from([1, 2, 3, 7, 64, 1 << 18]), st.booleans())
+def test_json_depth_matches_the_real_nesting(doc: Any, block: int, ascii_only: bool) -> None:
+    """Strings full of brackets, quotes and backslashes, and scan blocks that split escapes and strings
+    anywhere: the pre-scan's depth is the document's."""
+    data = json.dumps(doc, ensure_ascii=ascii_only).encode()
+    original = codec._DEPTH_BLOCK
+    codec._DEPTH_BLOCK = block
+    try:
+        assert json_depth(data) == _true_depth(doc) or _true_depth(doc) > MAX_DEPTH
+    finally:
+        codec._DEPTH_BLOCK = original
+
+
 def test_depth_limit_is_exact_for_json_and_msgpack() -> None:
     for depth, ok in ((MAX_DEPTH, True), (MAX_DEPTH + 1, False)):
         inner = depth - 1  # the top-level map is level 1
