@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from broker.federation import FederationLayout
 
 app = typer.Typer(help="Set up and run the Mosquitto broker of a federation.", no_args_is_help=True)
 
@@ -16,30 +19,95 @@ def init(
     fed_dir: Path = typer.Option(..., "--dir", help="Federation directory to create."),
     run_id: str = typer.Option(..., "--run-id", help="Run id: a-z, 0-9 and '-'."),
     sites: list[str] = typer.Option(..., "--site", help="A site id; repeat for every hospital."),
-    host: str = typer.Option("127.0.0.1", help="Address the broker listens on and parties connect to."),
-    port: Optional[int] = typer.Option(None, help="Port (default: a free one)."),
-    force: bool = typer.Option(False, help="Replace an existing federation in --dir."),
+    hosts: list[str] = typer.Option(
+        ["127.0.0.1"], "--host",
+        help="Name or address parties connect to; repeat for more names (all go into the server certificate).",
+    ),
+    sans: list[str] = typer.Option([], "--san", help="Another name or address for the server certificate only."),
+    bind: Optional[str] = typer.Option(None, help="Address the network listener binds (default: the first --host)."),
+    port: Optional[int] = typer.Option(
+        None, help="Plain port: the only listener on loopback, or the loopback one next to TLS (default: free)."
+    ),
+    tls: Optional[bool] = typer.Option(
+        None, "--tls/--no-tls", help="TLS listener (default: on unless --host is loopback; --tls forces it there)."
+    ),
+    tls_port: Optional[int] = typer.Option(None, help="TLS port (default 8883; a free one on loopback)."),
+    mtls: bool = typer.Option(False, "--mtls", help="Mutual TLS: a client certificate per party, CN = user."),
+    insecure_plaintext: bool = typer.Option(
+        False, "--insecure-plaintext",
+        help="Allow a plain-text listener on a network address: passwords and models travel unencrypted.",
+    ),
+    ca_cert: Optional[Path] = typer.Option(None, help="Your own CA certificate (PEM) instead of a new private CA."),
+    ca_key: Optional[Path] = typer.Option(None, help="Its key: only needed with --mtls (to issue client certs)."),
+    server_cert: Optional[Path] = typer.Option(None, help="Your own server certificate (PEM), issued by --ca-cert."),
+    server_key: Optional[Path] = typer.Option(None, help="Its private key (PEM)."),
+    force: bool = typer.Option(False, help="Replace an existing federation in --dir (every secret changes)."),
 ) -> None:
-    """Write mosquitto.conf, the password file (mosquitto_passwd), the ACL and one credentials file per party."""
-    from broker.federation import init_federation
+    """Write mosquitto.conf, the password file (mosquitto_passwd), the ACL, TLS certificates and one credentials
+    file per party. Off loopback the broker listens with TLS; each credentials file carries the CA."""
+    from broker.federation import OwnCertificates, init_federation
 
-    layout = init_federation(fed_dir, run_id=run_id, site_ids=sites, host=host, port=port, force=force)
+    own = None
+    given = [ca_cert, server_cert, server_key]
+    if any(p is not None for p in given):
+        if not all(p is not None for p in given):
+            raise typer.BadParameter("your own certificates need all of --ca-cert, --server-cert and --server-key")
+        own = OwnCertificates(ca_cert, server_cert, server_key, ca_key)  # type: ignore[arg-type]
+    layout = init_federation(
+        fed_dir, run_id=run_id, site_ids=sites, host=hosts[0], names=[*hosts[1:], *sans], port=port,
+        force=force, tls=tls, mtls=mtls, bind=bind, tls_port=tls_port, insecure_plaintext=insecure_plaintext,
+        own_certs=own,
+    )
+    if insecure_plaintext:
+        typer.secho("WARNING: --insecure-plaintext: passwords and models cross the network unencrypted.",
+                    fg=typer.colors.RED, err=True)
     typer.echo(f"federation {layout.run_id} in {layout.fed_dir}")
-    typer.echo(f"  broker config : {layout.conf_path}  (listens on {layout.host}:{layout.port})")
+    typer.echo(f"  broker config : {layout.conf_path}")
+    _echo_listeners(layout)
     for user, path in sorted(layout.credentials.items()):
         typer.echo(f"  credentials   : {path}  ({user})")
-    typer.echo("Give each hospital only its own credentials file.")
+    typer.echo("Give each party only its own credentials file (it holds its password; keep it 0600).")
 
 
 @app.command("start")
 def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory made by `broker init`.")) -> None:
     """Run Mosquitto for the federation in the foreground until Ctrl-C."""
+    import os
+
     from broker.federation import load_federation
     from broker.process import BrokerProcess
 
+    from broker.bridge import HOSPITAL_FILE
+
+    if (fed_dir / HOSPITAL_FILE).is_file():
+        _start_hospital(fed_dir)
+        return
     layout = load_federation(fed_dir)
-    with BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.host) as proc:
-        typer.echo(f"mosquitto pid {proc.pid} on {layout.host}:{layout.port}; log {layout.log_path}; Ctrl-C stops")
+    with BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.listen_host) as proc:
+        # add-site/remove-site/rotate read this to make the running broker reload (SIGHUP).
+        layout.pid_path.write_text(f"{proc.pid}\n", encoding="ascii")
+        typer.echo(f"mosquitto pid {proc.pid}; log {layout.log_path}; Ctrl-C stops")
+        _echo_listeners(layout)
+        try:
+            while proc.alive:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            typer.echo("stopping mosquitto")
+        finally:
+            if layout.pid_path.is_file() and layout.pid_path.read_text(encoding="ascii").strip() == str(proc.pid):
+                os.unlink(layout.pid_path)
+    if not proc.alive:
+        typer.echo(proc.output_tail())
+
+
+def _start_hospital(out_dir: Path) -> None:
+    from broker.bridge import load_hospital
+    from broker.process import BrokerProcess
+
+    hospital = load_hospital(out_dir)
+    with BrokerProcess.start(hospital.conf_path, port=hospital.port) as proc:
+        typer.echo(f"hospital broker pid {proc.pid} on 127.0.0.1:{hospital.port} (plain TCP, loopback only); "
+                   f"bridge state on {hospital.notification_topic}; log {out_dir / 'mosquitto.log'}; Ctrl-C stops")
         try:
             while proc.alive:
                 time.sleep(0.5)
@@ -47,6 +115,95 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
             typer.echo("stopping mosquitto")
     if not proc.alive:
         typer.echo(proc.output_tail())
+
+
+@app.command("bridge")
+def bridge_cmd(
+    credentials: Path = typer.Option(..., "--credentials", help="This site's credentials file from the federation."),
+    run_id: str = typer.Option(..., "--run-id", help="The federation's run id."),
+    out_dir: Path = typer.Option(..., "--out", help="Directory for the hospital broker (created)."),
+    model_bytes: int = typer.Option(
+        64 * 1024 * 1024, "--model-bytes", help="Largest model the run exchanges, in bytes: sizes the queues."
+    ),
+    site: Optional[str] = typer.Option(None, "--site", help="Site id (default: the credentials' user)."),
+    port: Optional[int] = typer.Option(None, help="Loopback port of the hospital broker (default: free)."),
+    force: bool = typer.Option(False, help="Replace a hospital broker already in --out."),
+) -> None:
+    """Write a hospital broker bridged to the federation's broker for this site's topics only, and a
+    credentials file for the hospital's site agent that points at it. Start it with `broker start --dir OUT`."""
+    from broker.bridge import CENTRAL_MAX_QUEUED_BYTES, load_central, write_hospital_broker
+
+    central = load_central(credentials)
+    hospital = write_hospital_broker(central, run_id=run_id, site=site or central.username, out_dir=out_dir,
+                                     model_bytes=model_bytes, local_port=port, force=force)
+    typer.echo(f"hospital broker in {hospital.out_dir}: 127.0.0.1:{hospital.port}, bridged to "
+               f"{central.host}:{central.port} over TLS")
+    typer.echo(f"  site agent credentials : {hospital.credentials}")
+    typer.echo(f"  bridge state topic     : {hospital.notification_topic} (\"1\" up, \"0\" down)")
+    if 3 * model_bytes > CENTRAL_MAX_QUEUED_BYTES:
+        typer.secho(f"WARNING: the central broker queues up to {CENTRAL_MAX_QUEUED_BYTES} bytes per client; "
+                    f"a {model_bytes}-byte model needs max_queued_bytes >= {3 * model_bytes} there too "
+                    "(docs/deployment.md, broker sizing)", fg=typer.colors.YELLOW, err=True)
+
+
+@app.command("add-site")
+def add_site_cmd(
+    fed_dir: Path = typer.Option(..., "--dir", help="Federation directory made by `broker init`."),
+    site: str = typer.Option(..., "--site", help="The new site id."),
+) -> None:
+    """Add one hospital (user, ACL rights, credentials file); the others keep their secrets. A running broker
+    reloads at once. The PS takes part sites from its own config: add the site there too for the next run."""
+    from broker.federation import add_site, load_federation
+
+    layout, path = add_site(load_federation(fed_dir), site)
+    typer.echo(f"added {site}: hand over {path} (and only that file)")
+    _reload(layout)
+
+
+@app.command("remove-site")
+def remove_site_cmd(
+    fed_dir: Path = typer.Option(..., "--dir", help="Federation directory made by `broker init`."),
+    site: str = typer.Option(..., "--site", help="The site id to remove."),
+) -> None:
+    """Take one hospital out: its password, ACL rights, credentials (and client certificate, on the CRL) go."""
+    from broker.federation import load_federation, remove_site
+
+    layout = remove_site(load_federation(fed_dir), site)
+    typer.echo(f"removed {site}")
+    _reload(layout)
+
+
+@app.command("rotate")
+def rotate_cmd(
+    fed_dir: Path = typer.Option(..., "--dir", help="Federation directory made by `broker init`."),
+    user: str = typer.Option(..., "--party", help="Whose secrets: a site id, ps or observer."),
+) -> None:
+    """New password (and client certificate under --mtls) for one party; its old ones stop working."""
+    from broker.federation import load_federation, rotate
+
+    layout = load_federation(fed_dir)
+    path = rotate(layout, user)
+    typer.echo(f"rotated {user}: hand over the new {path}; connections made with the old secrets stay up "
+               "until they reconnect")
+    _reload(layout)
+
+
+def _reload(layout: "FederationLayout") -> None:
+    from broker.federation import reload_broker
+
+    pid = reload_broker(layout)
+    if pid is None:
+        typer.echo("no running broker of this federation found: the change applies when it starts")
+    else:
+        typer.echo(f"broker pid {pid} reloads its password file, ACL and CRL (SIGHUP)")
+
+
+def _echo_listeners(layout: "FederationLayout") -> None:
+    for listener in layout.listeners():
+        typer.echo(f"  listener      : {listener.describe()}")
+    fingerprint = layout.ca_fingerprint()
+    if fingerprint is not None:
+        typer.echo(f"  CA SHA-256    : {fingerprint}")
 
 
 @app.command("acl")

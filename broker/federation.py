@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
-from dataclasses import dataclass
+import signal
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.acl import render_acl
-from broker.config import free_port, render_broker_config
+from broker.acl import login_names, render_acl
+from broker import certs
+from broker.config import Listener, TlsFiles, free_port, render_broker_config
 from broker.passwords import generate_password, write_password_file
 from fedmqtt.config_io import dump_toml, load_toml
 from fedmqtt.errors import BrokerError, ConfigError
@@ -21,6 +25,8 @@ PS_USER = "ps"
 OBSERVER_USER = "observer"
 FEDERATION_FILE = "federation.toml"
 _MANAGED = (FEDERATION_FILE, "broker", "credentials")  # what init writes, and all that force removes
+DEFAULT_TLS_PORT = 8883
+PID_FILE = "mosquitto.pid"  # written by `broker start`, read by add-site/remove-site/rotate to reload
 
 
 class _FederationFile(BaseModel):
@@ -29,9 +35,26 @@ class _FederationFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     run_id: str
-    host: str
-    port: int = Field(ge=1, le=65535)
+    host: str  # the address every party connects to
+    port: int = Field(ge=1, le=65535)  # the port every party connects to (the TLS one when tls)
     site_ids: list[str]
+    tls: bool = False
+    mtls: bool = False
+    bind: str | None = None  # the TLS (or network) listener's bind address; None: `host`
+    plain_port: int | None = Field(default=None, ge=1, le=65535)  # loopback plain listener next to TLS
+    names: list[str] = Field(default_factory=list)  # host names / addresses in the server certificate
+
+
+@dataclass(frozen=True)
+class ListenerInfo:
+    host: str
+    port: int
+    tls: bool
+    mtls: bool = False
+
+    def describe(self) -> str:
+        kind = "TLS, client certificate required" if self.mtls else "TLS" if self.tls else "plain TCP, no TLS"
+        return f"{self.host}:{self.port} ({kind})"
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,11 @@ class FederationLayout:
     port: int
     conf_path: Path
     credentials: dict[str, Path]
+    tls: bool = False
+    mtls: bool = False
+    bind: str = ""
+    plain_port: int | None = None
+    names: tuple[str, ...] = field(default=())
 
     @property
     def broker_dir(self) -> Path:
@@ -53,6 +81,28 @@ class FederationLayout:
     @property
     def log_path(self) -> Path:
         return self.broker_dir / "mosquitto.log"
+
+    @property
+    def listen_host(self) -> str:
+        """Where the party-facing listener binds (what `BrokerProcess` probes)."""
+        return self.bind or self.host
+
+    @property
+    def ca_path(self) -> Path:
+        return self.broker_dir / "ca.crt"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.broker_dir / PID_FILE
+
+    def listeners(self) -> list[ListenerInfo]:
+        out = [ListenerInfo(self.listen_host, self.port, self.tls, self.mtls)]
+        if self.plain_port is not None:
+            out.append(ListenerInfo("127.0.0.1", self.plain_port, False))
+        return out
+
+    def ca_fingerprint(self) -> str | None:
+        return certs.fingerprint_sha256(self.ca_path.read_bytes()) if self.tls else None
 
     def settings(self, user: str) -> BrokerSettings:
         """The `[broker]` settings of `user` (ps, observer or a site id) from its credentials file."""
@@ -63,6 +113,25 @@ class FederationLayout:
         return load_toml(self.credentials[user], BrokerSettings, section="broker")
 
 
+@dataclass(frozen=True)
+class OwnCertificates:
+    """Certificates an operator brings instead of the generated private CA (PEM files)."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+    ca_key: Path | None = None  # needed only to issue client certificates (--mtls)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def init_federation(
     fed_dir: Path,
     *,
@@ -71,10 +140,36 @@ def init_federation(
     host: str = "127.0.0.1",
     port: int | None = None,
     force: bool = False,
+    tls: bool | None = None,
+    mtls: bool = False,
+    names: list[str] | None = None,
+    bind: str | None = None,
+    tls_port: int | None = None,
+    insecure_plaintext: bool = False,
+    own_certs: OwnCertificates | None = None,
 ) -> FederationLayout:
-    """Create broker config, ACL, password file and per-user credentials for one run under `fed_dir`."""
+    """Create broker config, ACL, password file and per-user credentials for one run under `fed_dir`.
+
+    TLS is on by default when `host` is not a loopback address: a private CA and a server certificate for
+    `host` and `names` are created (or `own_certs` used), the TLS listener takes `tls_port` (8883) and a plain
+    listener stays on 127.0.0.1:`port` for tools on the broker host. A plain listener on a network address
+    needs `insecure_plaintext`. `tls=True` forces TLS on loopback (tests); `mtls` adds client certificates.
+    """
     fed_dir = Path(fed_dir).resolve()
     users = _check_ids(run_id, site_ids)
+    loopback = is_loopback(bind or host)
+    tls = (not loopback and not insecure_plaintext) if tls is None else tls
+    if mtls and not tls:
+        raise ConfigError("--mtls needs TLS")
+    if tls and insecure_plaintext:
+        raise ConfigError("--insecure-plaintext and TLS exclude each other")
+    if not tls and not loopback and not insecure_plaintext:
+        raise ConfigError(
+            f"{bind or host} is a network address: without TLS every password and model crosses the network in "
+            "clear text. Drop --no-tls, or pass --insecure-plaintext if this network is truly private."
+        )
+    if own_certs is not None and mtls and own_certs.ca_key is None:
+        raise ConfigError("--mtls with your own CA needs its key (--ca-key) to issue the client certificates")
     existing = [name for name in _MANAGED if (fed_dir / name).exists()]
     if existing and not force:
         raise BrokerError(
@@ -86,14 +181,28 @@ def init_federation(
             shutil.rmtree(target)
         else:
             target.unlink()
-    port = port if port is not None else free_port(host)
-    layout = _layout(fed_dir, run_id=run_id, site_ids=users[2:], host=host, port=port)
+    all_names = list(dict.fromkeys([host, *(names or [])]))
+    if tls:
+        party_port = tls_port if tls_port is not None else (DEFAULT_TLS_PORT if not loopback else free_port())
+        plain_port = port if port is not None else free_port("127.0.0.1")
+    else:
+        party_port = port if port is not None else free_port(bind or host)
+        plain_port = None
+    meta = _FederationFile(
+        run_id=run_id, host=host, port=party_port, site_ids=users[2:], tls=tls, mtls=mtls, bind=bind,
+        plain_port=plain_port, names=all_names if tls else [],
+    )
+    layout = _layout(fed_dir, meta)
+    layout.broker_dir.mkdir(parents=True, mode=0o700)
+    if tls:
+        _write_server_certs(layout, own_certs)
     _write_broker_files(layout)
     passwords = {user: generate_password() for user in users}
     write_password_file(layout.broker_dir / "passwd", passwords)
-    _write_credentials(layout, passwords)
-    meta = _FederationFile(run_id=run_id, host=host, port=port, site_ids=list(layout.site_ids))
-    (fed_dir / FEDERATION_FILE).write_text(dump_toml(meta.model_dump()), encoding="utf-8")
+    (fed_dir / "credentials").mkdir(mode=0o700)
+    for user in users:
+        _write_credentials(layout, user, passwords[user])
+    (fed_dir / FEDERATION_FILE).write_text(dump_toml(meta.model_dump(exclude_none=True)), encoding="utf-8")
     return layout
 
 
@@ -102,9 +211,70 @@ def load_federation(fed_dir: Path) -> FederationLayout:
     fed_dir = Path(fed_dir).resolve()
     meta = load_toml(fed_dir / FEDERATION_FILE, _FederationFile)
     _check_ids(meta.run_id, meta.site_ids)
-    return _layout(
-        fed_dir, run_id=meta.run_id, site_ids=sorted(meta.site_ids), host=meta.host, port=meta.port
-    )
+    return _layout(fed_dir, meta)
+
+
+# -- one party at a time, on a running broker ---------------------------------------------------------
+
+
+def add_site(layout: FederationLayout, site: str) -> tuple[FederationLayout, Path]:
+    """Add one hospital: its user, ACL block and credentials file; nobody else's secrets change."""
+    validate_id(site, what="site id")
+    if site in layout.credentials:
+        raise ConfigError(f"{site!r} is already a party of this federation; use rotate to replace its secrets")
+    new = _save_sites(layout, [*layout.site_ids, site])
+    password = generate_password()
+    _set_password_entry(new, site, password)
+    _write_credentials(new, site, password)
+    _write_acl(new)
+    return new, new.credentials[site]
+
+
+def remove_site(layout: FederationLayout, site: str) -> FederationLayout:
+    """Take one hospital out: its password entry, its ACL rights and its credentials file go."""
+    if site not in layout.site_ids:
+        raise ConfigError(f"{site!r} is not a site of this federation; sites: {list(layout.site_ids)}")
+    new = _save_sites(layout, [s for s in layout.site_ids if s != site])
+    _set_password_entry(new, site, None)
+    _write_acl(new)  # the removed user has no ACL block left, so it has no rights at all
+    _revoke_client_cert(layout, site)
+    layout.credentials[site].unlink(missing_ok=True)
+    return new
+
+
+def rotate(layout: FederationLayout, user: str) -> Path:
+    """A new password (and client certificate under mutual TLS) for one party; the old ones stop working."""
+    if user not in layout.credentials:
+        raise ConfigError(f"no party {user!r}; parties: {sorted(layout.credentials)}")
+    password = generate_password()
+    _revoke_client_cert(layout, user)
+    _set_password_entry(layout, user, password)
+    _write_credentials(layout, user, password)
+    return layout.credentials[user]
+
+
+def reload_broker(layout: FederationLayout) -> int | None:
+    """SIGHUP the running broker of this federation (Mosquitto re-reads its password file and ACL).
+
+    Returns the pid signalled, or None when no broker of this federation runs (the change applies at its next
+    start). The pid is only trusted if that process runs mosquitto with this federation's config.
+    """
+    try:
+        pid = int(layout.pid_path.read_text(encoding="ascii").strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not _runs_our_broker(pid, layout.conf_path):
+        return None
+    os.kill(pid, signal.SIGHUP)
+    return pid
+
+
+def _runs_our_broker(pid: int, conf_path: Path) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(argv) and argv[0].endswith(b"mosquitto") and str(conf_path).encode() in argv
 
 
 def _check_ids(run_id: str, site_ids: list[str]) -> list[str]:
@@ -123,41 +293,134 @@ def _check_ids(run_id: str, site_ids: list[str]) -> list[str]:
     return [PS_USER, OBSERVER_USER, *sites]
 
 
-def _layout(fed_dir: Path, *, run_id: str, site_ids: list[str], host: str, port: int) -> FederationLayout:
-    users = [PS_USER, OBSERVER_USER, *site_ids]
+def _layout(fed_dir: Path, meta: _FederationFile) -> FederationLayout:
+    sites = sorted(meta.site_ids)
+    users = [PS_USER, OBSERVER_USER, *sites]
     return FederationLayout(
         fed_dir=fed_dir,
-        run_id=run_id,
-        site_ids=tuple(site_ids),
-        host=host,
-        port=port,
+        run_id=meta.run_id,
+        site_ids=tuple(sites),
+        host=meta.host,
+        port=meta.port,
         conf_path=fed_dir / "broker" / "mosquitto.conf",
         credentials={user: fed_dir / "credentials" / f"{user}.toml" for user in users},
+        tls=meta.tls,
+        mtls=meta.mtls,
+        bind=meta.bind or "",
+        plain_port=meta.plain_port,
+        names=tuple(meta.names),
     )
+
+
+def _meta(layout: FederationLayout, site_ids: list[str]) -> _FederationFile:
+    return _FederationFile(
+        run_id=layout.run_id, host=layout.host, port=layout.port, site_ids=site_ids, tls=layout.tls,
+        mtls=layout.mtls, bind=layout.bind or None, plain_port=layout.plain_port, names=list(layout.names),
+    )
+
+
+def _save_sites(layout: FederationLayout, site_ids: list[str]) -> FederationLayout:
+    _check_ids(layout.run_id, site_ids)
+    meta = _meta(layout, site_ids)
+    path = layout.fed_dir / FEDERATION_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dump_toml(meta.model_dump(exclude_none=True)), encoding="utf-8")
+    os.replace(tmp, path)
+    return _layout(layout.fed_dir, meta)
+
+
+def _write_server_certs(layout: FederationLayout, own: OwnCertificates | None) -> None:
+    d = layout.broker_dir
+    if own is None:
+        ca = certs.create_ca(f"fedmqtt CA {layout.run_id}")
+        server = certs.issue_server_cert(ca, list(layout.names))
+        certs.write_private(d / "ca.key", ca.key_pem)  # signs client certificates on add-site/rotate
+    else:
+        ca = certs.KeyPair(Path(own.ca_cert).read_bytes(), b"")
+        server = certs.KeyPair(Path(own.server_cert).read_bytes(), Path(own.server_key).read_bytes())
+        certs.check_server_cert(server.cert_pem, ca.cert_pem, list(layout.names))
+        if own.ca_key is not None:
+            certs.write_private(d / "ca.key", Path(own.ca_key).read_bytes())
+    if layout.mtls:  # an empty CRL from the start: Mosquitto refuses to start on a missing crlfile
+        (d / "crl.pem").write_bytes(certs.revoke(certs.KeyPair(ca.cert_pem, (d / "ca.key").read_bytes()), None, None))
+    (d / "ca.crt").write_bytes(ca.cert_pem)
+    (d / "server.crt").write_bytes(server.cert_pem)
+    certs.write_private(d / "server.key", server.key_pem)
+
+
+def _revoke_client_cert(layout: FederationLayout, user: str) -> None:
+    """Under mutual TLS, put `user`'s current client certificate on the CRL the TLS listener checks."""
+    if not layout.mtls or not layout.credentials[user].is_file():
+        return
+    old = load_toml(layout.credentials[user], BrokerSettings, section="broker").tls_cert_pem
+    if old is None:
+        return
+    crl = layout.broker_dir / "crl.pem"
+    ca = certs.KeyPair(layout.ca_path.read_bytes(), (layout.broker_dir / "ca.key").read_bytes())
+    certs.write_private(crl, certs.revoke(ca, crl.read_bytes() if crl.is_file() else None, old.encode("ascii")))
+    crl.chmod(0o644)
+
+
+def _write_acl(layout: FederationLayout) -> None:
+    path = layout.broker_dir / "acl"
+    tmp = path.with_name("acl.tmp")
+    tmp.write_text(render_acl(layout.run_id, list(layout.site_ids)), encoding="utf-8")
+    os.replace(tmp, path)  # the broker never reads half an ACL on reload
 
 
 def _write_broker_files(layout: FederationLayout) -> None:
     data_dir = layout.broker_dir / "data"
     data_dir.mkdir(parents=True, mode=0o700)
-    acl_path = layout.broker_dir / "acl"
-    acl_path.write_text(render_acl(layout.run_id, list(layout.site_ids)), encoding="utf-8")
+    _write_acl(layout)
+    d = layout.broker_dir
+    tls = (
+        TlsFiles(cafile=d / "ca.crt", certfile=d / "server.crt", keyfile=d / "server.key",
+                 require_certificate=layout.mtls, crlfile=d / "crl.pem" if layout.mtls else None)
+        if layout.tls
+        else None
+    )
+    listeners = [Listener(layout.port, layout.listen_host, tls)]
+    if layout.plain_port is not None:
+        listeners.append(Listener(layout.plain_port, "127.0.0.1"))  # broker-host tools only
     conf = render_broker_config(
-        port=layout.port,
-        host=layout.host,
+        listeners=listeners,
         password_file=layout.broker_dir / "passwd",
-        acl_file=acl_path,
+        acl_file=layout.broker_dir / "acl",
         persistence_dir=data_dir,
         log_file=layout.log_path,
     )
     layout.conf_path.write_text(conf, encoding="utf-8")
 
 
-def _write_credentials(layout: FederationLayout, passwords: dict[str, str]) -> None:
-    cred_dir = layout.fed_dir / "credentials"
-    cred_dir.mkdir(mode=0o700)
-    for user, path in layout.credentials.items():
-        table = {"host": layout.host, "port": layout.port, "username": user, "password": passwords[user]}
-        BrokerSettings.model_validate(table)  # fail here, not when a party first loads its file
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dump_toml({"broker": table}))
+def _set_password_entry(layout: FederationLayout, user: str, password: str | None) -> None:
+    """Replace (or with None remove) one user's line of the hashed password file, leaving the others as they are."""
+    passwd = layout.broker_dir / "passwd"
+    logins = set(login_names(user))  # the party's control, bulk and observer-seat users go together
+    lines = [ln for ln in passwd.read_text(encoding="utf-8").splitlines() if ln and ln.split(":", 1)[0] not in logins]
+    if password is not None:
+        with tempfile.TemporaryDirectory(dir=layout.broker_dir) as tmp:  # hash via mosquitto_passwd -U
+            one = Path(tmp) / "one"
+            write_password_file(one, {user: password})
+            lines += one.read_text(encoding="utf-8").split()
+    tmp_path = passwd.with_name("passwd.tmp")
+    tmp_path.unlink(missing_ok=True)
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("".join(f"{ln}\n" for ln in lines))
+    os.replace(tmp_path, passwd)
+
+
+def _write_credentials(layout: FederationLayout, user: str, password: str) -> None:
+    """One file per party, 0600: broker address, user, password and, with TLS, the CA (and its own
+    client certificate and key under mutual TLS) as PEM text, so nothing else has to travel with it."""
+    table: dict[str, object] = {"host": layout.host, "port": layout.port, "username": user, "password": password}
+    if layout.tls:
+        table["tls_ca_pem"] = layout.ca_path.read_text(encoding="ascii")
+    if layout.mtls:
+        ca_key = layout.broker_dir / "ca.key"
+        ca = certs.KeyPair(layout.ca_path.read_bytes(), ca_key.read_bytes())
+        client = certs.issue_client_cert(ca, user)
+        table["tls_cert_pem"] = client.cert_pem.decode("ascii")
+        table["tls_key_pem"] = client.key_pem.decode("ascii")
+    BrokerSettings.model_validate(table)  # fail here, not when a party first loads its file
+    certs.write_private(layout.credentials[user], dump_toml({"broker": table}).encode("utf-8"))

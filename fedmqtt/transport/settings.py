@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.chunks import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
 
@@ -20,10 +20,15 @@ class BrokerSettings(BaseModel):
     password: str = Field(min_length=1, repr=False)
     keepalive_s: int = Field(default=30, ge=5, le=3600)
     tls_ca_file: Path | None = None  # set for a TLS listener (production); None on loopback
-    # Mutual TLS: this party's client certificate and key (PEM). The broker then takes the user name from the
-    # certificate (use_identity_as_username) and `password` is not sent.
+    # Mutual TLS: this party's client certificate and key (PEM), issued by the federation's CA. The broker
+    # requires one on top of the password (`broker init --mtls`; the CRL revokes it on rotate/remove-site).
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    # The same three as PEM text inside the credentials file, so a party gets one file to keep (`broker init`
+    # writes these; the *_file forms are for certificates an operator brings).
+    tls_ca_pem: str | None = Field(default=None, repr=False)
+    tls_cert_pem: str | None = Field(default=None, repr=False)
+    tls_key_pem: str | None = Field(default=None, repr=False)
     # Largest message after reassembly (a 512 MB model fits); the broker's own per-packet cap is far lower
     # (mosquitto.conf) because anything above `chunk_threshold_bytes` travels as chunks.
     max_payload_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
@@ -40,3 +45,51 @@ class BrokerSettings(BaseModel):
     max_pending_chunk_bytes: int = Field(default=2 * 1024 * 1024 * 1024, ge=MIN_CHUNK_BYTES)
     max_pending_manifests: int = Field(default=64, ge=1, le=100_000)
     chunk_min_rate_bytes_per_s: float = Field(default=32 * 1024, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _tls_consistent(self) -> "BrokerSettings":
+        if self.tls_ca_file is not None and self.tls_ca_pem is not None:
+            raise ValueError("give the CA as tls_ca_file or as tls_ca_pem, not both")
+        has_cert = self.tls_cert_file is not None or self.tls_cert_pem is not None
+        has_key = self.tls_key_file is not None or self.tls_key_pem is not None
+        if has_cert != has_key:
+            raise ValueError("a client certificate needs its key and a key needs its certificate")
+        if (self.tls_cert_file is not None and self.tls_cert_pem is not None) or (
+            self.tls_key_file is not None and self.tls_key_pem is not None
+        ):
+            raise ValueError("give the client certificate and key as files or as PEM text, not both")
+        if has_cert and not self.tls:
+            raise ValueError("a client certificate needs TLS: set tls_ca_file or tls_ca_pem")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """True when this party connects with TLS (a CA to verify the broker against is configured)."""
+        return self.tls_ca_file is not None or self.tls_ca_pem is not None
+
+    def ssl_context(self) -> "ssl.SSLContext | None":
+        """A client TLS context that verifies the broker (CA + host name) and presents the client certificate
+        for mutual TLS; None without TLS. Inline PEM keys pass through a 0600 temporary file for the time of
+        `load_cert_chain` only (Python's ssl loads keys from files)."""
+        import os
+        import ssl
+        import tempfile
+
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)  # CERT_REQUIRED and check_hostname on
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.tls_ca_pem is not None:
+            ctx.load_verify_locations(cadata=self.tls_ca_pem)
+        else:
+            ctx.load_verify_locations(cafile=str(self.tls_ca_file))
+        if self.tls_cert_file is not None and self.tls_key_file is not None:
+            ctx.load_cert_chain(str(self.tls_cert_file), str(self.tls_key_file))
+        elif self.tls_cert_pem is not None and self.tls_key_pem is not None:
+            with tempfile.TemporaryDirectory(prefix="fedmqtt-tls-") as tmp:  # 0700, removed at once
+                path = os.path.join(tmp, "client.pem")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w", encoding="ascii") as f:
+                    f.write(self.tls_cert_pem.strip() + "\n" + self.tls_key_pem.strip() + "\n")
+                ctx.load_cert_chain(path)
+        return ctx

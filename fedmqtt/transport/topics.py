@@ -78,6 +78,13 @@ def site_report_topic(run_id: str, site_id: str) -> str:
     return site_topic(run_id, site_id, "report")
 
 
+def site_bridge_topic(run_id: str, site_id: str) -> str:
+    """`site/<id>/bridge`: a hospital broker's bridge state, retained "1" (up) or "0" (down, its Will on the
+    central broker). Outside SITE_KINDS on purpose: Mosquitto writes it, not the site agent, and its payload is
+    not a schema message. The site's ACL (`site/<id>/#`) already lets the bridge write it."""
+    return f"{run_prefix(run_id)}/site/{validate_id(site_id, what='site id')}/bridge"
+
+
 def site_all_filter(run_id: str, site_id: str) -> str:
     """Everything a site may write: `site/<id>/#`."""
     return f"{run_prefix(run_id)}/site/{validate_id(site_id, what='site id')}/#"

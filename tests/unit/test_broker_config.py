@@ -5,7 +5,17 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from broker.config import base_config_path, free_port, render_broker_config
+import datetime as dt
+import ipaddress
+
+import pytest
+from cryptography import x509
+
+from broker import certs
+from broker.bridge import BridgeFlow
+from broker.config import Listener, TlsFiles, base_config_path, free_port, render_broker_config
+from broker.federation import init_federation, is_loopback
+from fedmqtt.errors import ConfigError
 
 
 def _directives(text: str) -> list[str]:
@@ -26,8 +36,9 @@ def test_rendered_config_appends_federation_lines(tmp_path: Path) -> None:
 
     # Assert
     lines = _directives(text)
-    assert lines[-6:] == [
+    assert lines[-7:] == [
         "listener 18999 127.0.0.1",
+        "use_username_as_clientid true",
         f"password_file {tmp_path / 'passwd'}",
         f"acl_file {tmp_path / 'acl'}",
         f"persistence_location {tmp_path / 'data'}/",
@@ -89,3 +100,91 @@ def test_free_port_is_bindable() -> None:
     # Assert
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_tls_listener_block_names_its_files_and_requires_a_cert_under_mtls(tmp_path: Path) -> None:
+    """Each listener's own options follow its `listener` line; TLS floor 1.2; mTLS adds the certificate
+    requirement and the CRL; the loopback plain listener has no TLS lines."""
+    tls = TlsFiles(tmp_path / "ca.crt", tmp_path / "s.crt", tmp_path / "s.key", require_certificate=True,
+                   crlfile=tmp_path / "crl.pem")
+    text = render_broker_config(
+        listeners=[Listener(8883, "10.1.2.3", tls), Listener(1883, "127.0.0.1")],
+        password_file=tmp_path / "p", acl_file=tmp_path / "a", persistence_dir=tmp_path / "d", user="fed",
+    )
+    lines = _directives(text)
+    start = lines.index("listener 8883 10.1.2.3")
+    assert lines[start : start + 9] == [
+        "listener 8883 10.1.2.3",
+        "use_username_as_clientid true",
+        f"cafile {tmp_path / 'ca.crt'}",
+        f"certfile {tmp_path / 's.crt'}",
+        f"keyfile {tmp_path / 's.key'}",
+        "tls_version tlsv1.2",
+        "require_certificate true",
+        f"crlfile {tmp_path / 'crl.pem'}",
+        "listener 1883 127.0.0.1",
+    ]
+    assert "use_identity_as_username true" not in lines
+
+
+def test_base_config_is_found_as_package_data() -> None:
+    """broker/mosquitto.conf (a link in a checkout, a copy in the wheel) has the top-level file's content."""
+    here = Path(__file__).resolve().parents[2]
+    assert base_config_path().read_bytes() == (here / "mosquitto.conf").read_bytes()
+    assert (here / "broker" / "mosquitto.conf").is_file()
+
+
+def test_server_certificate_covers_every_name_and_is_signed_by_the_ca() -> None:
+    ca = certs.create_ca("test CA")
+    server = certs.issue_server_cert(ca, ["broker.example.org", "10.0.0.5", "::1", "broker.example.org"])
+    cert = x509.load_pem_x509_certificate(server.cert_pem)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["broker.example.org"]
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.5"), ipaddress.ip_address("::1")]
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca.cert_pem))
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= dt.timedelta(days=certs.LEAF_DAYS, minutes=5)
+    certs.check_server_cert(server.cert_pem, ca.cert_pem, ["broker.example.org", "10.0.0.5"])
+    with pytest.raises(ConfigError, match="does not cover"):
+        certs.check_server_cert(server.cert_pem, ca.cert_pem, ["other.example.org"])
+    with pytest.raises(ConfigError, match="not by the CA given"):
+        certs.check_server_cert(server.cert_pem, certs.create_ca("another").cert_pem, ["10.0.0.5"])
+
+
+def test_fingerprint_matches_openssl_format_and_crl_accumulates() -> None:
+    ca = certs.create_ca("test CA")
+    fp = certs.fingerprint_sha256(ca.cert_pem)
+    assert len(fp.split(":")) == 32 and fp == fp.upper()
+    one, two = certs.issue_client_cert(ca, "site-a"), certs.issue_client_cert(ca, "site-b")
+    crl = x509.load_pem_x509_crl(certs.revoke(ca, certs.revoke(ca, None, one.cert_pem), two.cert_pem))
+    serials = {entry.serial_number for entry in crl}
+    assert serials == {x509.load_pem_x509_certificate(c.cert_pem).serial_number for c in (one, two)}
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("localhost", True), ("::1", True),
+                                                ("10.0.0.5", False), ("broker.example.org", False)])
+def test_loopback_detection(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_network_host_gets_tls_unless_plaintext_is_asked_for_loudly(tmp_path: Path) -> None:
+    """No plain listener on a network address by accident: TLS by default, --no-tls alone is refused."""
+    layout = init_federation(tmp_path / "a", run_id="r", site_ids=["s"], host="10.0.0.5", names=["b.example.org"])
+    assert layout.tls and layout.port == 8883 and layout.plain_port is not None
+    assert [(li.host, li.tls) for li in layout.listeners()] == [("10.0.0.5", True), ("127.0.0.1", False)]
+    with pytest.raises(ConfigError, match="--insecure-plaintext"):
+        init_federation(tmp_path / "b", run_id="r", site_ids=["s"], host="10.0.0.5", tls=False)
+    plain = init_federation(tmp_path / "c", run_id="r", site_ids=["s"], host="10.0.0.5", port=18830,
+                            insecure_plaintext=True)
+    assert not plain.tls and plain.listeners()[0].describe() == "10.0.0.5:18830 (plain TCP, no TLS)"
+    demo = init_federation(tmp_path / "d", run_id="r", site_ids=["s"])  # loopback stays plain, as before
+    assert not demo.tls and demo.plain_port is None
+
+
+def test_bridge_flow_grows_with_the_model() -> None:
+    """Queues on the hospital broker hold a model, a task and an update twice over; in-flight window above the
+    central broker's, so the hospital never answers the central with quota exceeded."""
+    small, big = BridgeFlow.for_model(10**6, 2 * 2**20), BridgeFlow.for_model(2 * 10**9, 2 * 2**20)
+    assert small.max_queued_messages >= 1000 and small.max_queued_bytes >= 256 * 2**20
+    assert big.max_queued_bytes >= 6 * 2 * 10**9
+    assert big.max_queued_messages >= 6 * (2 * 10**9 // (2 * 2**20))
+    assert small.max_inflight_messages > 20
