@@ -12,7 +12,7 @@ import numpy as np
 from ps_daemon.machine import Machine
 from ps_daemon.state import DaemonState
 from schemas.chunks import ChunkManifest
-from schemas.messages import ClientUpdate
+from schemas.messages import ClientUpdate, EvalReport
 from schemas.tensors import TensorBlob
 
 # FedNova divides by ||a_i||_1, which is >= 1 for any real local run (one or more SGD steps): a tiny or huge value
@@ -54,6 +54,8 @@ def update_rejection(machine: Machine, state: DaemonState, site: str, msg: Clien
     reason = machine.admit_update(state, site, msg.round, msg.base_model_hash)
     if reason is not None:
         return reason
+    if msg.session != state.session:
+        return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
     layout = model_layout(machine.shared_model(state))
     reason = _layout_mismatch(_blob_entries(msg.tensors), layout, "tensors", complete=True)
     if reason is not None:
@@ -82,6 +84,23 @@ def update_rejection(machine: Machine, state: DaemonState, site: str, msg: Clien
         return f"scalar a_norm {a_norm:.3g} is outside {A_NORM_RANGE}"
     if msg.label_histogram is not None:
         return histogram_rejection(msg.label_histogram)
+    return None
+
+
+def report_rejection(state: DaemonState, site: str, msg: EvalReport) -> str | None:
+    """Why an evaluation report cannot be taken (None: take it). First wins, like updates."""
+    if state.phase != "evaluating" or msg.round != state.round:
+        return f"stale or future round (PS is in {state.phase} round {state.round})"
+    if msg.tag != "final":
+        return f"report tag {msg.tag[:32]!r} was not asked for"
+    if site not in state.selected:
+        return "site was not asked to evaluate"
+    if site in state.final_reports:
+        return "duplicate report (the first one was taken)"
+    if msg.model_hash != state.model_hash:
+        return "evaluated a different model version"
+    if msg.session != state.session:
+        return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
     return None
 
 
@@ -142,4 +161,4 @@ def manifest_rejection(machine: Machine, state: DaemonState, site: str | None, k
     return f"a chunked {kind} is not expected from a site"
 
 
-__all__ = ["histogram_rejection", "manifest_rejection", "model_layout", "update_rejection"]
+__all__ = ["histogram_rejection", "manifest_rejection", "model_layout", "report_rejection", "update_rejection"]

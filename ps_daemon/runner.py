@@ -23,7 +23,7 @@ from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
 from ps_daemon import effects as fx
-from ps_daemon.admission import histogram_rejection, manifest_rejection, update_rejection
+from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
 from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state, state_to_checkpoint
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
@@ -86,6 +86,7 @@ def stable_msg_id(*parts: object) -> str:
 
 _CATEGORIES = (("stale or future round", "wrong round"), ("not selected", "not selected"),
                ("duplicate", "duplicate"), ("different model version", "wrong model version"),
+               ("was not asked", "not asked"), ("answers session", "wrong session"),
                ("tensor", "wrong layout"), ("control variates", "wrong layout"), ("layer statistics", "wrong layout"),
                ("histogram", "bad histogram"), ("a_norm", "out of range"), ("training sample", "out of range"))
 
@@ -283,7 +284,7 @@ class DaemonRunner:
         missing = [x for x in s.selected if x not in answered]
         left = f"{s.deadline - time.time():.0f} s" if s.deadline else "none"
         what = f"round {s.round}/{c.rounds}" if s.phase == "training" else "the final evaluation"
-        log.info("%s: %d/%d answers; waiting for %s (offline: %s); deadline in %s", what, len(answered),
+        log.info("%s: %d/%d answers; waiting for %s (not online: %s); deadline in %s", what, len(answered),
                  len(s.selected), ", ".join(missing) or "nobody", ", ".join(m for m in missing if m not in s.online)
                  or "none", left)
 
@@ -331,6 +332,10 @@ class DaemonRunner:
             return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
                                   msg.val_metrics, msg.undefined)
         if isinstance(msg, m.EvalReport):
+            why = report_rejection(self.state, site, msg)
+            if why is not None:
+                self._refuse(site, _category(why), f"report for round {msg.round}: {why}")
+                return None
             return ReportReceived(site, now, msg.round, msg.model_hash, msg.tag, msg.metrics, msg.n_samples,
                                   msg.undefined, msg.best_round)
         return None

@@ -136,6 +136,7 @@ class ClientUpdate(Header):
     """`site/<site>/update`: a site's full post-training tensors and what the PS needs to weigh them."""
 
     kind: Literal["client_update"] = "client_update"
+    session: Session = ""  # the session of the task it answers: an update of an earlier start is never taken
     base_model_hash: Label
     tensors: Tensors
     n_samples: Count
@@ -158,6 +159,7 @@ class EvalReport(Header):
     """`site/<site>/report`: metrics of one model version on a site's own splits."""
 
     kind: Literal["eval_report"] = "eval_report"
+    session: Session = ""
     model_hash: Label
     tag: Name
     # by split; "best.<split>": the site's best-round model

@@ -238,7 +238,7 @@ class SiteAgent:
         kept = {n: v for n, v in result.weights.items() if n not in set(upload)}
         self.local.stage(task.round, {"model": kept, **result.algo_state})  # pending, before the uplink
         update = m.ClientUpdate(
-            run_id=c.run_id, sender=c.site_id, round=task.round, base_model_hash=task.model_hash,
+            run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session, base_model_hash=task.model_hash,
             tensors=arrays_to_blobs({n: result.weights[n] for n in upload}), n_samples=result.n_samples,
             local_steps=result.steps, train_loss=result.train_loss, val_metrics=result.val_metrics,
             undefined=result.undefined, compute_seconds=result.seconds, usage=result.usage,
@@ -275,7 +275,8 @@ class SiteAgent:
             best, _, why = self.trainer.evaluate(model.model, best_weights, task.splits)
             metrics.update({f"best.{split}": values for split, values in best.items()})
             undefined.update({f"best.{k}": v for k, v in why.items()})
-        report = m.EvalReport(run_id=c.run_id, sender=c.site_id, round=task.round, model_hash=task.model_hash,
+        report = m.EvalReport(run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session,
+                              model_hash=task.model_hash,
                               tag=task.tag, metrics=metrics, n_samples=counts, undefined=undefined,
                               best_round=best_round)
         self.channel.send(topics.site_report_topic(c.run_id, c.site_id), report)

@@ -51,7 +51,8 @@ def test_ps_rejects_bad_updates_and_finishes(cli_federation, paho_client) -> Non
              encode(m.SiteStatus(run_id="e2e-bad", sender="cleveland", round=0, state="online")))
     model = _retained_model(intruder, "e2e-bad")
     update_topic = topics.site_update_topic("e2e-bad", "cleveland")
-    good = m.ClientUpdate(run_id="e2e-bad", sender="cleveland", round=1, base_model_hash=model.model_hash,
+    good = m.ClientUpdate(run_id="e2e-bad", sender="cleveland", round=1, session=model.session,
+                          base_model_hash=model.model_hash,
                           tensors=model.tensors, n_samples=10, local_steps=1)
     raw = good.model_dump()
     nan = dict(raw, tensors=[dict(raw["tensors"][0], data=np.full(

@@ -106,7 +106,7 @@ def _run(fed: CliFederation, paho_client, *, hostile: bool) -> dict[str, np.ndar
              encode(m.SiteStatus(run_id=RUN, sender=MALLORY, round=0, state="online", n_train=50)))
     fed.start_site("hungary")
     model = _retained_model(mallory)
-    good = m.ClientUpdate(run_id=RUN, sender=MALLORY, round=1, base_model_hash=model.model_hash,
+    good = m.ClientUpdate(run_id=RUN, sender=MALLORY, round=1, session=model.session, base_model_hash=model.model_hash,
                           tensors=model.tensors, n_samples=50, local_steps=3, msg_id="a" * 32)
     topic = {"status": topics.site_status_topic(RUN, MALLORY), "update": topics.site_update_topic(RUN, MALLORY),
              "report": topics.site_report_topic(RUN, MALLORY)}
@@ -122,10 +122,11 @@ def _run(fed: CliFederation, paho_client, *, hostile: bool) -> dict[str, np.ndar
         grown = _peak_rss_mb(fed.procs["ps"].pid) - before
         assert grown < 100, f"the PS's peak memory grew by {grown:.0f} MB from a few small messages"
         assert isinstance(status, m.DaemonStatus)
+        fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and msg.round >= 2, 120, "round 1 closed")
         # A SIGKILL with every hostile message still retained at the broker: the restarted PS replays them all.
         fed.kill("ps")
         fed.start_ps(resume=True)
-    fed.wait_message(lambda msg: isinstance(msg, m.RoundMetrics) and msg.round == 1, 120, "round 1 closed")
+    fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and msg.round >= 2, 120, "round 1 closed")
     _publish(mallory, topic["status"], encode(m.SiteStatus(run_id=RUN, sender=MALLORY, round=0, state="offline")))
     fed.wait_ps_done(120)
     return fed.final_weights()
