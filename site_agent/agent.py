@@ -27,7 +27,7 @@ from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
 from schemas import messages as m
 from schemas.codec import decode, encode
-from schemas.tensors import arrays_to_blobs, blobs_to_arrays
+from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
 from site_agent.local_state import BestSlot, LocalState
@@ -158,6 +158,10 @@ class SiteAgent:
 
     def _on_message(self, msg: object) -> None:
         if isinstance(msg, m.GlobalModel):
+            if tensors_hash(msg.tensors) != msg.model_hash:  # a damaged or forged model is never trained on
+                log.warning("refused the model of round %d: its tensors do not hash to %s", msg.round,
+                            msg.model_hash[:12])
+                return
             self.models = {k: v for k, v in self.models.items() if v.session == msg.session and v.round >= msg.round - 1}
             self.models[(msg.session, msg.model_hash)] = msg
         elif isinstance(msg, m.RecruitmentResult):
@@ -188,9 +192,9 @@ class SiteAgent:
                 self._train(task, model)
             else:
                 self._evaluate(task, model)
-        except (ValueError, RuntimeError) as exc:
-            # E.g. training diverged to NaN (the schemas refuse to carry it) or a model/data mismatch:
-            # say so on our status, where the PS and observers see it, and keep serving.
+        except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
+            # E.g. training diverged to NaN (the schemas refuse to carry it), a model/data mismatch or a task
+            # that does not fit its model: say so on our status, where the PS and observers see it, keep serving.
             log.exception("round %d %s failed", task.round, task.kind)
             status = self._status("error", f"round {task.round} {task.kind} failed: {exc}"[:500])
             self.channel.send(topics.site_status_topic(self.config.run_id, self.config.site_id), status)
