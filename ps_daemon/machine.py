@@ -161,8 +161,7 @@ class Machine:
 
     def _on_tick(self, state: DaemonState, ev: Tick) -> Result:
         stall = self.config.stall_s
-        if (stall and state.phase in ("training", "evaluating") and state.last_progress
-                and ev.now - state.last_progress >= stall and (state.deadline is None or ev.now < state.deadline)):
+        if (stall and state.phase in ("training", "evaluating") and ev.now - state.last_progress >= stall and (state.deadline is None or ev.now < state.deadline)):
             return self._republish_stalled(state, ev.now)
         if state.deadline is None or ev.now < state.deadline:
             return state, []
@@ -227,13 +226,15 @@ class Machine:
         participants = tuple(sorted(state.updates))  # sorted: sums do not depend on arrival order
         self.strategy.load_state_dict(dict(state.strategy_state))
         try:
-            self._take_statistics(state, participants)
-            result = self.strategy.aggregate_train(RoundInput(
-                round_no=state.round, current=dict(state.weights),
-                updates=[state.updates[s].update for s in participants], enrolled=dict(state.enrolled),
-                manifest=state.manifest,
-            ))
-        except ValueError as exc:  # a strategy's protocol check (e.g. SCAFFOLD's delta_c for every tensor)
+            # Overflow is judged below (a non-finite result is refused), not warned about mid-sum.
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                self._take_statistics(state, participants)
+                result = self.strategy.aggregate_train(RoundInput(
+                    round_no=state.round, current=dict(state.weights),
+                    updates=[state.updates[s].update for s in participants], enrolled=dict(state.enrolled),
+                    manifest=state.manifest,
+                ))
+        except (ValueError, FloatingPointError) as exc:  # a strategy's protocol check (e.g. SCAFFOLD's delta_c for every tensor)
             return self._refuse_aggregate(state, now, f"the strategy refused them: {exc}")
         broken = [n for w in (result.weights, result.eval_weights or {}, *result.personal.values(),
                               *result.extras.values()) for n in _non_finite(w)]
