@@ -35,8 +35,9 @@ def start(
     runner.run()
     if runner.finished is None:
         latest = runner.store.latest()
-        saved = (f"last checkpoint: {latest} (rounds before {runner.state.round} are done)" if latest is not None
-                 else "no checkpoint yet (round 1 had not closed)")
+        state = getattr(runner, "state", None)
+        done = f" (rounds before {state.round} are done)" if state is not None else ""
+        saved = f"last checkpoint: {latest}{done}" if latest is not None else "no checkpoint yet (round 1 had not closed)"
         typer.echo(f"PS stopped; {saved}. Continue with:\n  fedmqtt ps start --config {config} --resume", err=True)
         raise typer.Exit(code=1)
     typer.echo(f"report: {cfg.out_dir / 'report.json'}")
