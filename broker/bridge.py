@@ -77,11 +77,14 @@ def write_hospital_broker(
     out_dir: Path,
     model_bytes: int,
     local_port: int | None = None,
+    remote: str | None = None,
     force: bool = False,
 ) -> HospitalBroker:
     """Lay out a hospital broker under `out_dir` from the site's central credentials (`central`).
 
-    `model_bytes`: the largest model (or task) the run exchanges; it sizes the queues. Files holding secrets
+    `model_bytes`: the largest model (or task) the run exchanges; it sizes the queues. `remote`: host:port the
+    bridge dials instead of the central address (an outbound proxy); TLS still checks the central's name only
+    when it is the same. Files holding secrets
     (the config with the central password, keys, passwords, local credentials) are written 0600.
     """
     topics.validate_id(run_id, what="run id")
@@ -120,7 +123,9 @@ def write_hospital_broker(
         acl_file=acl,
         persistence_dir=out_dir / "data",
         log_file=out_dir / "mosquitto.log",
-        extra=_flow_lines(flow) + _bridge_lines(central, run_id, site, ca_file, cert_file, key_file, notification),
+        extra=_flow_lines(flow)
+        + _bridge_lines(central, run_id, site, ca_file, cert_file, key_file, notification,
+                        remote or f"{central.host}:{central.port}"),
     )
     conf_path = out_dir / "mosquitto.conf"
     certs.write_private(conf_path, conf.encode("utf-8"))  # holds the site's central password
@@ -173,11 +178,12 @@ def _flow_lines(flow: BridgeFlow) -> list[str]:
 
 
 def _bridge_lines(
-    central: BrokerSettings, run_id: str, site: str, ca: Path, cert: Path | None, key: Path | None, note: str
+    central: BrokerSettings, run_id: str, site: str, ca: Path, cert: Path | None, key: Path | None, note: str,
+    address: str,
 ) -> list[str]:
     lines = [
         f"connection fedmqtt-{run_id}-{site}",
-        f"address {central.host}:{central.port}",
+        f"address {address}",
         f"remote_clientid {bridge_client_id(run_id, site)}",
         f"local_clientid fedmqtt-bridge-local-{run_id}-{site}",
         f"remote_username {site}",

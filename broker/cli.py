@@ -127,6 +127,9 @@ def bridge_cmd(
     ),
     site: Optional[str] = typer.Option(None, "--site", help="Site id (default: the credentials' user)."),
     port: Optional[int] = typer.Option(None, help="Loopback port of the hospital broker (default: free)."),
+    remote: Optional[str] = typer.Option(
+        None, help="HOST:PORT the bridge dials instead of the central broker's address (e.g. an outbound relay)."
+    ),
     force: bool = typer.Option(False, help="Replace a hospital broker already in --out."),
 ) -> None:
     """Write a hospital broker bridged to the federation's broker for this site's topics only, and a
@@ -135,7 +138,7 @@ def bridge_cmd(
 
     central = load_central(credentials)
     hospital = write_hospital_broker(central, run_id=run_id, site=site or central.username, out_dir=out_dir,
-                                     model_bytes=model_bytes, local_port=port, force=force)
+                                     model_bytes=model_bytes, local_port=port, remote=remote, force=force)
     typer.echo(f"hospital broker in {hospital.out_dir}: 127.0.0.1:{hospital.port}, bridged to "
                f"{central.host}:{central.port} over TLS")
     typer.echo(f"  site agent credentials : {hospital.credentials}")

@@ -38,8 +38,10 @@ class CliFederation:
     def __init__(self, work: Path, *, run_id: str, rounds: int, sites: tuple[str, ...] = SITES,
                  round_timeout_s: float = 60.0, algorithm: str = "fedavg", hyper: dict | None = None,
                  train: dict | None = None, model: dict | None = None, share_label_histogram: bool = False,
-                 ps_extra: dict | None = None, broker_extra: dict | None = None) -> None:
-        """`broker_extra`: BrokerSettings keys appended to every party's `[broker]` table (e.g. chunk sizes)."""
+                 ps_extra: dict | None = None, broker_extra: dict | None = None,
+                 init_extra: tuple[str, ...] = ()) -> None:
+        """`broker_extra`: BrokerSettings keys appended to every party's `[broker]` table (e.g. chunk sizes);
+        `init_extra`: more `broker init` options (e.g. "--tls")."""
         self.work = work
         self.sites = sites
         self.logs = work / "logs"
@@ -47,6 +49,7 @@ class CliFederation:
         args = ["broker", "init", "--dir", str(fed), "--run-id", run_id, "--port", str(free_port())]
         for site in sites:
             args += ["--site", site]
+        args += list(init_extra)
         subprocess.run([sys.executable, "-m", "fedmqtt", *args], check=True, capture_output=True)
         self.layout: FederationLayout = load_federation(fed)
         for path in self.layout.credentials.values():

@@ -1,0 +1,208 @@
+"""Federations over TLS, as deployed: sites connecting directly (server-authenticated and mutual TLS), and
+hospitals behind their own Mosquitto bridged to the federation's broker, one of them over a slow link and one
+whose broker restarts mid-run. Every run must end with the weights of the in-process simulation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from broker.bridge import load_hospital, write_hospital_broker
+from broker.federation import init_federation
+from broker.process import BrokerProcess
+from fedmqtt.transport import topics
+from fedmqtt.transport.mqtt import MqttTransport
+from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
+from harness import FAST_TRAIN, CliFederation, _port_open, wait_until
+from schemas import messages as m
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SITES = ("cleveland", "hungary", "switzerland")
+ROUNDS = 3
+TLS = ("--tls", "--host", "127.0.0.1", "--san", "localhost")
+SMALL_CHUNKS = {"chunk_threshold_bytes": 1024, "chunk_bytes": 1024}  # every model and update travels chunked
+
+
+def _simulated(tmp_path: Path, run_id: str) -> dict[str, np.ndarray]:
+    sim = SimulationConfig(run_id=run_id, algorithm="fedavg", rounds=ROUNDS, seed=0, out_dir=tmp_path / "sim",
+                           train=FAST_TRAIN, sites={s: d for s, d in bundled_sites().items() if s in SITES})
+    run_simulation(sim, progress=False)
+    return load_file(str(tmp_path / "sim" / "final_model.safetensors"))
+
+
+def _assert_same(fed: CliFederation, expected: dict[str, np.ndarray]) -> None:
+    got = fed.final_weights()
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+@pytest.mark.parametrize("mtls", [False, True], ids=["tls", "mtls"])
+def test_tls_federation_matches_the_simulation(cli_federation, tmp_path: Path, mtls: bool) -> None:
+    run_id = "tls-mtls" if mtls else "tls"
+    fed = cli_federation(run_id, run_id=run_id, rounds=ROUNDS, sites=SITES,
+                         init_extra=TLS + (("--mtls",) if mtls else ()))
+    assert fed.layout.tls and fed.layout.mtls is mtls
+    fed.run_to_completion(240)
+    _assert_same(fed, _simulated(tmp_path, run_id))
+
+
+class SlowLink:
+    """A loopback TCP relay that passes at most `rate` bytes per second each way (bounded, stops on close)."""
+
+    def __init__(self, target_port: int, rate: int) -> None:
+        self.target_port, self.rate = target_port, rate
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.port = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+        server.close()
+        self.loop.run_until_complete(server.wait_closed())
+        self.loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        step = max(1, self.rate // 20)  # 20 slices a second
+        try:
+            while data := await reader.read(step):
+                writer.write(data)
+                await writer.drain()
+                await asyncio.sleep(len(data) / self.rate)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        for task in asyncio.all_tasks(self.loop):
+            self.loop.call_soon_threadsafe(task.cancel)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _bridge(fed: CliFederation, site: str, *, remote: str | None = None) -> Path:
+    out = fed.work / f"hospital-{site}"
+    args = ["broker", "bridge", "--credentials", str(fed.layout.credentials[site]), "--run-id", fed.layout.run_id,
+            "--out", str(out), "--model-bytes", str(2**20), *(["--remote", remote] if remote else [])]
+    subprocess.run([sys.executable, "-m", "fedmqtt", *args], check=True, capture_output=True)
+    # the hospital's site agent now talks to its own broker
+    cfg = fed.site_configs[site]
+    text = cfg.read_text().replace(str(fed.layout.credentials[site]), str(out / "credentials" / f"{site}.toml"))
+    cfg.write_text(text)
+    return out
+
+
+def _start_hospital(fed: CliFederation, site: str, out: Path) -> subprocess.Popen[bytes]:
+    with open(fed.logs / f"hospital-{site}.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fedmqtt", "broker", "start", "--dir", str(out)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    port = load_hospital(out).port
+    wait_until(lambda: _port_open("127.0.0.1", port), 15, f"hospital broker of {site}")
+    return proc
+
+
+def test_bridged_hospitals_match_the_simulation(cli_federation, tmp_path: Path) -> None:
+    """cleveland connects directly; hungary sits behind its own broker on a 64 KB/s link; switzerland's broker
+    crashes after round 1 and is started again; both bridges end up "1" on the central broker."""
+    run_id = "bridged"
+    fed = cli_federation(run_id, run_id=run_id, rounds=ROUNDS, sites=SITES, init_extra=TLS,
+                         broker_extra=SMALL_CHUNKS)
+    fed.start_broker()
+    link = SlowLink(fed.layout.port, rate=64 * 1024)
+    hospitals: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        outs = {"hungary": _bridge(fed, "hungary", remote=f"127.0.0.1:{link.port}"),
+                "switzerland": _bridge(fed, "switzerland")}
+        for site, out in outs.items():
+            hospitals[site] = _start_hospital(fed, site, out)
+        fed.start_ps()
+        for site in SITES:
+            fed.start_site(site)
+        fed.wait_message(lambda msg: isinstance(msg, m.RoundMetrics) and msg.round >= 1, 180, "round 1 closed")
+        # A crash (SIGKILL: no goodbye, no Will of the local site agent), down for a while, then back.
+        _kill_tree(hospitals["switzerland"])
+        time.sleep(3)
+        hospitals["switzerland"] = _start_hospital(fed, "switzerland", outs["switzerland"])
+        fed.wait_ps_done(300)
+        _assert_bridges_up(fed, run_id, list(outs))
+    finally:
+        for proc in hospitals.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(15)
+        link.close()
+    _assert_same(fed, _simulated(tmp_path, run_id))
+    central_log = fed.layout.log_path.read_text(errors="replace")
+    assert "u'hungary'" in central_log and "u'switzerland'" in central_log  # the bridges logged in as the sites
+
+def _assert_bridges_up(fed: CliFederation, run_id: str, sites: list[str]) -> None:
+    """The PS has exited, so its user is free: read the bridges' retained state on the central broker."""
+    ps = MqttTransport(fed.layout.settings("ps"), client_id="ps").connect(timeout_s=10)
+    try:
+        ps.subscribe([topics.site_bridge_topic(run_id, s) for s in sites])
+        states = {}
+        while len(states) < len(sites) and (msg := ps.get(5.0)) is not None:
+            states[msg.topic] = msg.payload
+        assert states == {topics.site_bridge_topic(run_id, s): b"1" for s in sites}
+    finally:
+        ps.close()
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `fedmqtt broker start` and the mosquitto it runs (its own session, see broker/process.py)."""
+    pid_file = None
+    for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+        pid_file = int(child)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    if pid_file is not None:
+        os.kill(pid_file, signal.SIGKILL)
+        while Path(f"/proc/{pid_file}").exists() and Path(f"/proc/{pid_file}/stat").read_text().split()[2] != "Z":
+            time.sleep(0.05)
+
+
+def test_bridge_state_reaches_the_central_broker(mosquitto_bin: str, tmp_path: Path) -> None:
+    """The bridge says "1" on connect; when the hospital broker dies, the central broker fires its Will "0"."""
+    central = init_federation(tmp_path / "fed", run_id="notify", site_ids=["site-a"], host="127.0.0.1",
+                              names=["localhost"], tls=True, mtls=True)
+    with BrokerProcess.start(central.conf_path, port=central.port, host=central.listen_host):
+        hospital = write_hospital_broker(central.settings("site-a"), run_id="notify", site="site-a",
+                                         out_dir=tmp_path / "hospital", model_bytes=2**20)
+        ps = MqttTransport(central.settings("ps"), client_id="ps").connect(timeout_s=10)
+        try:
+            ps.subscribe([hospital.notification_topic])
+            with BrokerProcess.start(hospital.conf_path, port=hospital.port) as local:
+                up = ps.get(15.0)
+                assert up is not None and up.payload == b"1"
+                local.kill()
+            down = ps.get(15.0)
+            assert down is not None and (down.topic, down.payload) == (hospital.notification_topic, b"0")
+        finally:
+            ps.close()
