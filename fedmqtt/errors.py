@@ -29,3 +29,8 @@ class DataError(FedMqttError):
 
 class CheckpointError(FedMqttError):
     """No usable checkpoint, or one written by a different configuration."""
+
+
+class PermanentBrokerError(BrokerError):
+    """The broker refused something in a way that retrying cannot fix (bad credentials, ACL, TLS, size limits);
+    the message names the cause and the fix. Transient refusals are retried instead and never raise this."""

@@ -183,7 +183,8 @@ class Channel:
              sender: str) -> "Channel":
         """A control connection (with the Last Will) and a bulk one (`<client_id>-bulk`) feeding one inbox."""
         control = factory(client_id=client_id, will=will)
-        bulk = factory(client_id=f"{client_id}-bulk", will=None, inbox=control.inbox)
+        # Its own broker user `<user>.bulk`: the broker forces client id = user name (broker/acl.py).
+        bulk = factory(client_id=f"{client_id}-bulk", will=None, inbox=control.inbox, seat="bulk")
         return cls(control, run_id=run_id, sender=sender, bulk=bulk)
 
     def connect(self, *, timeout_s: float | None = 30.0) -> None:

@@ -42,10 +42,12 @@ class MemoryTransport:
 
     def __init__(self, broker: MemoryBroker, settings: BrokerSettings = SIMULATION_SETTINGS, *,
                  client_id: str = "", will: tuple[str, bytes] | None = None,
-                 inbox: "queue.Queue[RawMessage] | None" = None) -> None:
+                 inbox: "queue.Queue[RawMessage] | None" = None, seat: str | None = None) -> None:
         self.broker = broker
         self.settings = settings
         self.client_id = client_id
+        # Same login naming as MqttTransport (a second connection of one party logs in as `<user>.<seat>`).
+        self.username = settings.username if seat is None else f"{settings.username}.{seat}"
         self.inbox: queue.Queue[RawMessage] = inbox if inbox is not None else queue.Queue()
         self.filters: list[str] = []
         self.connects = 0

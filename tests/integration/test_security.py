@@ -245,3 +245,165 @@ def test_site_reads_only_its_own_task(federation: RunningFederation, paho_client
     received = site.wait_for(topics.ps_task_topic(run, "site-a"), b"task-a-r2")
     own = topics.ps_task_topic(run, "site-a")
     assert received == [(own, b"task-a-r1"), (own, b"task-a-r2")]
+
+
+# -- TLS: every failure mode ends the process within seconds, naming cause and fix ---------------------------
+
+def _key():
+    from cryptography.hazmat.primitives.asymmetric import ec
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _cert(subject_cn: str, key, issuer: tuple[str, object] | None, *, sans: list[object] = (),
+          days: tuple[int, int] = (-1, 30), ca: bool = False):
+    """A certificate for `key`, signed by issuer (cn, key) or self-signed; validity in days around now."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.timezone.utc)
+    issuer_cn, issuer_key = issuer if issuer is not None else (subject_cn, key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_cn)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now + dt.timedelta(days=days[0]))
+        .not_valid_after(now + dt.timedelta(days=days[1]))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write_pem(path, cert=None, key=None):
+    from cryptography.hazmat.primitives import serialization
+
+    if cert is not None:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    else:
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory, mosquitto_bin):
+    """One Mosquitto with a plain listener and TLS listeners whose server certificates are good, issued for
+    another host name, expired, or (mutual TLS) demand a client certificate. Throw-away CA from `cryptography`."""
+    import ipaddress
+    import os
+    import pwd
+    import secrets
+
+    from cryptography import x509
+
+    from broker.acl import LISTENER_IDENTITY_LINES, render_acl
+    from broker.config import free_port
+    from broker.passwords import write_password_file
+    from broker.process import BrokerProcess
+
+    d = tmp_path_factory.mktemp("tls")
+    ca_key, other_ca_key, server_key = _key(), _key(), _key()
+    ca = _cert("fedmqtt-test-ca", ca_key, None, ca=True, days=(-1, 3650))
+    other_ca = _cert("some-other-ca", other_ca_key, None, ca=True, days=(-1, 3650))
+    loopback = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    certs = {
+        "good": _cert("localhost", server_key, ("fedmqtt-test-ca", ca_key), sans=loopback),
+        "wrong_host": _cert("broker.example.org", server_key, ("fedmqtt-test-ca", ca_key),
+                            sans=[x509.DNSName("broker.example.org")]),
+        "expired": _cert("localhost", server_key, ("fedmqtt-test-ca", ca_key), sans=loopback, days=(-30, -1)),
+    }
+    client_key = _key()
+    client_cert = _cert("site-a", client_key, ("fedmqtt-test-ca", ca_key))
+    files = {
+        "ca": _write_pem(d / "ca.crt", ca), "other_ca": _write_pem(d / "other-ca.crt", other_ca),
+        "server_key": _write_pem(d / "server.key", key=server_key),
+        "client_cert": _write_pem(d / "client.crt", client_cert), "client_key": _write_pem(d / "client.key", key=client_key),
+    }
+    password = secrets.token_urlsafe(16)
+    write_password_file(d / "passwd", {"site-a": password})
+    (d / "acl").write_text(render_acl("tls-run", ["site-a"]), encoding="utf-8")
+    ports = {name: free_port() for name in ["plain", *certs, "mutual"]}
+    conf = ["allow_anonymous false", "per_listener_settings false", f"password_file {d / 'passwd'}",
+            f"acl_file {d / 'acl'}", f"log_dest file {d / 'mosquitto.log'}",
+            f"user {pwd.getpwuid(os.geteuid()).pw_name}",
+            f"listener {ports['plain']} 127.0.0.1", *LISTENER_IDENTITY_LINES]
+    for name, cert in [*certs.items(), ("mutual", certs["good"])]:
+        cert_file = _write_pem(d / f"{name}.crt", cert)
+        conf += [f"listener {ports[name]} 127.0.0.1", *LISTENER_IDENTITY_LINES, f"cafile {files['ca']}",
+                 f"certfile {cert_file}", f"keyfile {files['server_key']}", "tls_version tlsv1.2",
+                 f"require_certificate {'true' if name == 'mutual' else 'false'}"]
+    (d / "mosquitto.conf").write_text("\n".join(conf) + "\n", encoding="utf-8")
+    broker = BrokerProcess.start(d / "mosquitto.conf", port=ports["plain"])
+    try:
+        yield ports, files, password
+    finally:
+        broker.stop()
+
+
+def _tls_settings(tls_broker, listener: str, *, host: str = "127.0.0.1", ca: str | None = "ca", **extra):
+    from fedmqtt.transport.settings import BrokerSettings
+
+    ports, files, password = tls_broker
+    return BrokerSettings(host=host, port=ports[listener], username="site-a", password=password,
+                          tls_ca_file=files[ca] if ca else None, **extra)
+
+
+def _fails_fast(settings, *patterns: str) -> str:
+    from fedmqtt.errors import PermanentBrokerError
+    from fedmqtt.transport.mqtt import MqttTransport
+
+    start = time.monotonic()
+    with pytest.raises(PermanentBrokerError) as caught:
+        MqttTransport(settings, client_id="x").connect(timeout_s=30)
+    assert time.monotonic() - start < 5, "did not fail fast"
+    for pattern in patterns:
+        assert pattern in str(caught.value), str(caught.value)
+    return str(caught.value)
+
+
+def test_tls_good_certificate_connects(tls_broker) -> None:
+    """The control case: the right CA and host name connect (so the failures below are the certificates)."""
+    from fedmqtt.transport.mqtt import MqttTransport
+
+    for host in ("127.0.0.1", "localhost"):
+        MqttTransport(_tls_settings(tls_broker, "good", host=host), client_id="x").connect(timeout_s=10).close()
+
+
+def test_tls_unknown_ca_fails_fast(tls_broker) -> None:
+    _fails_fast(_tls_settings(tls_broker, "good", ca="other_ca"), "certificate verify failed",
+                "not signed by the CA")
+
+
+def test_tls_hostname_mismatch_fails_fast(tls_broker) -> None:
+    _fails_fast(_tls_settings(tls_broker, "wrong_host"), "mismatch", "set host in the [broker] settings")
+
+
+def test_tls_expired_certificate_fails_fast(tls_broker) -> None:
+    _fails_fast(_tls_settings(tls_broker, "expired"), "certificate has expired", "reissue it")
+
+
+def test_plaintext_client_on_a_tls_port_fails_fast(tls_broker) -> None:
+    _fails_fast(_tls_settings(tls_broker, "good", ca=None), "without answering CONNECT", "TLS listener",
+                "tls_ca_pem or tls_ca_file")
+
+
+def test_tls_client_on_a_plain_port_fails_fast(tls_broker) -> None:
+    _fails_fast(_tls_settings(tls_broker, "plain"), "TLS handshake", "TLS listener")
+
+
+def test_mutual_tls_presents_the_client_certificate(tls_broker) -> None:
+    """With tls_cert_file/tls_key_file the client shows its certificate; without, the broker refuses at once."""
+    from fedmqtt.transport.mqtt import MqttTransport
+
+    _, files, _ = tls_broker
+    with_cert = _tls_settings(tls_broker, "mutual", tls_cert_file=files["client_cert"],
+                              tls_key_file=files["client_key"])
+    MqttTransport(with_cert, client_id="x").connect(timeout_s=10).close()
+    _fails_fast(_tls_settings(tls_broker, "mutual"), "client certificate", "tls_cert_pem")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.acl import render_acl
+from broker.acl import LISTENER_IDENTITY_LINES, login_names, render_acl
 from fedmqtt.errors import TopicError
 from fedmqtt.transport import topics
 
@@ -50,10 +50,35 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
     acl = render_acl(RUN, ["site-b", "site-a"])
 
     # Assert
-    assert _rules(acl) == expected
+    primary = {rule for rule in _rules(acl) if "." not in rule[0]}
+    assert primary == expected
     users = [line.split(" ", 1)[1] for line in acl.splitlines() if line.startswith("user ")]
-    assert users == ["ps", "observer", "site-a", "site-b"]  # sites sorted
+    assert [u for u in users if "." not in u] == ["ps", "observer", "site-a", "site-b"]  # sites sorted
     assert "pattern" not in acl  # patterns would apply to the PS and observer too
+
+
+def test_every_login_of_a_party_has_exactly_the_party_rights() -> None:
+    """`<user>.bulk` and the observer seats get the same rights as their party and nothing else: the broker
+    forces client id = user name, so these are what a second connection of the same party logs in as."""
+    # Execute
+    acl = render_acl(RUN, ["site-a", "site-b"])
+    rules = _rules(acl)
+    users = [line.split(" ", 1)[1] for line in acl.splitlines() if line.startswith("user ")]
+
+    # Assert
+    parties = ["ps", "observer", "site-a", "site-b"]
+    assert sorted(users) == sorted(name for party in parties for name in login_names(party))
+    assert len(users) == len(set(users))
+    for party in parties:
+        own = {(access, topic) for user, access, topic in rules if user == party}
+        for login in login_names(party):
+            assert {(access, topic) for user, access, topic in rules if user == login} == own, login
+    assert login_names("site-a") == ["site-a", "site-a.bulk"]
+    assert login_names("observer")[2:] == [f"observer.{i}" for i in range(1, 8)]
+    for login in login_names("site-a")[1:] + login_names("observer")[1:]:
+        with pytest.raises(TopicError):  # a login name can never be (or impersonate) a site id
+            topics.validate_id(login, what="site id")
+    assert LISTENER_IDENTITY_LINES == ("use_username_as_clientid true",)
 
 
 def test_acl_topics_all_come_from_the_topic_builders() -> None:
