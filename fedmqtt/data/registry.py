@@ -4,7 +4,8 @@ Per site: read the file(s); keep the manifest's items when a partition is given;
 (algorithms.md 17.1); split train/val/test (`fractions`, `split_seed`; stratified by class for binary and
 multiclass, plain random for multilabel and regression); fill missing values with the train median and
 standardise with the train mean/std, per feature (tables), per colour channel (images) or per channel over
-all hours (ICU; mask channels untouched). ECG records are standardised per record and lead by the adapter.
+all hours (ICU; mask channels untouched). A channel constant or entirely missing in this site's train split
+is 0 in every split (fedmqtt.data.splits: relative std floor; docs/data-preparation.md). ECG records are standardised per record and lead by the adapter.
 
 ICU length of stay: seed 002 used one global train/val/test split; here every site splits its own stays
 with the same fractions, so the union of the sites' test splits is a site-stratified global test split of
@@ -24,7 +25,10 @@ import numpy as np
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.data.partitioners import PartitionManifest, read_partition_manifest
 from fedmqtt.data.spec import DataSpec
-from fedmqtt.data.splits import SiteData, split_and_normalise, split_indices, train_statistics
+from fedmqtt.data.splits import (
+    SiteData, constant_columns, is_constant, split_and_normalise, split_indices, standardise,
+    train_statistics, warn_extreme,
+)
 from fedmqtt.errors import DataError
 
 Layout = Literal["table", "image", "ecg", "icu"]
@@ -91,14 +95,19 @@ def load_site_data(spec: DataSpec) -> SiteData:
         data = _take(data, np.flatnonzero(keep))
     if spec.format == "heart_disease":  # the original path, bit for bit (simulation equivalence tests)
         site = split_and_normalise(data.x, data.y, seed=spec.split_seed, fractions=spec.fractions,
-                                   feature_names=data.feature_names)
+                                   feature_names=data.feature_names, where=_where(spec))
         return replace(site, notes=(*notes, *site.notes), task=data.task)
     stratify = data.task.kind in ("binary", "multiclass")
     train, val, test, split_notes = split_indices(data.y, seed=spec.split_seed, fractions=spec.fractions,
                                                   stratify=stratify)
-    norm = _normaliser(data, train)
+    norm, zeroed = _normaliser(data, train)
+    if zeroed:
+        notes.append(f"{_where(spec)}: constant or missing in train, set to 0: {', '.join(zeroed)}")
+    x_train = norm(train)
+    if data.layout in ("table", "icu"):
+        notes.extend(warn_extreme(x_train, data.feature_names, _where(spec)))
     return SiteData(
-        x_train=norm(train), y_train=data.y[train], x_val=norm(val), y_val=data.y[val],
+        x_train=x_train, y_train=data.y[train], x_val=norm(val), y_val=data.y[val],
         x_test=norm(test), y_test=data.y[test], feature_names=data.feature_names,
         notes=(*notes, *split_notes), task=data.task,
     )
@@ -133,16 +142,28 @@ def _take(data: Dataset, idx: np.ndarray) -> Dataset:
 Normaliser = Callable[[np.ndarray], np.ndarray]
 
 
-def _normaliser(data: Dataset, train: np.ndarray) -> Normaliser:
-    """A function rows -> float32 normalised rows, from the train rows' statistics only."""
+def _where(spec: DataSpec) -> str:
+    """The site as warnings name it: its partition site, else its file."""
+    return f"site {spec.site}" if spec.site is not None else f"site file {spec.path}"
+
+
+def _normaliser(data: Dataset, train: np.ndarray) -> tuple[Normaliser, list[str]]:
+    """A function rows -> float32 normalised rows from the train rows' statistics only, and the names of
+    the channels it sets to 0 because they are constant or entirely missing in train (splits.standardise)."""
     if data.layout == "ecg":  # already standardised per record and lead by the adapter
-        return lambda rows: data.x[rows].astype(np.float32)
+        return (lambda rows: data.x[rows].astype(np.float32)), []
     if data.layout == "image":  # per colour channel; pixels are never missing
         x_train = data.x[train]
-        mean = x_train.mean(axis=(0, 2, 3), dtype=np.float64).astype(np.float32)[None, :, None, None]
-        std = x_train.std(axis=(0, 2, 3), dtype=np.float64).astype(np.float32)[None, :, None, None]
-        std = np.where(std > 0, std, np.float32(1.0))
-        return lambda rows: (data.x[rows] - mean) / std
+        mean = x_train.mean(axis=(0, 2, 3), dtype=np.float64)
+        std = x_train.std(axis=(0, 2, 3), dtype=np.float64)
+        flat = is_constant(std, mean)
+        zeroed = [data.feature_names[c] for c in np.flatnonzero(flat)]
+        scale = np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, std)).astype(np.float32)[None, :, None, None]
+        shift = mean.astype(np.float32)[None, :, None, None]
+        if not flat.any():  # the usual case, as before: divide by the float32 std
+            std32 = std.astype(np.float32)[None, :, None, None]
+            return (lambda rows: (data.x[rows] - shift) / std32), []
+        return (lambda rows: (data.x[rows] - shift) * scale), zeroed
     # tables (n, f) and ICU stays (n, 48, c): per last-axis channel, NaN filled with the train median
     width = data.x.shape[-1]
     fill, mean, std = train_statistics(data.x[train].reshape(-1, width).astype(np.float64))
@@ -150,11 +171,9 @@ def _normaliser(data: Dataset, train: np.ndarray) -> Normaliser:
         fill[c], mean[c], std[c] = 0.0, 0.0, 1.0
 
     def norm(rows: np.ndarray) -> np.ndarray:
-        part = data.x[rows].astype(np.float64)
-        part = np.where(np.isnan(part), fill, part)
-        return ((part - mean) / std).astype(np.float32)
+        return standardise(data.x[rows].astype(np.float64), fill, mean, std)
 
-    return norm
+    return norm, constant_columns(std, data.feature_names)
 
 
 def _heart_disease(path: Path, opts: Any) -> Dataset:

@@ -62,6 +62,7 @@ def split_and_normalise(
     seed: int,
     fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
     feature_names: Sequence[str] = FEATURE_NAMES,
+    where: str = "site",
 ) -> SiteData:
     """Split one site's rows and normalise them with statistics of its train split only.
 
@@ -71,10 +72,13 @@ def split_and_normalise(
         seed: seeds the split (`random_state` of `train_test_split`).
         fractions: train/val/test fractions; they must sum to 1 (val or test may be 0).
         feature_names: `d` column names carried along for reporting.
+        where: names the site in notes and warnings (e.g. its file).
 
     Returns:
         A `SiteData`: train medians fill missing values, train mean/std standardise every split,
-        so val and test rows never influence the statistics.
+        so val and test rows never influence the statistics. Columns constant or entirely missing in
+        train are 0 in every split (`_train_statistics`); a training value beyond |z| = Z_WARN is
+        logged and noted, naming the column and `where`.
 
     Raises:
         DataError: shapes disagree, fractions are invalid, or the site has too few rows to split.
@@ -86,13 +90,16 @@ def split_and_normalise(
     rest = fractions[0] + fractions[1]
     train, val = _split_off(train_val, y, fractions[1] / rest, seed, notes, "val")
     fill, mean, std = _train_statistics(x[train])
+    if zeroed := constant_columns(std, feature_names):
+        notes.append(f"{where}: constant or missing in train, set to 0: {', '.join(zeroed)}")
+    x_train = standardise(x[train], fill, mean, std)
+    notes.extend(warn_extreme(x_train, feature_names, where))
 
     def norm(rows: np.ndarray) -> np.ndarray:
-        part = np.where(np.isnan(x[rows]), fill, x[rows])
-        return ((part - mean) / std).astype(np.float32)
+        return standardise(x[rows], fill, mean, std)
 
     return SiteData(
-        x_train=norm(train), y_train=y[train],
+        x_train=x_train, y_train=y[train],
         x_val=norm(val), y_val=y[val],
         x_test=norm(test), y_test=y[test],
         feature_names=tuple(feature_names), notes=tuple(notes),
@@ -121,7 +128,9 @@ def split_indices(
 
 
 def train_statistics(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-column (median fill, mean, std) of 2-D train rows, NaN-aware (the rule of split_and_normalise)."""
+    """Per-column (median fill, mean, std) of 2-D train rows, NaN-aware (the rule of split_and_normalise).
+
+    std is inf for columns constant or all-missing in train: `standardise` makes them 0."""
     return _train_statistics(x_train)
 
 
@@ -170,19 +179,66 @@ def _split_off(
     return np.sort(kept), np.sort(held)
 
 
+# A column whose spread is below this share of its magnitude is constant at this site. Rounding alone
+# leaves a constant column of magnitude |m| with a float64 std of about 1e-16 * |m| (the case seen on
+# real ICU tables), and dividing by that gives values of 1e16; clinical measurements vary far more than
+# 1e-8 of their size, so the floor only ever catches rounding noise. max(1, |mean|) keeps the floor
+# absolute (1e-8) for columns centred near 0.
+RELATIVE_STD_FLOOR = 1e-8
+# A standardised training value beyond this is logged: with the floor above it can only come from a
+# genuine outlier (|z| <= sqrt(n - 1) for n rows), which the user should look at.
+Z_WARN = 50.0
+
+
+def is_constant(std: np.ndarray | float, mean: np.ndarray | float) -> np.ndarray:
+    """True where a spread is too small to divide by: std < RELATIVE_STD_FLOOR * max(1, |mean|)."""
+    return np.asarray(std) < RELATIVE_STD_FLOOR * np.maximum(1.0, np.abs(np.asarray(mean)))
+
+
 def _train_statistics(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-column fill value (median), mean and std of the imputed train rows."""
+    """Per-column fill value (median), mean and scale of the imputed train rows.
+
+    A column entirely missing in train, or constant there (see `is_constant`; one training row makes
+    every column constant), carries no information at this site: it becomes 0 in EVERY split (scale
+    inf), so a val/test value that differs from the train constant cannot reach the model unscaled.
+    Columns are never dropped: every site must feed the shared model the same number of inputs.
+    """
     observed = ~np.isnan(x_train)
     fill = np.zeros(x_train.shape[1])
     mean = np.zeros(x_train.shape[1])
-    std = np.ones(x_train.shape[1])
+    std = np.full(x_train.shape[1], np.inf)
     for j in range(x_train.shape[1]):
         col = x_train[observed[:, j], j]
         if col.size == 0:
-            continue  # all-missing in train: fill 0, mean 0, std 1 gives 0 after standardising
+            continue  # all-missing in train: 0 everywhere
         fill[j] = np.median(col)
         imputed = np.where(observed[:, j], x_train[:, j], fill[j])
         mean[j] = imputed.mean()
         sd = imputed.std()
-        std[j] = sd if sd > 0 else 1.0  # a constant column would divide by zero
+        if not is_constant(sd, mean[j]):
+            std[j] = sd
     return fill, mean, std
+
+
+def standardise(part: np.ndarray, fill: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """(x - mean) / std with NaN filled first; constant and all-missing columns (std inf) give exactly 0."""
+    part = np.where(np.isnan(part), fill, part)
+    with np.errstate(invalid="ignore"):  # an infinite input over an infinite scale: still 0 below
+        z = (part - mean) / std
+    return np.where(np.isinf(std), 0.0, z).astype(np.float32)
+
+
+def constant_columns(std: np.ndarray, names: Sequence[str]) -> list[str]:
+    """Names of the columns `standardise` sets to 0 (constant or all-missing in train)."""
+    return [str(names[j]) for j in np.flatnonzero(np.isinf(std))]
+
+
+def warn_extreme(z_train: np.ndarray, names: Sequence[str], where: str) -> list[str]:
+    """Log (and return) one line per training feature whose standardised value exceeds Z_WARN."""
+    flat = np.abs(z_train.reshape(-1, z_train.shape[-1])) if z_train.size else np.zeros((0, len(names)))
+    lines = []
+    for j in np.flatnonzero(flat.max(axis=0, initial=0.0) > Z_WARN):
+        lines.append(f"{where}: standardised training feature {names[j]!r} reaches |z| = "
+                     f"{float(flat[:, j].max()):.3g} (> {Z_WARN:g}); check that column for outliers or unit errors")
+        log.warning("%s", lines[-1])
+    return lines
