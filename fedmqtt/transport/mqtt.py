@@ -234,6 +234,7 @@ class MqttTransport:
         self._awaiting_connack = False
         self._silent_closes = 0  # consecutive connections closed before any CONNACK
         self._connack_failed = False  # the last CONNACK was a refusal (already logged)
+        self._offline_warned_at: float | None = None
         self._pub_failures: dict[int, ReasonCode] = {}  # mid -> refusal code of its last completion
         self._sub_mids: dict[int, list[str]] = {}
         self._sub_done: dict[int, threading.Event] = {}
@@ -276,6 +277,18 @@ class MqttTransport:
         self.refusals[code] = self.refusals.get(code, 0) + 1
 
     def _on_pre_connect(self, client, userdata) -> None:  # noqa: ANN001
+        if self._ssl_context is not None and self.connects > 0:
+            # A reconnect: paho would not say why a handshake fails (and leaks its socket), and a certificate
+            # that expired or was replaced during the run fails the same way for ever. One handshake of our own
+            # first; an OSError raised here makes paho count a failed attempt and retry with its backoff.
+            try:
+                self._probe_tls(self._ssl_context)
+            except ssl.SSLError as exc:
+                self._fail(explain_tls(exc, broker=self.broker, settings=self.settings))
+                raise ConnectionAbortedError(self._fatal) from None
+            except OSError as exc:
+                self._last_error = str(exc)
+                raise
         self._awaiting_connack = True
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
@@ -305,7 +318,8 @@ class MqttTransport:
         self._connected.set()
 
     def _on_connect_fail(self, client, userdata) -> None:  # noqa: ANN001
-        self._last_error = "connection attempt failed (broker down or unreachable)"
+        if not self._last_error:
+            self._last_error = "connection attempt failed (broker down or unreachable)"
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         self._connected.clear()
@@ -599,7 +613,19 @@ class MqttTransport:
             return self.inbox.get(timeout=timeout_s)
         except queue.Empty:
             self._raise_if_fatal()
+            self._say_if_still_waiting()
             return None
+
+    def _say_if_still_waiting(self) -> None:
+        """While disconnected, say at least every 30 s that we are still retrying (a reader polls get())."""
+        now = time.monotonic()
+        if self.connected or self._interrupted.is_set():
+            self._offline_warned_at = None
+        elif self._offline_warned_at is None:
+            self._offline_warned_at = now  # on_disconnect said it just now
+        elif now - self._offline_warned_at >= _WARN_EVERY_S:
+            log.warning("broker %s not reachable (%s); retrying", self.broker, self._last_error or "no answer")
+            self._offline_warned_at = now
 
     def close(self, *, final: tuple[str, bytes] | None = None) -> None:
         """Optionally publish a last retained message (e.g. 'offline'), then disconnect cleanly."""

@@ -407,3 +407,58 @@ def test_mutual_tls_presents_the_client_certificate(tls_broker) -> None:
                               tls_key_file=files["client_key"])
     MqttTransport(with_cert, client_id="x").connect(timeout_s=10).close()
     _fails_fast(_tls_settings(tls_broker, "mutual"), "client certificate", "tls_cert_pem")
+
+
+def test_certificate_that_expires_during_the_run_ends_the_reconnect_with_the_cause(tmp_path, mosquitto_bin) -> None:
+    """A broker that comes back with an expired certificate: paho's reconnect would retry for ever without a
+    word; the transport stops within seconds saying the certificate expired."""
+    import ipaddress
+    import os
+    import pwd
+    import secrets
+
+    from cryptography import x509
+
+    from broker.acl import LISTENER_IDENTITY_LINES
+    from broker.config import free_port
+    from broker.passwords import write_password_file
+    from broker.process import BrokerProcess
+    from fedmqtt.errors import PermanentBrokerError
+    from fedmqtt.transport.mqtt import MqttTransport
+    from fedmqtt.transport.settings import BrokerSettings
+
+    # Prepare
+    ca_key, server_key = _key(), _key()
+    ca = _cert("ca", ca_key, None, ca=True, days=(-1, 3650))
+    sans = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    _write_pem(tmp_path / "ca.crt", ca)
+    _write_pem(tmp_path / "server.key", key=server_key)
+    password = secrets.token_urlsafe(16)
+    write_password_file(tmp_path / "passwd", {"site-a": password})
+    port = free_port()
+
+    def start(days: tuple[int, int]) -> BrokerProcess:
+        _write_pem(tmp_path / "server.crt", _cert("broker", server_key, ("ca", ca_key), sans=sans, days=days))
+        conf = ["allow_anonymous false", f"password_file {tmp_path / 'passwd'}",
+                f"user {pwd.getpwuid(os.geteuid()).pw_name}", f"listener {port} 127.0.0.1",
+                *LISTENER_IDENTITY_LINES, f"cafile {tmp_path / 'ca.crt'}", f"certfile {tmp_path / 'server.crt'}",
+                f"keyfile {tmp_path / 'server.key'}"]
+        (tmp_path / "mosquitto.conf").write_text("\n".join(conf) + "\n", encoding="utf-8")
+        return BrokerProcess.start(tmp_path / "mosquitto.conf", port=port)
+
+    broker = start((-1, 30))
+    site = MqttTransport(BrokerSettings(port=port, username="site-a", password=password,
+                                        tls_ca_file=tmp_path / "ca.crt"), client_id="x").connect(timeout_s=10)
+    try:
+        # Execute
+        broker.stop()
+        broker = start((-30, -1))
+        start_s = time.monotonic()
+        with pytest.raises(PermanentBrokerError, match="certificate has expired"):
+            while time.monotonic() - start_s < 20:
+                site.get(0.2)
+        # Assert
+        assert time.monotonic() - start_s < 10
+    finally:
+        site.close()
+        broker.stop()

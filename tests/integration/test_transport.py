@@ -126,3 +126,34 @@ def test_wrong_password_fails_fast_with_a_clear_error(federation) -> None:
     # Execute / Assert
     with pytest.raises(BrokerError, match="'site-a'.*refused.*check the credentials file"):
         MqttTransport(settings, client_id="site-a-wrong").connect(timeout_s=None)
+
+
+def test_a_broker_outage_is_retried_and_said_every_period(federation, caplog, monkeypatch) -> None:
+    """While the broker is down a reader polling get() keeps retrying and says so (every 30 s; shortened here),
+    then reconnects by itself: an outage is transient, never a PermanentBrokerError."""
+    import logging
+    import time
+
+    import fedmqtt.transport.mqtt as transport_module
+
+    # Prepare
+    monkeypatch.setattr(transport_module, "_WARN_EVERY_S", 0.5)
+    site = MqttTransport(federation.settings("site-a"), client_id="x").connect(timeout_s=10)
+    caplog.set_level(logging.WARNING, logger="fedmqtt.transport.mqtt")
+    try:
+        # Execute
+        federation.broker.stop()
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            assert site.get(0.1) is None
+        federation.restart()  # stop() on a stopped broker is a no-op; starts it again on the same port
+        end = time.monotonic() + 20
+        while not site.connected and time.monotonic() < end:
+            site.get(0.1)
+        # Assert
+        said = [r.getMessage() for r in caplog.records]
+        assert any("lost the broker" in line and "reconnecting" in line for line in said)
+        assert sum("not reachable" in line and "retrying" in line for line in said) >= 2
+        assert site.connected and site.connects == 2
+    finally:
+        site.close()
