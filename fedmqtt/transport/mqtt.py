@@ -10,6 +10,7 @@ whose message names the cause and the fix): see `TRANSIENT_CODES` and `_FIXES`.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import re
@@ -55,6 +56,11 @@ _MAX_BACKOFF_S = 15.0
 _WARN_EVERY_S = 30.0  # a wait for the broker says what it waits for at least this often
 _SUBACK_WAIT_S = 10.0
 _SILENT_CLOSES = 2  # connections closed before any CONNACK: a plaintext client on a TLS listener
+# Lost this many times within this window, each time with the broker answering the reconnect at once: another
+# process logs in with the same credentials (Mosquitto 2.0.11 closes the older connection without a DISCONNECT
+# 0x8E, so this is the only sign).
+_DUEL_LOSSES = 3
+_DUEL_WINDOW_S = 60.0
 _SEAT = re.compile(r"[a-z0-9]{1,16}")
 
 # Why a permanent code happened and what to change; {user} and {broker} are filled in.
@@ -235,6 +241,8 @@ class MqttTransport:
         self._silent_closes = 0  # consecutive connections closed before any CONNACK
         self._connack_failed = False  # the last CONNACK was a refusal (already logged)
         self._offline_warned_at: float | None = None
+        self._losses: collections.deque[float] = collections.deque(maxlen=_DUEL_LOSSES)  # when we lost the broker
+        self._duel_said_at = -_DUEL_WINDOW_S
         self._pub_failures: dict[int, ReasonCode] = {}  # mid -> refusal code of its last completion
         self._sub_mids: dict[int, list[str]] = {}
         self._sub_done: dict[int, threading.Event] = {}
@@ -306,6 +314,7 @@ class MqttTransport:
                 self._fail(message)
             return
         self._connack_failed = False
+        self._say_if_duelling()
         sock = client.socket()
         if sock is not None:
             # QoS 2 needs two round trips; Nagle would add ~30 ms to each small packet.
@@ -334,8 +343,20 @@ class MqttTransport:
             self._fail(explain("the connection", reason_code, user=self.username, broker=self.broker))
             return
         self._last_error = str(reason_code)
+        self._losses.append(time.monotonic())
         log.warning("lost the broker %s (%s); reconnecting by itself with backoff (1-%d s)", self.broker,
                     reason_code, _MAX_BACKOFF_S)
+
+    def _say_if_duelling(self) -> None:
+        now = time.monotonic()
+        if (len(self._losses) == _DUEL_LOSSES and now - self._losses[0] < _DUEL_WINDOW_S
+                and now - self._duel_said_at >= _DUEL_WINDOW_S):
+            self._duel_said_at = now
+            log.error("the connection as %r to %s was closed %d times within %.0f s although the broker takes us "
+                      "back at once: another process probably logs in with the same credentials (the broker keeps "
+                      "only the newest connection of a user). Stop the duplicate; each party and tool needs its own "
+                      "credentials (observers: observer.1 ... observer.7).", self.username, self.broker,
+                      _DUEL_LOSSES, _DUEL_WINDOW_S)
 
     def _on_message(self, client, userdata, message: mqtt.MQTTMessage) -> None:  # noqa: ANN001
         self.bytes_received += len(message.payload)

@@ -138,6 +138,29 @@ def test_site_cannot_take_over_another_sites_connection(federation: RunningFeder
         victim.close()
 
 
+def test_the_same_credentials_twice_are_named_as_the_cause(federation: RunningFederation, caplog) -> None:
+    """A party started twice (same credentials): the broker keeps the newest login, so the two push each other
+    off. Mosquitto 2.0.11 sends no DISCONNECT 0x8E; the transport notices the pattern and says what it is."""
+    import logging
+
+    # Prepare
+    caplog.set_level(logging.ERROR, logger="fedmqtt.transport.mqtt")
+    first = MqttTransport(federation.settings("site-a"), client_id="first").connect(timeout_s=10)
+    second = MqttTransport(federation.settings("site-a"), client_id="second").connect(timeout_s=10)
+    try:
+        # Execute
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any("same credentials" in r.getMessage() for r in caplog.records):
+            time.sleep(0.2)
+
+        # Assert
+        said = [r.getMessage() for r in caplog.records if "same credentials" in r.getMessage()]
+        assert said and "'site-a'" in said[0] and "Stop the duplicate" in said[0]
+    finally:
+        first.close()
+        second.close()
+
+
 def test_several_observers_watch_at_once(federation: RunningFederation) -> None:
     """observer, observer.1 ... observer.7 share the observer password and can all be connected at once."""
     # Prepare
