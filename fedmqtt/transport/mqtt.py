@@ -43,7 +43,7 @@ TRANSIENT_CODES = frozenset({
     0x8D,  # keep alive timeout (DISCONNECT): the network stalled; reconnect
     0x91,  # packet identifier in use: re-send under a new one
     0x92,  # packet identifier not found (e.g. after a broker restart lost the QoS 2 state): re-send
-    0x93,  # receive maximum exceeded (DISCONNECT): we reconnect and send fewer at once
+    0x93,  # receive maximum exceeded (DISCONNECT): reconnect; unacknowledged messages are re-sent
     0x96,  # message rate too high
     0x97,  # quota exceeded: the broker's in-flight/queue budget is full for now
     0x9F,  # connection rate exceeded
