@@ -24,7 +24,9 @@ def live_reports(credentials: Path, run_id: str, listen_s: float) -> tuple[dict[
     from schemas.messages import SiteStatus
 
     settings = load_toml(credentials, BrokerSettings, section="broker")
-    transport = MqttTransport(settings, client_id=f"fedmqtt-recruit-{int(time.time() * 1000) % 10**9}").connect()
+    seat = "2" if settings.username == "observer" else None  # its own login: watchers may be connected too
+    transport = MqttTransport(settings, client_id=f"fedmqtt-recruit-{int(time.time() * 1000) % 10**9}",
+                              seat=seat).connect()
     channel = Channel(transport, run_id=run_id, sender="observer")
     transport.subscribe([topics.any_site_filter(run_id, "status")])
     hists: dict[str, Any] = {}

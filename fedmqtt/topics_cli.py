@@ -20,6 +20,9 @@ def watch(
     count: Optional[int] = typer.Option(None, help="Exit after this many messages."),
     timeout: Optional[float] = typer.Option(None, help="Exit after this many seconds."),
     chunks: bool = typer.Option(False, "--chunks", help="Also print every chunk of a large model (one line each)."),
+    seat: Optional[str] = typer.Option(None, "--seat", help="Log in as <user>.<seat>: the broker allows one "
+                                       "connection per login, so each extra watcher takes a seat (the observer "
+                                       "has seats 1-7; default for it: 1)."),
 ) -> None:
     """Print every message of a run as one decoded line (never raw tensors). What you see depends on the ACL."""
     from fedmqtt.config_io import load_toml
@@ -31,7 +34,9 @@ def watch(
     from fedmqtt.errors import FedMqttError
 
     settings = load_toml(credentials, BrokerSettings, section="broker")
-    transport = MqttTransport(settings, client_id=f"fedmqtt-watch-{int(time.time() * 1000) % 10**9}")
+    if seat is None and settings.username == "observer":
+        seat = "1"  # leave the plain observer login to the demo and scripts
+    transport = MqttTransport(settings, client_id=f"fedmqtt-watch-{int(time.time() * 1000) % 10**9}", seat=seat)
     transport.connect()
     transport.subscribe([topics.run_filter(run_id)])
     seen, end = 0, None if timeout is None else time.monotonic() + timeout

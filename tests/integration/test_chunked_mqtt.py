@@ -122,7 +122,7 @@ def test_tampered_chunk_is_detected_and_the_resent_update_accepted(federation, p
     chunk_1 = topics.chunk_topic(topic, 1)
     good = decode(_retained(paho_client, federation, chunk_1))
     tampered = encode(good.model_copy(update={"data": bytes(len(good.data))}))
-    publish(paho_client(federation.settings("site-a")), chunk_1, tampered)
+    site.bulk.publish(chunk_1, tampered)  # the site's own account (a second login as site-a would push it off)
     ps = _channel(federation, "ps", topics.any_site_filter(run, "update"), chunk_refetches=1)
     # Execute
     with pytest.raises(AssertionError, match="no ClientUpdate"):
@@ -141,6 +141,8 @@ def _retained(paho_client, federation, topic: str) -> bytes:
     reader = Inbox(paho_client(federation.settings("ps")))
     reader.subscribe(topic)
     got = [p for t, p in reader.drain(2.0) if t == topic]
+    reader.client.disconnect()  # free the "ps" login (client id = user name) for the PS channel opened next
+    reader.client.loop_stop()
     assert got, f"nothing retained on {topic}"
     return got[0]
 
