@@ -20,7 +20,7 @@ from fedmqtt.errors import BrokerError, CheckpointError
 from fedmqtt.faults import crash_point
 from fedmqtt.recruitment import histogram_vector
 from fedmqtt.transport import topics
-from fedmqtt.transport.channel import Channel, Inbound
+from fedmqtt.transport.channel import BridgeState, Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
 from ps_daemon import effects as fx
 from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
@@ -191,6 +191,8 @@ class DaemonRunner:
         # do not match `<topic>/chunk/<i>`: chunks are fetched one transfer at a time (transport/bulk.py).
         for kind in ("status", "update", "report"):
             self.channel.transport.subscribe([topics.any_site_filter(c.run_id, kind)])
+        # A hospital behind its own bridged broker: the bridge's Will "0" says its broker or link is down.
+        self.channel.transport.subscribe([topics.any_bridge_filter(c.run_id)])
         self._apply(Started(time.time()))
 
     def poll(self, timeout_s: float) -> bool:
@@ -299,6 +301,12 @@ class DaemonRunner:
         msg, site, now = inbound.message, inbound.topic.site_id, time.time()
         if site is None:
             return None
+        if isinstance(msg, BridgeState):
+            if msg.up:
+                log.info("site %s: its hospital broker's bridge is up", site)
+                return None
+            log.warning("site %s: its hospital broker or the link to it is down (bridge notification)", site)
+            return SiteOffline(site, now)
         if isinstance(msg, m.SiteStatus):
             if msg.state == "offline":
                 return SiteOffline(site, now)
@@ -372,7 +380,7 @@ class DaemonRunner:
                                 session=self.state.session, msg_id=self._msg_id("model", effect.round, effect.model_hash))
             ch.send(topics.ps_model_topic(c.run_id), msg)
         elif isinstance(effect, fx.PublishTrainTask):
-            hyper = {**c.hyper, **effect.hyper}
+            hyper = {**c.train.hyper, **c.hyper, **effect.hyper}  # train.hyper: local optimiser keys (momentum)
             settings = c.train.model_copy(update={"algorithm": c.algorithm, "seed": c.seed, "hyper": hyper})
             msg = m.TrainTask(run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
                               model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,

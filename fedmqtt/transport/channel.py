@@ -18,7 +18,7 @@ from typing import Any
 from fedmqtt.errors import SchemaError, TopicError
 from fedmqtt.transport.bulk import Completed, Failed, Fetcher, split, tensor_index as bulk_index
 from fedmqtt.transport.mqtt import MqttTransport, RawMessage
-from fedmqtt.transport.topics import CHUNKED_KINDS, ParsedTopic, chunk_topic, parse_topic
+from fedmqtt.transport.topics import BRIDGE, CHUNKED_KINDS, ParsedTopic, chunk_topic, parse_topic
 from schemas.chunks import MAX_CHUNK_BYTES, ChunkManifest
 from schemas.codec import WireError, clip, decode, encode
 
@@ -97,6 +97,15 @@ class Inbound:
     message: object
     size: int
     retained: bool
+
+
+@dataclass(frozen=True)
+class BridgeState:
+    """A hospital broker's bridge notification ("1" up, "0" down: the bridge's Will on the central broker). Not a
+    schema message: Mosquitto writes it, so only these two exact payloads are taken."""
+
+    site_id: str
+    up: bool
 
 
 @dataclass
@@ -285,6 +294,22 @@ class Channel:
             return None
         return self._deliver(parsed, message, len(done.payload), False)
 
+    def _bridge_state(self, raw: RawMessage) -> Inbound | None:
+        site = topic_owner(raw.topic)
+        try:
+            owner = parse_topic(raw.topic[: -len(BRIDGE)] + "status")  # same owner and run as its status topic
+        except TopicError as exc:
+            self.stats.count_rejection(site, "bad topic")
+            log.warning("rejected (bad topic) a bridge notification on %s: %s", clip(raw.topic), clip(exc))
+            return None
+        if owner.run_id != self.run_id or owner.role != "site" or raw.payload not in (b"0", b"1"):
+            self.stats.count_rejection(site, "malformed")
+            log.warning("rejected (malformed) a bridge notification on %s: expected b'0' or b'1' of run %s",
+                        clip(raw.topic), self.run_id)
+            return None
+        parsed = ParsedTopic(owner.run_id, "site", BRIDGE, owner.site_id)
+        return Inbound(parsed, BridgeState(owner.site_id or "?", raw.payload == b"1"), len(raw.payload), raw.retain)
+
     def accept(self, raw: RawMessage) -> Inbound | None:
         """Check one raw message; a whole, valid, new one comes back. Never raises: whatever the bytes, a refusal
         is counted and logged and None returned."""
@@ -292,6 +317,8 @@ class Channel:
             return None  # a cleared retained message
         self.stats.received += 1
         try:
+            if raw.topic.endswith("/" + BRIDGE):
+                return self._bridge_state(raw)
             return self._accept(raw)
         except Exception as exc:  # a bug of ours, never the sender's fault: keep serving everyone else
             self.stats.count_rejection(topic_owner(raw.topic), INTERNAL)

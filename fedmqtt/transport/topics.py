@@ -19,6 +19,7 @@ PS_STATUS = "ps/status"
 PS_MODEL = "ps/model"
 PS_METRICS = "ps/metrics"
 SITE_KINDS = ("status", "update", "report")
+BRIDGE = "bridge"  # site/<id>/bridge: a hospital broker's bridge notification, "1" or "0" (not a schema message)
 # Payloads that may be too big for one MQTT message travel as chunks under `<topic>/chunk/<index>`
 # (design.md section 3); the small manifest stays on `<topic>` itself.
 CHUNKED_KINDS = {("ps", "model"), ("ps", "task"), ("site", "update"), ("site", "report")}
@@ -88,6 +89,11 @@ def site_bridge_topic(run_id: str, site_id: str) -> str:
 def site_all_filter(run_id: str, site_id: str) -> str:
     """Everything a site may write: `site/<id>/#`."""
     return f"{run_prefix(run_id)}/site/{validate_id(site_id, what='site id')}/#"
+
+
+def any_bridge_filter(run_id: str) -> str:
+    """`site/+/bridge`: every hospital broker's bridge state (the PS maps "0" to that site going offline)."""
+    return f"{run_prefix(run_id)}/site/+/{BRIDGE}"
 
 
 def any_site_filter(run_id: str, kind: str) -> str:
