@@ -11,13 +11,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from fedmqtt.config_io import load_toml, validate_config
 from fedmqtt.data.heart_disease import SITES, bundled_path
 from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
-from ps_daemon.config import DaemonConfig
+from fedmqtt.errors import ConfigError
+from fedmqtt.strategies.params import check_local_optimiser
+from fedmqtt.training.client_rules import SGD_ONLY
+from ps_daemon.config import NEEDS_PRETRAINED, DaemonConfig
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
 from fedmqtt.data.spec import DataSpec
@@ -26,6 +29,13 @@ from site_agent.config import SiteConfig
 IN_PROCESS = Path("(in-process)")
 DEFAULT_MODEL = ModelSpec(name="mlp", args={"in_features": 15, "hidden": [32, 32], "norm": "none", "dropout": 0.3})
 DEFAULT_TRAIN = TrainSettings(epochs=2, batch_size=32, lr=0.001, optimizer="adam")
+# For the algorithms whose client rule is defined for plain SGD only (SCAFFOLD option II, FedNova's
+# ||a_i||_1): what a run gets when its train settings were left at DEFAULT_TRAIN. lr 0.05: plain SGD
+# needs a larger step than Adam's 0.001 to move the bundled MLP within a few rounds.
+SGD_TRAIN = TrainSettings(epochs=2, batch_size=32, lr=0.05, optimizer="sgd")
+# AdaFed / d-AdaFed need a pretrained model; a simulation makes one from this share of the pooled
+# training rows when none is given (as seed 001 does).
+DEFAULT_PRETRAIN_FRACTION = 0.2
 
 
 def bundled_sites() -> dict[str, DataSpec]:
@@ -57,7 +67,17 @@ class SimulationConfig(BaseModel):
     # Simulation only, as seed 001 does: pretrain that model on this fraction of the pooled training rows.
     pretrain_fraction: float | None = Field(default=None, gt=0, le=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_defaults(cls, data: Any) -> Any:
+        """Defaults that depend on the algorithm (see `algorithm_defaults`)."""
+        return algorithm_defaults(data) if isinstance(data, dict) else data
+
     def daemon_config(self) -> DaemonConfig:
+        try:
+            check_local_optimiser({**self.train.hyper, **self.hyper}, self.train.optimizer)
+        except ConfigError as exc:
+            raise ConfigError(f"simulation config: {exc}") from None
         if self.algorithm == "central":  # the pooled baseline has no PS; validate as FedAvg would
             return self.model_copy(update={"algorithm": "fedavg", "hyper": {}}).daemon_config()
         return validate_config({
@@ -75,6 +95,32 @@ class SimulationConfig(BaseModel):
                            state_dir=self.out_dir / "state" / site, data=spec, device="cpu", threads=1,
                            share_label_histogram=self.share_label_histograms)
                 for site, spec in sorted(self.sites.items())]
+
+
+def algorithm_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (a SimulationConfig as a dict) with the defaults its algorithm needs to run at all.
+
+    - SCAFFOLD and FedNova need plain SGD: train settings left at DEFAULT_TRAIN (or not given) become
+      SGD_TRAIN. Train settings the user changed are kept, so a user's Adam is an error that names the
+      fix (train.optimizer = "sgd"), never silently replaced.
+    - AdaFed's statistics are BatchNorm's: the default model (no norm layers) gets norm = "bn".
+    - AdaFed and d-AdaFed need a pretrained model: without `pretrained` or `pretrain_fraction` the
+      simulation pretrains on DEFAULT_PRETRAIN_FRACTION of the pooled training rows.
+    """
+    algorithm = data.get("algorithm")
+    out = dict(data)
+    if algorithm in SGD_ONLY:
+        train = out.get("train")
+        given = TrainSettings.model_validate(train) if train is not None else DEFAULT_TRAIN
+        if given == DEFAULT_TRAIN:
+            out["train"] = SGD_TRAIN
+    if algorithm == "adafed":
+        model = out.get("model")
+        if model is None or ModelSpec.model_validate(model) == DEFAULT_MODEL:
+            out["model"] = DEFAULT_MODEL.model_copy(update={"args": {**DEFAULT_MODEL.args, "norm": "bn"}})
+    if algorithm in NEEDS_PRETRAINED and out.get("pretrained") is None and out.get("pretrain_fraction") is None:
+        out["pretrain_fraction"] = DEFAULT_PRETRAIN_FRACTION
+    return out
 
 
 def load_simulation_config(path: Path | None, **overrides: Any) -> SimulationConfig:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -22,6 +22,14 @@ class FedDkwParams(StrategyParams):
     )
     multiply_by_n: bool = Field(
         default=False, description="weight proportional to n_i / KL_i instead of 1 / KL_i"
+    )
+    # pooled (default): the label distribution of all the sites' data together, the paper's "global
+    # distribution", so a large hospital counts for its patients; also this rule's behaviour so far.
+    # mean: the plain mean of the sites' normalised distributions (seed 003's code), every site alike.
+    global_distribution: Literal["pooled", "mean"] = Field(
+        default="pooled",
+        description="P_g: pooled (sum of counts / total, the paper's global distribution) or mean (average "
+                    "of the sites' normalised distributions, seed 003's code)",
     )
 
 
@@ -42,6 +50,17 @@ def pooled_distribution(histograms: Sequence[Histogram]) -> Histogram:
     return {label: c / total for label, c in counts.items()} if total > 0 else {}
 
 
+def mean_distribution(histograms: Sequence[Histogram]) -> Histogram:
+    """P_g = (1/K) sum_i h_i / |h_i| over the K non-empty histograms given (each site counts alike)."""
+    shares: Histogram = {}
+    used = [h for h in histograms if sum(h[label] for label in sorted(h)) > 0]
+    for h in used:
+        total = sum(h[label] for label in sorted(h))
+        for label in sorted(h):
+            shares[label] = shares.get(label, 0.0) + h[label] / total / len(used)
+    return shares
+
+
 def kl_divergence(histogram: Histogram, pooled: Histogram) -> float:
     """KL(q_i || P_g) = sum_c q_i(c) ln(q_i(c) / P_g(c)); terms with q_i(c) = 0 are 0."""
     total = sum(histogram[label] for label in sorted(histogram))
@@ -58,7 +77,8 @@ class FedDkw(ServerRule):
 
         omega_i = (1 / max(KL_i, floor)) / sum_{j in S_t} (1 / max(KL_j, floor)),  w_{t+1} = sum omega_i w_i^t
 
-    KL_i = KL(q_i || P_g) with P_g pooled from the latest histogram of every site reported so far.
+    KL_i = KL(q_i || P_g) with P_g from the latest histogram of every site reported so far: pooled counts
+    (default) or the mean of the sites' distributions (`global_distribution`).
     Float buffers get omega_i; integer buffers the maximum.
     """
 
@@ -86,7 +106,9 @@ class FedDkw(ServerRule):
 
     def weights_of(self, updates: Sequence[SiteUpdate]) -> np.ndarray:
         """omega_i for `updates` (all with a stored histogram) against the current pooled distribution."""
-        pooled = pooled_distribution([self.histograms[s] for s in sorted(self.histograms)])
+        known = [self.histograms[s] for s in sorted(self.histograms)]
+        mean = self.params.global_distribution == "mean"
+        pooled = mean_distribution(known) if mean else pooled_distribution(known)
         inverse = np.array(
             [
                 1.0 / max(kl_divergence(self.histograms[u.site_id], pooled), self.params.kl_floor)

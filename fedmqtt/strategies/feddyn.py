@@ -13,11 +13,20 @@ from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, float_state
 
 
+# Acar et al.'s code clips every local gradient at norm 10 (torch.nn.utils.clip_grad_norm_, max_norm=10).
+DEFAULT_MAX_GRAD_NORM = 10.0
+
+
 class FedDynParams(StrategyParams):
     alpha: float = Field(default=0.01, gt=0.0, description="regularisation strength alpha, > 0")
     scale_alpha_by_size: bool = Field(
         default=True,
         description="alpha_i = alpha * n_bar / n_i (reference code); false: alpha for all (seed 000)",
+    )
+    max_grad_norm: float = Field(
+        default=DEFAULT_MAX_GRAD_NORM, ge=0.0,
+        description="sites clip the local gradient (loss + FedDyn terms) to this L2 norm, as the paper's code "
+                    "does (10); 0: no clipping",
     )
 
 
@@ -46,11 +55,12 @@ class FedDyn(ServerRule):
 
     def site_hyper(self, site_id: str, enrolled: Mapping[str, int]) -> dict[str, float]:
         alpha = self.params.alpha
+        clip = {"max_grad_norm": self.params.max_grad_norm}
         n_i = enrolled.get(site_id, 0)
         if not self.params.scale_alpha_by_size or n_i <= 0 or not enrolled:
-            return {"alpha": alpha}
+            return {"alpha": alpha, **clip}
         n_bar = sum(enrolled[s] for s in sorted(enrolled)) / len(enrolled)
-        return {"alpha": alpha * n_bar / n_i}  # smaller sites get a stronger regulariser
+        return {"alpha": alpha * n_bar / n_i, **clip}  # smaller sites get a stronger regulariser
 
     def aggregate_train(self, inp: RoundInput) -> AggregateResult:
         if not inp.updates:

@@ -45,6 +45,31 @@ def mu_field(default: float = 0.01) -> Any:
     return Field(default=default, ge=0.0, description="proximal coefficient mu (squared-norm term), >= 0")
 
 
+# Settings of the SITE's local optimiser that may be given with an algorithm's hyper-parameters (e.g.
+# FedNova's paper setting: `--hyper momentum=0.9`). No server rule reads them: they travel in the task's
+# `hyper` to the site, whose optimiser uses them (fedmqtt.training.loop) and whose FedNova ||a_i||_1
+# follows them (fedmqtt.training.client_rules), so the two can never disagree.
+LOCAL_OPTIMISER_KEYS = {
+    "momentum": "local SGD momentum factor in [0, 1) (heavy ball, PyTorch form); needs optimizer sgd",
+    "nesterov": "1: Nesterov momentum (needs momentum > 0 and optimizer sgd); 0: off",
+}
+
+
+def check_local_optimiser(hyper: Mapping[str, Any], optimizer: str) -> None:
+    """Raise ConfigError when the local optimiser keys of `hyper` are out of range or do not fit `optimizer`."""
+    momentum = hyper.get("momentum", 0.0)
+    nesterov = hyper.get("nesterov", 0.0)
+    if not 0.0 <= float(momentum) < 1.0:
+        raise ConfigError(f"momentum must be in [0, 1) (got {momentum!r})")
+    if float(nesterov) not in (0.0, 1.0):
+        raise ConfigError(f"nesterov must be 0 or 1 (got {nesterov!r})")
+    if float(nesterov) and not float(momentum):
+        raise ConfigError("nesterov = 1 needs momentum > 0 (e.g. --hyper momentum=0.9)")
+    if (float(momentum) or float(nesterov)) and optimizer != "sgd":
+        raise ConfigError(f"momentum/nesterov are settings of SGD, but train.optimizer is {optimizer!r}: set "
+                          "train.optimizer = \"sgd\" (--optimizer sgd) or drop them")
+
+
 def parse_params(algorithm: str, model: type[P], raw: Mapping[str, Any] | None) -> P:
     """Validate `raw` against `model`, or raise ConfigError naming the algorithm and every bad field.
 
@@ -59,15 +84,22 @@ def parse_params(algorithm: str, model: type[P], raw: Mapping[str, Any] | None) 
     Raises:
         ConfigError: e.g. "fedprox: mu must be greater than or equal to 0 (got -1)".
     """
+    raw = dict(raw or {})
+    local = {k: raw.pop(k) for k in LOCAL_OPTIMISER_KEYS if k in raw and k not in model.model_fields}
     try:
-        return model.model_validate(dict(raw or {}))
+        check_local_optimiser(local, "sgd")  # ranges here; the optimiser is checked with the train settings
+    except ConfigError as exc:
+        raise ConfigError(f"{algorithm}: {exc}") from None
+    try:
+        return model.model_validate(raw)
     except ValidationError as exc:
         known = ", ".join(model.model_fields) or "none"
         problems = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "(params)"
             if err["type"] == "extra_forbidden":
-                problems.append(f"unknown parameter {field!r} (known: {known})")
+                problems.append(f"unknown parameter {field!r} (known: {known}; local optimiser: "
+                                f"{', '.join(LOCAL_OPTIMISER_KEYS)})")
                 continue
             msg = str(err["msg"]).replace("Input should be", "must be").replace("Value error, ", "")
             problems.append(f"{field} {msg} (got {err.get('input')!r})")

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from fedmqtt.strategies.feddyn import DEFAULT_MAX_GRAD_NORM
 from schemas.messages import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class GradTerms:
     dyn_s: Mapping[str, np.ndarray] = field(default_factory=dict)  # FedDyn: + alpha*(s_i + w - theta_send)
     shift: Mapping[str, np.ndarray] = field(default_factory=dict)  # SCAFFOLD: + (c - c_i)
     freeze_norm: bool = False  # FedFBN: BN layers in eval mode and not trained
+    clip_norm: float = 0.0  # FedDyn: the whole gradient (terms included) clipped to this L2 norm; 0: off
 
 
 def _train_names(manifest: Mapping[str, Any]) -> list[str]:
@@ -56,7 +58,8 @@ def plan_terms(settings: TrainSettings, manifest: Mapping[str, Any], *, extras: 
         return GradTerms(prox_mu=float(hyper.get("mu", 0.0)), prox_names=names)
     if algo == "feddyn":
         s_i = local.get("s_i") or {n: np.zeros(manifest[n]["shape"], np.float32) for n in train}
-        return GradTerms(dyn_alpha=float(hyper["alpha"]), dyn_s=s_i)
+        clip = float(hyper.get("max_grad_norm", DEFAULT_MAX_GRAD_NORM))
+        return GradTerms(dyn_alpha=float(hyper["alpha"]), dyn_s=s_i, clip_norm=clip)
     if algo == "scaffold":
         c = extras.get("c") or {}
         c_i = local.get("c_i") or {}
@@ -86,18 +89,24 @@ def finish_round(settings: TrainSettings, manifest: Mapping[str, Any], *, start:
         s_i = local.get("s_i") or {n: np.zeros(manifest[n]["shape"], np.float32) for n in train}
         return {}, {"s_i": {n: (s_i[n] + end[n] - start[n]).astype(np.float32) for n in train}}
     if algo == "fednova":
+        # The same keys the optimiser was built from (loop._make_optimizer): ||a_i||_1 follows the momentum used.
         return {"a_norm": fednova_a_norm(steps, lr=settings.lr, rho=float(hyper.get("momentum", 0.0)),
-                                         mu=float(hyper.get("mu", 0.0)))}, {}
+                                         mu=float(hyper.get("mu", 0.0)),
+                                         nesterov=bool(hyper.get("nesterov", 0.0)))}, {}
     return {}, {}
 
 
-def fednova_a_norm(steps: int, *, lr: float, rho: float = 0.0, mu: float = 0.0) -> float:
-    """||a_i||_1 of FedNova (algorithms.md 8): tau for SGD; running forms for momentum and proximal SGD."""
+def fednova_a_norm(steps: int, *, lr: float, rho: float = 0.0, mu: float = 0.0, nesterov: bool = False) -> float:
+    """||a_i||_1 of FedNova (algorithms.md 8): tau for SGD; running forms for momentum and proximal SGD.
+
+    Heavy ball (PyTorch form, fresh buffer b): step s moves by b_s = rho b_{s-1} + g_s, so gradient g_s
+    enters with weight sum_{t>=s} rho^(t-s). Nesterov moves by g_s + rho b_s: each step adds 1 + rho b-count.
+    """
     a, counter = 0.0, 0.0
     for _ in range(steps):
         if rho > 0:
             counter = rho * counter + 1.0
-            a += counter
+            a += 1.0 + rho * counter if nesterov else counter
         elif mu > 0:
             a = a * (1.0 - lr * mu) + 1.0
         else:

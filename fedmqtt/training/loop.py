@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.errors import ConfigError
+from fedmqtt.strategies.params import check_local_optimiser
 from fedmqtt.training.client_rules import GradTerms
 from schemas.messages import TrainSettings
 
@@ -145,6 +146,8 @@ def train_local(
                 loss.backward()
                 if correct is not None:
                     correct()
+                if terms.clip_norm > 0:  # FedDyn's code: clip after the terms are in, before the step
+                    torch.nn.utils.clip_grad_norm_(params, terms.clip_norm)
                 optimizer.step()
                 steps += 1
                 loss_sum += float(loss.detach()) * len(idx)  # syncs once per step: fine at these batch sizes
@@ -208,9 +211,18 @@ def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[to
 
 
 def _make_optimizer(params: list[nn.Parameter], settings: TrainSettings) -> torch.optim.Optimizer:
+    """The local optimiser: lr and weight_decay from `settings`, SGD momentum/nesterov from `settings.hyper`
+    (strategies.params.LOCAL_OPTIMISER_KEYS; a setting that does not fit the optimiser is refused, never
+    silently ignored)."""
+    try:
+        check_local_optimiser(settings.hyper, settings.optimizer)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
     if settings.optimizer == "sgd":
         momentum = float(settings.hyper.get("momentum", 0.0))
-        return torch.optim.SGD(params, lr=settings.lr, momentum=momentum, weight_decay=settings.weight_decay)
+        nesterov = bool(settings.hyper.get("nesterov", 0.0))
+        return torch.optim.SGD(params, lr=settings.lr, momentum=momentum, nesterov=nesterov,
+                               weight_decay=settings.weight_decay)
     if settings.optimizer == "adam":
         return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
     return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)

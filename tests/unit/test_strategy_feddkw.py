@@ -7,7 +7,7 @@ import pytest
 
 from fedmqtt.errors import ConfigError
 from fedmqtt.strategies import FedDkw, RoundInput, SiteUpdate, TensorSpec
-from fedmqtt.strategies.feddkw import kl_divergence, pooled_distribution
+from fedmqtt.strategies.feddkw import kl_divergence, mean_distribution, pooled_distribution
 
 MANIFEST = {
     "w": TensorSpec("w", (1,), "float64", frozenset({"TRAIN"})),
@@ -121,3 +121,21 @@ def test_kl_floor_must_be_positive() -> None:
     """kl_floor <= 0 is a ConfigError naming feddkw and kl_floor."""
     with pytest.raises(ConfigError, match="feddkw: kl_floor must be greater than 0"):
         FedDkw({"kl_floor": 0.0})
+
+
+def test_global_distribution_pooled_or_mean_of_sites() -> None:
+    """h=[80,20],[5,5]: pooled P_g=[85,25]/110 (sizes count); mean P_g=[0.65,0.35] (each site alike)."""
+    h1, h2 = {"0": 80.0, "1": 20.0}, {"0": 5.0, "1": 5.0}
+    updates = [_update("s1", 1.0, h1, n=100), _update("s2", 0.0, h2, n=10)]
+    inp = RoundInput(1, {"w": np.zeros(1)}, updates, {"s1": 100, "s2": 10}, MANIFEST)
+    results = {}
+    for how, p_g in (("pooled", {"0": 85 / 110, "1": 25 / 110}), ("mean", {"0": 0.65, "1": 0.35})):
+        rule = FedDkw({"global_distribution": how})
+        inverse = np.array([1 / kl_divergence(h, p_g) for h in (h1, h2)])
+        results[how] = float(rule.aggregate_train(inp).weights["w"][0])
+        assert results[how] == pytest.approx(inverse[0] / inverse.sum(), abs=1e-12)
+    assert mean_distribution([h1, h2]) == pytest.approx({"0": 0.65, "1": 0.35}, abs=1e-12)
+    assert results["pooled"] != pytest.approx(results["mean"], abs=1e-3)  # the choice matters here
+    assert FedDkw().params.global_distribution == "pooled"
+    with pytest.raises(ConfigError, match="global_distribution"):
+        FedDkw({"global_distribution": "median"})

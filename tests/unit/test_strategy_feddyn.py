@@ -95,7 +95,8 @@ def test_alpha_scaled_by_size_by_default() -> None:
     rule = FedDyn({"alpha": 0.01})
     assert rule.site_hyper("s1", enrolled)["alpha"] == pytest.approx(0.02, abs=1e-15)
     assert rule.site_hyper("s2", enrolled)["alpha"] == pytest.approx(0.01 * 2 / 3, abs=1e-15)
-    assert FedDyn({"alpha": 0.01, "scale_alpha_by_size": False}).site_hyper("s1", enrolled) == {"alpha": 0.01}
+    assert FedDyn({"alpha": 0.01, "scale_alpha_by_size": False}).site_hyper("s1", enrolled) == {
+        "alpha": 0.01, "max_grad_norm": 10.0}  # the paper's clipping, on by default
 
 
 def test_float_buffers_get_the_plain_mean_without_correction() -> None:
