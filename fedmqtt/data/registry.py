@@ -5,7 +5,8 @@ Per site: read the file(s); keep the manifest's items when a partition is given;
 multiclass, plain random for multilabel and regression); fill missing values with the train median and
 standardise with the train mean/std, per feature (tables), per colour channel (images) or per channel over
 all hours (ICU; mask channels untouched). A channel constant or entirely missing in this site's train
-split is 0 in every split (fedmqtt.data.splits: relative std floor; docs/data-preparation.md). ECG records are standardised per record and lead by the adapter.
+split is 0 in every split (fedmqtt.data.splits: relative std floor; docs/data-preparation.md). ECG
+records are standardised per record and lead by the adapter.
 
 ICU length of stay: seed 002 used one global train/val/test split; here every site splits its own stays
 with the same fractions, so the union of the sites' test splits is a site-stratified global test split of

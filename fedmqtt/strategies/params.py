@@ -52,6 +52,7 @@ def mu_field(default: float = 0.01) -> Any:
 LOCAL_OPTIMISER_KEYS = {
     "momentum": "local SGD momentum factor in [0, 1) (heavy ball, PyTorch form); needs optimizer sgd",
     "nesterov": "1: Nesterov momentum (needs momentum > 0 and optimizer sgd); 0: off",
+    "balance_classes": "1: class weights from the site's own training labels in the loss (imbalanced labels); 0: off",
 }
 
 
@@ -61,8 +62,9 @@ def check_local_optimiser(hyper: Mapping[str, Any], optimizer: str) -> None:
     nesterov = hyper.get("nesterov", 0.0)
     if not 0.0 <= float(momentum) < 1.0:
         raise ConfigError(f"momentum must be in [0, 1) (got {momentum!r})")
-    if float(nesterov) not in (0.0, 1.0):
-        raise ConfigError(f"nesterov must be 0 or 1 (got {nesterov!r})")
+    for flag in ("nesterov", "balance_classes"):
+        if float(hyper.get(flag, 0.0)) not in (0.0, 1.0):
+            raise ConfigError(f"{flag} must be 0 or 1 (got {hyper[flag]!r})")
     if float(nesterov) and not float(momentum):
         raise ConfigError("nesterov = 1 needs momentum > 0 (e.g. --hyper momentum=0.9)")
     if (float(momentum) or float(nesterov)) and optimizer != "sgd":

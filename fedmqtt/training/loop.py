@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,8 @@ from fedmqtt.errors import ConfigError
 from fedmqtt.strategies.params import check_local_optimiser
 from fedmqtt.training.client_rules import GradTerms
 from schemas.messages import TrainSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,47 @@ def _mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _msle(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # Seed 002: the prediction is clamped at 0 before the log (its model ends in a ReLU).
-    return F.mse_loss(torch.log1p(pred.reshape(y.shape).clamp(min=0.0)), torch.log1p(y))
+    # Seed 002: the prediction is clamped at 0 before the log (its model ends in a ReLU), so the loss VALUE
+    # (and what evaluation reads, evaluate.predict(nonnegative=True)) is that of max(pred, 0). Its gradient
+    # passes through the clamp (straight-through): with the clamp's own zero gradient a fresh network whose
+    # outputs start negative never learns. Where pred >= 0 nothing changes.
+    pred = pred.reshape(y.shape)
+    clamped = pred.clamp(min=0.0)
+    through = clamped + torch.where(pred < 0, pred - pred.detach(), torch.zeros_like(pred))
+    return F.mse_loss(torch.log1p(through), torch.log1p(y))
+
+
+def balanced_loss(name: str, y: torch.Tensor, task: TaskInfo) -> LossFn:
+    """`make_loss(name)` with class weights from this site's training labels `y` (train.hyper
+    balance_classes = 1): every class (binary, multiclass) or every label's positives (multilabel) weighs
+    as much in total as the rest, n_neg / n_pos for BCE's positives, n / (C n_c) for cross-entropy.
+
+    Raises:
+        ValueError: a regression task (there are no classes to balance).
+    """
+    if task.kind == "regression":
+        raise ValueError("balance_classes needs classes; this is a regression task")
+    if name == "ce":
+        counts = torch.bincount(y.reshape(-1), minlength=task.n_outputs).double()
+        weight = torch.where(counts > 0, counts.sum() / (len(counts) * counts.clamp(min=1)), 0.0).float()
+        return lambda logits, yb: F.cross_entropy(logits, yb, weight=weight.to(logits.device))
+    annotated = ~torch.isnan(y)
+    pos = torch.where(annotated, y, torch.zeros_like(y)).sum(dim=0).double()
+    neg = annotated.sum(dim=0).double() - pos
+    pos_weight = torch.where(pos > 0, neg / pos.clamp(min=1), 1.0).float()  # no positive: nothing to weigh
+    if y.ndim == 1:
+        return lambda logits, yb: F.binary_cross_entropy_with_logits(
+            logits.reshape(-1), yb, pos_weight=pos_weight.to(logits.device))
+
+    def multilabel(logits: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        seen = ~torch.isnan(yb)
+        per_entry = F.binary_cross_entropy_with_logits(
+            logits.reshape(yb.shape), torch.where(seen, yb, torch.zeros_like(yb)), reduction="none",
+            pos_weight=pos_weight.to(logits.device))
+        mask = seen.to(per_entry.dtype)
+        return (per_entry * mask).sum() / mask.sum().clamp(min=1.0)
+
+    return multilabel
 
 
 def train_local(
@@ -127,11 +169,14 @@ def train_local(
     xt, yt = _labelled_tensors(x, y, task, dev)
     if loss_name == "msle" and bool((yt < 0).any()):
         raise ValueError("msle needs targets >= 0 (algorithms.md 17.3)")
+    if settings.hyper.get("balance_classes", 0.0):  # off by default: results stay as they were
+        loss_fn = balanced_loss(loss_name, yt, task)
     terms = terms or GradTerms()
     if terms.freeze_norm:
         _freeze_batchnorm(model)
     params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
     optimizer = _make_optimizer(params, settings)
+    start = [p.detach().clone() for p in params]  # to tell a run that learnt nothing (warned below)
     correct = _gradient_terms(model, terms, dev)
     shuffle = torch.Generator().manual_seed(seed)
     steps, loss_sum, loss_rows = 0, 0.0, 0
@@ -154,6 +199,9 @@ def train_local(
                 loss_rows += len(idx)
     # NaN here (a diverged run) is reported as is; the caller decides what to do with it.
     mean_loss = loss_sum / loss_rows if loss_rows else None
+    if steps and not any(bool((p.detach() != p0).any()) for p, p0 in zip(params, start)):
+        log.warning("local training took %d step(s) and moved no weight (loss %s): its gradient is zero, "
+                    "e.g. a regression whose outputs sit where the loss is flat, or lr too small", steps, mean_loss)
     return TrainStats(int(xt.shape[0]), steps, mean_loss, time.perf_counter() - started)
 
 

@@ -105,7 +105,8 @@ def test_binary_bce_is_the_plain_mean() -> None:
 
 
 def test_msle_clamps_predictions_at_zero() -> None:
-    """MSLE = mean (log1p(max(pred, 0)) - log1p(y))^2; a negative prediction counts as 0, with no gradient."""
+    """MSLE = mean (log1p(max(pred, 0)) - log1p(y))^2; a negative prediction counts as 0, but its gradient
+    passes through the clamp (a zero gradient there would leave a negative start stuck for ever)."""
     pred = torch.tensor([[1.5], [-2.0], [5.0]], requires_grad=True)
     y = torch.tensor([1.0, 0.5, 4.0])
     loss = make_loss("msle")(pred, y)
@@ -113,7 +114,8 @@ def test_msle_clamps_predictions_at_zero() -> None:
                         (math.log1p(5.0) - math.log1p(4.0)) ** 2])
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-6)
     loss.backward()
-    assert pred.grad is not None and float(pred.grad[1, 0]) == 0.0
+    assert pred.grad is not None
+    assert float(pred.grad[1, 0]) == pytest.approx(2 * (0.0 - math.log1p(0.5)) / 3, rel=1e-6)  # pushes it up
     assert float(make_loss("mse")(pred, y).detach()) == pytest.approx(np.mean([0.25, 6.25, 1.0]), rel=1e-6)
 
 
@@ -167,3 +169,57 @@ def test_evaluate_split_uses_the_task_metrics() -> None:
     values, reasons = evaluate_split(model, x, np.array([0, 1, 2, 0, 1, 2]), task=MULTICLASS)
     assert set(values) == {"auroc", "auprc", "accuracy", "balanced_accuracy", "loss"}
     assert values["auroc"] == pytest.approx(0.5) and reasons == {}  # identical rows: every score ties
+
+
+def test_msle_learns_from_a_start_whose_outputs_are_all_negative(caplog: pytest.LogCaptureFixture) -> None:
+    """A network whose every output starts below 0: MSLE still moves it toward the (positive) targets."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    y = (2.0 + x[:, 0].clip(min=0)).astype(np.float32)
+    model = torch.nn.Linear(4, 1)
+    torch.nn.init.zeros_(model.weight)
+    torch.nn.init.constant_(model.bias, -3.0)
+    settings = TrainSettings(loss="msle", optimizer="sgd", lr=0.5, epochs=20, batch_size=16)
+    first = train_local(model, x, y, settings, seed=0, task=REGRESSION)
+    later = train_local(model, x, y, settings, seed=1, task=REGRESSION)
+    assert float(model.bias.detach()) > 0 and later.mean_loss < 0.2 * first.mean_loss
+    assert not [r for r in caplog.records if "moved no weight" in r.getMessage()]
+
+
+def test_training_that_moves_no_weight_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    """Zero gradient everywhere (lr so small nothing moves in float32 counts too) is logged, not silent."""
+    x = np.ones((8, 4), np.float32)
+    y = np.zeros(8, np.float32)
+    model = torch.nn.Linear(4, 1)
+    torch.nn.init.zeros_(model.weight)
+    torch.nn.init.zeros_(model.bias)  # MSE at 0 with target 0: the gradient is exactly zero
+    with caplog.at_level("WARNING"):
+        train_local(model, x, y, TrainSettings(loss="mse", batch_size=4), seed=0, task=REGRESSION)
+    assert any("moved no weight" in r.getMessage() for r in caplog.records)
+
+
+def test_balance_classes_weights_the_minority_and_is_off_by_default() -> None:
+    """balance_classes = 1: BCE positives weigh n_neg/n_pos, CE classes n/(C n_c); default: the plain loss."""
+    from fedmqtt.training.loop import balanced_loss
+
+    y = torch.tensor([0.0] * 9 + [1.0])
+    logits = torch.zeros(10, 1)
+    plain = make_loss("bce")(logits, y)
+    weighted = balanced_loss("bce", y, BINARY)(logits, y)
+    assert float(weighted) == pytest.approx(float(plain) * (9 + 9) / 10, rel=1e-6)  # the positive counts 9x
+    yc = torch.tensor([0, 0, 0, 1, 2, 2])
+    ce = balanced_loss("ce", yc, TaskInfo("multiclass", 3))(torch.zeros(6, 3), yc)
+    assert float(ce) == pytest.approx(math.log(3), rel=1e-6)  # mean with weights: uniform logits unchanged
+    with pytest.raises(ValueError, match="regression"):
+        balanced_loss("mse", torch.zeros(3), REGRESSION)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 15)).astype(np.float32)
+    yb = (np.arange(40) < 4).astype(np.int64)
+    ends = []
+    for hyper in ({}, {"balance_classes": 0.0}, {"balance_classes": 1.0}):
+        model = build_model("mlp", {"in_features": 15})
+        torch.manual_seed(0)
+        load_arrays(model, initial_arrays("mlp", {"in_features": 15}, 0))
+        train_local(model, x, yb, TrainSettings(batch_size=8, hyper=hyper), seed=0)
+        ends.append(np.concatenate([v.ravel() for v in state_to_arrays(model).values()]))
+    assert np.array_equal(ends[0], ends[1]) and not np.array_equal(ends[0], ends[2])
