@@ -143,7 +143,7 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
     if config.algorithm == "central":
         from fedmqtt.central import run_central
 
-        return run_central(config)
+        return finish_report(config, run_central(config))
     from ps_daemon.runner import DaemonRunner
     from site_agent.agent import SiteAgent
     import json
@@ -175,7 +175,61 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
         for agent in agents:
             agent.close()
         runner.close()
-    return json.loads((config.out_dir / "report.json").read_text())
+    return finish_report(config, json.loads((config.out_dir / "report.json").read_text()))
+
+
+def finish_report(config: SimulationConfig, report: dict[str, Any]) -> dict[str, Any]:
+    """What only a simulation can add to a run's report (it holds every site's data): for regression, the
+    constant-predictor baseline (`constant_baseline`). Rewrites report.json and report.md, and writes
+    per_site.csv (every site's final metrics; report.md summarises when there are many sites)."""
+    import json
+
+    from ps_daemon.report import per_site_csv, render_markdown
+
+    baseline = constant_baseline(config)
+    if baseline is not None:
+        report = {**report, "baseline": baseline}
+    out = config.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(render_markdown(report))
+    (out / "per_site.csv").write_text(per_site_csv(report))
+    return report
+
+
+def constant_baseline(config: SimulationConfig) -> dict[str, Any] | None:
+    """Regression only: every site's val/test metrics when predicting the pooled training mean for all.
+
+    A regression model that does not beat this learnt nothing from the features (e.g. length of stay
+    predicted at its average); the report shows both side by side. None for classification tasks.
+    """
+    import numpy as np
+
+    from fedmqtt.means import mean_defined
+    from fedmqtt.metrics import task_metrics
+    from site_agent.data import load_site_data
+
+    sites = sorted(config.sites.items())
+    first = load_site_data(sites[0][1])  # the task, before loading every site for nothing
+    task = first.task
+    if task.kind != "regression":
+        return None
+    data = {sites[0][0]: first, **{site: load_site_data(spec) for site, spec in sites[1:]}}
+    y_train = np.concatenate([np.asarray(d.y_train, dtype=np.float64).reshape(-1) for d in data.values()])
+    level = float(np.nanmean(y_train))
+    per_site: dict[str, Any] = {}
+    for site, d in data.items():
+        metrics = {}
+        for split in ("val", "test"):
+            y = np.asarray(getattr(d, f"y_{split}"), dtype=np.float64).reshape(-1)
+            y = y[np.isfinite(y)]
+            metrics[split] = task_metrics(task, y, np.full(y.shape, level))[0]
+        per_site[site] = {"metrics": metrics}
+    mean = {split: {k: mean_defined(e["metrics"][split].get(k) for e in per_site.values())
+                    for k in sorted({k for e in per_site.values() for k in e["metrics"][split]})}
+            for split in ("val", "test")}
+    return {"what": f"constant prediction, the pooled training mean {level:.4g}", "level": level,
+            "per_site": per_site, "mean": mean}
 
 
 def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:

@@ -105,8 +105,30 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def final_table(report: dict[str, Any], metrics: tuple[str, ...] = ("auroc", "accuracy")) -> list[list[str]]:
-    """Rows of per-site test metrics, then the mean; 'n/a' with the reason where undefined."""
+# Which metrics a table shows, by what the sites reported: only those that apply to the task.
+CLASSIFICATION_COLUMNS = ("auroc", "accuracy")
+REGRESSION_COLUMNS = ("mae", "mse", "msle")
+# More sites than this: report.md shows summary statistics; every site is in per_site.csv.
+MAX_SITE_ROWS = 30
+
+
+def report_metrics(report: dict[str, Any]) -> tuple[str, ...]:
+    """The metrics of this run's task: AUROC/accuracy for classification, MAE/MSE/MSLE for regression."""
+    seen = set(report["final"]["mean"].get("test", {})) | set(report["final"]["mean"].get("val", {}))
+    for r in report.get("rounds", []):
+        seen |= set(r.get("mean", {}))
+    if seen & {"mae", "mse"} and not seen & {"auroc", "accuracy"}:
+        return REGRESSION_COLUMNS
+    return CLASSIFICATION_COLUMNS
+
+
+def final_table(report: dict[str, Any], metrics: tuple[str, ...] | None = None) -> list[list[str]]:
+    """Rows of per-site test metrics, then the mean; 'n/a' with the reason where undefined.
+
+    `metrics` None: those of the run's task (`report_metrics`). A report with a `baseline` (a constant
+    predictor, see fedmqtt.simulation) gets a last row with its mean, to compare the model against.
+    """
+    metrics = report_metrics(report) if metrics is None else metrics
     rows = [["site", "n_test", *[f"test {m}" for m in metrics], "note"]]
     for site, entry in report["final"]["per_site"].items():
         if "missing" in entry:
@@ -119,7 +141,49 @@ def final_table(report: dict[str, Any], metrics: tuple[str, ...] = ("auroc", "ac
                      "; ".join(notes)])
     mean = report["final"]["mean"].get("test", {})
     rows.append(["mean", "", *[_fmt(mean.get(m)) for m in metrics], "unweighted, over sites where defined"])
+    baseline = report.get("baseline")
+    if baseline:
+        base = baseline["mean"].get("test", {})
+        rows.append(["baseline mean", "", *[_fmt(base.get(m)) for m in metrics], baseline["what"]])
     return rows
+
+
+def summary_table(report: dict[str, Any], metrics: tuple[str, ...] | None = None) -> list[list[str]]:
+    """For many sites: per test metric the number of sites where defined, mean, median, min and max."""
+    import numpy as np
+
+    metrics = report_metrics(report) if metrics is None else metrics
+    entries = report["final"]["per_site"].values()
+    missing = sum(1 for e in entries if "missing" in e)
+    rows = [["test metric", "sites", "mean", "median", "min", "max", "baseline mean"]]
+    base = (report.get("baseline") or {}).get("mean", {}).get("test", {})
+    for m in metrics:
+        values = [e["metrics"].get("test", {}).get(m) for e in entries if "missing" not in e]
+        v = np.array([x for x in values if x is not None], dtype=np.float64)
+        stats = [_fmt(float(f(v))) if v.size else "n/a" for f in (np.mean, np.median, np.min, np.max)]
+        rows.append([m, f"{v.size} of {len(values) + missing}", *stats, _fmt(base.get(m))])
+    return rows
+
+
+def per_site_csv(report: dict[str, Any]) -> str:
+    """Every site's final val/test metrics, sample counts and why a value is missing, as CSV."""
+    import csv
+    import io
+
+    names = sorted({k for e in report["final"]["per_site"].values() for split in SPLITS
+                    for k in e.get("metrics", {}).get(split, {})})
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["site", "n_val", "n_test", *[f"{split} {m}" for split in SPLITS for m in names], "note"])
+    for site, e in report["final"]["per_site"].items():
+        if "missing" in e:
+            writer.writerow([site, "", "", *[""] * (2 * len(names)), e["missing"]])
+            continue
+        cells = [e["metrics"].get(split, {}).get(m) for split in SPLITS for m in names]
+        notes = "; ".join(f"{k}: {v}" for k, v in sorted(e.get("undefined", {}).items()))
+        writer.writerow([site, e["n_samples"].get("val", ""), e["n_samples"].get("test", ""),
+                         *["" if c is None else repr(float(c)) for c in cells], notes])
+    return out.getvalue()
 
 
 def render_table(rows: list[list[str]]) -> str:
@@ -132,24 +196,45 @@ def render_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _md_table(rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]),
+            *("| " + " | ".join(r) + " |" for r in rows[1:])]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
-    rows = final_table(report)
+    """report.md: final test metrics (a summary when there are more than MAX_SITE_ROWS sites; the full
+    table is per_site.csv, `per_site_csv`), the constant-predictor baseline when the report has one, mean
+    validation metrics per round and the cost of local training. Only the task's metrics are shown."""
+    metrics = report_metrics(report)
     md = [f"# fedmqtt run `{report['run_id']}` ({report['algorithm']})", "", "## Final model, test split", ""]
-    md.append("| " + " | ".join(rows[0]) + " |")
-    md.append("|" + "---|" * len(rows[0]))
-    md.extend("| " + " | ".join(r) + " |" for r in rows[1:])
+    n_sites = len(report["final"]["per_site"])
+    if n_sites > MAX_SITE_ROWS:
+        md += [f"{n_sites} sites: summary over sites below; every site's metrics are in `per_site.csv`.", ""]
+        md += _md_table(summary_table(report, metrics))
+    else:
+        md += _md_table(final_table(report, metrics))
+    if report.get("baseline"):
+        md += ["", f"Baseline: {report['baseline']['what']}. A model no better than it has learnt nothing "
+               "useful from the features."]
     md += ["", "## Mean validation metrics per round (model received at the start of the round)", "",
-           "| round | sites | val auroc | val accuracy | train loss |", "|---|---|---|---|---|"]
+           "| round | sites | " + " | ".join(f"val {m}" for m in metrics) + " | train loss |",
+           "|---|---|" + "---|" * len(metrics) + "---|"]
     for r in report["rounds"]:
-        md.append(f"| {r['round']} | {len(r['sites'])} | {_fmt(r['mean'].get('auroc'))} | "
-                  f"{_fmt(r['mean'].get('accuracy'))} | {_fmt(r['train_loss'])} |")
+        md.append(f"| {r['round']} | {len(r['sites'])} | "
+                  + " | ".join(_fmt(r["mean"].get(m)) for m in metrics) + f" | {_fmt(r['train_loss'])} |")
     totals = report.get("usage", {}).get("per_site_total", {})
-    if totals:
+    if totals and len(totals) <= MAX_SITE_ROWS:
         md += ["", "## Cost of local training (all rounds)", "", "| site | rounds | wall s | CPU s | GPU energy J |",
                "|---|---|---|---|---|"]
         md += [f"| {site} | {u['rounds']} | {_fmt(u['wall_s'])} | {_fmt(u['cpu_s'])} | "
                f"{_fmt(u['energy_j'])} |" for site, u in sorted(totals.items())]
-    t = report["timings"]
-    md += ["", f"Wall time {t.get('total_s', 0):.1f} s; bytes sent {report['traffic'].get('bytes_sent')}, "
-           f"received {report['traffic'].get('bytes_received')}.", ""]
+    elif totals:
+        wall = [u["wall_s"] for u in totals.values() if u["wall_s"] is not None]
+        md += ["", f"Cost of local training: {len(totals)} sites, wall time per site mean "
+               f"{_fmt(sum(wall) / len(wall) if wall else None)} s, max {_fmt(max(wall) if wall else None)} s "
+               "(report.json has every site)."]
+    t, traffic = report["timings"], report.get("traffic") or {}
+    sent = (f"; bytes sent {traffic.get('bytes_sent')}, received {traffic.get('bytes_received')}"
+            if traffic else "; no network traffic (pooled in one process)")
+    md += ["", f"Wall time {t.get('total_s', 0):.1f} s{sent}.", ""]
     return "\n".join(md)
