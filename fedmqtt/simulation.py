@@ -19,7 +19,7 @@ from fedmqtt.data.heart_disease import SITES, bundled_path
 from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
 from fedmqtt.errors import ConfigError
 from fedmqtt.strategies.params import check_local_optimiser
-from fedmqtt.training.client_rules import SGD_ONLY
+from fedmqtt.training.client_rules import SGD_ONLY, optimiser_problem
 from ps_daemon.config import NEEDS_PRETRAINED, DaemonConfig
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
@@ -74,10 +74,13 @@ class SimulationConfig(BaseModel):
         return algorithm_defaults(data) if isinstance(data, dict) else data
 
     def daemon_config(self) -> DaemonConfig:
+        local = {**self.train.hyper, **self.hyper}  # as the PS merges them into each task
         try:
-            check_local_optimiser({**self.train.hyper, **self.hyper}, self.train.optimizer)
+            check_local_optimiser(local, self.train.optimizer)
         except ConfigError as exc:
             raise ConfigError(f"simulation config: {exc}") from None
+        if self.algorithm == "scaffold" and (problem := optimiser_problem(self.algorithm, "sgd", local)):
+            raise ConfigError(f"simulation config: {problem}")
         if self.algorithm == "central":  # the pooled baseline has no PS; validate as FedAvg would
             return self.model_copy(update={"algorithm": "fedavg", "hyper": {}}).daemon_config()
         return validate_config({

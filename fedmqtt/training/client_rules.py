@@ -34,6 +34,21 @@ class GradTerms:
     clip_norm: float = 0.0  # FedDyn: the whole gradient (terms included) clipped to this L2 norm; 0: off
 
 
+def optimiser_problem(algorithm: str, optimizer: str, hyper: Mapping[str, Any]) -> str | None:
+    """Why `algorithm`'s client rule cannot run with this local optimiser, with the fix; None when it can.
+
+    SCAFFOLD option II and FedNova's ||a_i||_1 are defined for SGD; SCAFFOLD's c_i estimate also assumes
+    no momentum (FedNova's ||a_i||_1 has a momentum form, so FedNova accepts momentum).
+    """
+    if algorithm not in SGD_ONLY:
+        return None
+    if optimizer != "sgd":
+        return f'{algorithm} needs SGD for {SGD_ONLY[algorithm]} (got {optimizer}): set train.optimizer = "sgd"'
+    if algorithm == "scaffold" and (float(hyper.get("momentum", 0.0)) or float(hyper.get("nesterov", 0.0))):
+        return "scaffold needs SGD without momentum (SCAFFOLD option II's c_i estimate): drop momentum/nesterov"
+    return None
+
+
 def _train_names(manifest: Mapping[str, Any]) -> list[str]:
     return sorted(n for n, spec in manifest.items() if "TRAIN" in spec["tags"])
 
@@ -49,8 +64,9 @@ def plan_terms(settings: TrainSettings, manifest: Mapping[str, Any], *, extras: 
     if algo in ("fedprox", "fedpxn") and round_no == 1 and hyper.get("prox_skip_first_round"):
         return GradTerms()  # seed 000's variant: no proximal term in round 1 (option, off by default)
     train = _train_names(manifest)
-    if algo in SGD_ONLY and (settings.optimizer != "sgd" or hyper.get("momentum", 0.0) and algo == "scaffold"):
-        raise ValueError(f"{algo} needs plain SGD for {SGD_ONLY[algo]} (got {settings.optimizer})")
+    problem = optimiser_problem(algo, settings.optimizer, hyper)
+    if problem:
+        raise ValueError(problem)
     if algo == "fedprox":
         return GradTerms(prox_mu=float(hyper.get("mu", 0.0)), prox_names=frozenset(train))
     if algo == "fedpxn":  # proximal term on non-normalization parameters only (paper; 19.1 item 7)

@@ -89,6 +89,8 @@ def test_local_optimiser_settings_are_checked() -> None:
         build_strategy("fedavg", {"nesterov": 1})
     with pytest.raises(ConfigError, match="--optimizer sgd"):
         SimulationConfig(algorithm="fedavg", hyper={"momentum": 0.9}).daemon_config()
+    with pytest.raises(ConfigError, match="scaffold needs SGD without momentum"):
+        SimulationConfig(algorithm="scaffold", hyper={"momentum": 0.9}).daemon_config()
     with pytest.raises(ValueError, match="settings of SGD"):
         loop._make_optimizer([torch.nn.Parameter(torch.zeros(1))],
                              TrainSettings(optimizer="adam", hyper={"momentum": 0.9}))
@@ -137,3 +139,17 @@ def test_algorithm_aware_simulation_defaults() -> None:
         cfg.daemon_config()
     assert load_simulation_config(None, algorithm="adafed").model.args["norm"] == "bn"
     assert load_simulation_config(None, algorithm="fedavg") == SimulationConfig()
+
+
+def test_grid_points_get_the_algorithm_defaults(tmp_path: Path) -> None:
+    """A grid naming scaffold, fednova and d-adafed with no train settings runs them, as simulate does."""
+    from fedmqtt.experiments.grid import expand, load_grid, point_to_simulation_config
+
+    path = tmp_path / "grid.toml"
+    path.write_text('algorithms = ["scaffold", "fednova", "d-adafed", "fedavg"]\n[base]\nrounds = 1\n')
+    configs = {p.algorithm.name: point_to_simulation_config(p, tmp_path / "out") for p in expand(load_grid(path))}
+    assert configs["scaffold"].train == configs["fednova"].train == SGD_TRAIN
+    assert configs["d-adafed"].pretrain_fraction == DEFAULT_PRETRAIN_FRACTION
+    assert configs["fedavg"].train == SimulationConfig().train and configs["fedavg"].pretrain_fraction is None
+    for cfg in configs.values():
+        cfg.daemon_config()
