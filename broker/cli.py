@@ -41,6 +41,9 @@ def init(
     ca_key: Optional[Path] = typer.Option(None, help="Its key: only needed with --mtls (to issue client certs)."),
     server_cert: Optional[Path] = typer.Option(None, help="Your own server certificate (PEM), issued by --ca-cert."),
     server_key: Optional[Path] = typer.Option(None, help="Its private key (PEM)."),
+    max_inflight: Optional[int] = typer.Option(
+        None, help="QoS 2 window of the broker (mosquitto.conf: 20). Hospitals bridged over slow links need the "
+        "value `broker bridge` prints."),
     force: bool = typer.Option(False, help="Replace an existing federation in --dir (every secret changes)."),
 ) -> None:
     """Write mosquitto.conf, the password file (mosquitto_passwd), the ACL, TLS certificates and one credentials
@@ -56,7 +59,7 @@ def init(
     layout = init_federation(
         fed_dir, run_id=run_id, site_ids=sites, host=hosts[0], names=[*hosts[1:], *sans], port=port,
         force=force, tls=tls, mtls=mtls, bind=bind, tls_port=tls_port, insecure_plaintext=insecure_plaintext,
-        own_certs=own,
+        own_certs=own, max_inflight=max_inflight,
     )
     if insecure_plaintext:
         typer.secho("WARNING: --insecure-plaintext: passwords and models cross the network unencrypted.",
@@ -143,6 +146,9 @@ def bridge_cmd(
                f"{central.host}:{central.port} over TLS")
     typer.echo(f"  site agent credentials : {hospital.credentials}")
     typer.echo(f"  bridge state topic     : {hospital.notification_topic} (\"1\" up, \"0\" down)")
+    typer.echo(f"  QoS 2 window           : {hospital.flow.max_inflight_messages}; the federation's broker needs "
+               f"at least as much (broker init --max-inflight {hospital.flow.max_inflight_messages}), or a slow "
+               "link drops chunks")
     if 3 * model_bytes > CENTRAL_MAX_QUEUED_BYTES:
         typer.secho(f"WARNING: the central broker queues up to {CENTRAL_MAX_QUEUED_BYTES} bytes per client; "
                     f"a {model_bytes}-byte model needs max_queued_bytes >= {3 * model_bytes} there too "

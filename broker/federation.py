@@ -43,6 +43,7 @@ class _FederationFile(BaseModel):
     bind: str | None = None  # the TLS (or network) listener's bind address; None: `host`
     plain_port: int | None = Field(default=None, ge=1, le=65535)  # loopback plain listener next to TLS
     names: list[str] = Field(default_factory=list)  # host names / addresses in the server certificate
+    max_inflight: int | None = Field(default=None, ge=1, le=65535)  # overrides mosquitto.conf (bridged sites)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class FederationLayout:
     bind: str = ""
     plain_port: int | None = None
     names: tuple[str, ...] = field(default=())
+    max_inflight: int | None = None
 
     @property
     def broker_dir(self) -> Path:
@@ -147,6 +149,7 @@ def init_federation(
     tls_port: int | None = None,
     insecure_plaintext: bool = False,
     own_certs: OwnCertificates | None = None,
+    max_inflight: int | None = None,
 ) -> FederationLayout:
     """Create broker config, ACL, password file and per-user credentials for one run under `fed_dir`.
 
@@ -154,6 +157,7 @@ def init_federation(
     `host` and `names` are created (or `own_certs` used), the TLS listener takes `tls_port` (8883) and a plain
     listener stays on 127.0.0.1:`port` for tools on the broker host. A plain listener on a network address
     needs `insecure_plaintext`. `tls=True` forces TLS on loopback (tests); `mtls` adds client certificates.
+    `max_inflight`: the broker's QoS 2 window, raised for hospitals bridged over slow links (see broker/bridge.py).
     """
     fed_dir = Path(fed_dir).resolve()
     users = _check_ids(run_id, site_ids)
@@ -190,7 +194,7 @@ def init_federation(
         plain_port = None
     meta = _FederationFile(
         run_id=run_id, host=host, port=party_port, site_ids=users[2:], tls=tls, mtls=mtls, bind=bind,
-        plain_port=plain_port, names=all_names if tls else [],
+        plain_port=plain_port, names=all_names if tls else [], max_inflight=max_inflight,
     )
     layout = _layout(fed_dir, meta)
     layout.broker_dir.mkdir(parents=True, mode=0o700)
@@ -309,6 +313,7 @@ def _layout(fed_dir: Path, meta: _FederationFile) -> FederationLayout:
         bind=meta.bind or "",
         plain_port=meta.plain_port,
         names=tuple(meta.names),
+        max_inflight=meta.max_inflight,
     )
 
 
@@ -316,6 +321,7 @@ def _meta(layout: FederationLayout, site_ids: list[str]) -> _FederationFile:
     return _FederationFile(
         run_id=layout.run_id, host=layout.host, port=layout.port, site_ids=site_ids, tls=layout.tls,
         mtls=layout.mtls, bind=layout.bind or None, plain_port=layout.plain_port, names=list(layout.names),
+        max_inflight=layout.max_inflight,
     )
 
 
@@ -388,6 +394,8 @@ def _write_broker_files(layout: FederationLayout) -> None:
         acl_file=layout.broker_dir / "acl",
         persistence_dir=data_dir,
         log_file=layout.log_path,
+        # later lines win in Mosquitto: this overrides the base file's window for this broker only
+        extra=[f"max_inflight_messages {layout.max_inflight}"] if layout.max_inflight is not None else None,
     )
     layout.conf_path.write_text(conf, encoding="utf-8")
 
