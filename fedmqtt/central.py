@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fedmqtt.simulation import SimulationConfig
 
 
-def run_central(config: "SimulationConfig") -> dict[str, Any]:
+def run_central(config: "SimulationConfig", *, progress: bool = True) -> dict[str, Any]:
     """Train on the pooled training splits for `rounds` x `epochs` epochs; evaluate every site each round."""
     import torch
     from tqdm import tqdm
@@ -42,7 +42,7 @@ def run_central(config: "SimulationConfig") -> dict[str, Any]:
     nonneg = task.kind == "regression"
     rounds, best, best_weights = [], None, None
     sign = 1.0 if direction_of(config.selection_metric) == "max" else -1.0
-    for r in tqdm(range(1, config.rounds + 1), desc="central (pooled)", unit="round"):
+    for r in tqdm(range(1, config.rounds + 1), desc="central (pooled)", unit="round", disable=not progress):
         t0 = time.time()
         per_site = {s: evaluate_split(model, d.x_val, d.y_val, task=task, nonnegative=nonneg)[0] for s, d in data.items()}
         mean = {k: mean_defined(m.get(k) for m in per_site.values()) for k in sorted({k for m in per_site.values() for k in m})}

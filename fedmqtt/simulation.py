@@ -146,7 +146,7 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
     if config.algorithm == "central":
         from fedmqtt.central import run_central
 
-        return finish_report(config, run_central(config))
+        return finish_report(config, run_central(config, progress=progress))
     from ps_daemon.runner import DaemonRunner
     from site_agent.agent import SiteAgent
     import json
