@@ -84,3 +84,19 @@ def test_registry_tables_and_icu_share_the_rule(tmp_path: Path) -> None:
     for part in (data.x_train, data.x_val, data.x_test):
         assert np.isfinite(part).all() and (part[:, cols] == 0).all()
     assert any("constant or missing" in n and "lactate" in n for n in data.notes)
+
+
+def test_image_channel_constant_at_a_site_is_zero_and_named() -> None:
+    """Images: a colour channel constant in train (up to rounding) is 0, not divided by ~1e-16."""
+    from fedmqtt.data.base import BINARY
+    from fedmqtt.data.registry import Dataset, _normaliser
+
+    rng = np.random.default_rng(0)
+    x = rng.random((20, 2, 4, 4)).astype(np.float32)
+    x[:, 1] = np.float32(0.5)
+    x[3, 1, 0, 0] = np.float32(0.5) + np.float32(6e-8)  # one float32 ulp: a spread of ~1e-8 of the value
+    data = Dataset(x, (np.arange(20) % 2).astype(np.int64), BINARY, ("channel_0", "channel_1"), "image")
+    norm, zeroed = _normaliser(data, np.arange(10))
+    out = norm(np.arange(20))
+    assert zeroed == ["channel_1"] and (out[:, 1] == 0).all() and np.isfinite(out).all()
+    assert abs(float(out[:10, 0].std()) - 1) < 1e-3
