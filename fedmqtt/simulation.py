@@ -18,7 +18,7 @@ from fedmqtt.config_io import load_toml, validate_config
 from fedmqtt.data.heart_disease import SITES, bundled_path
 from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
 from fedmqtt.errors import ConfigError
-from fedmqtt.strategies.params import check_local_optimiser
+from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
 from fedmqtt.training.client_rules import SGD_ONLY, optimiser_problem
 from ps_daemon.config import NEEDS_PRETRAINED, DaemonConfig
 from schemas.base import ID_PATTERN
@@ -74,6 +74,10 @@ class SimulationConfig(BaseModel):
         return algorithm_defaults(data) if isinstance(data, dict) else data
 
     def daemon_config(self) -> DaemonConfig:
+        stray = sorted(set(self.train.hyper) - set(LOCAL_OPTIMISER_KEYS))
+        if stray:  # the algorithm's own keys belong in `hyper`, where its parameter check sees them
+            raise ConfigError(f"simulation config: train.hyper may hold only {', '.join(LOCAL_OPTIMISER_KEYS)}; "
+                              f"move {', '.join(stray)} to `hyper`")
         local = {**self.train.hyper, **self.hyper}  # as the PS merges them into each task
         try:
             check_local_optimiser(local, self.train.optimizer)

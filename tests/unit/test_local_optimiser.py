@@ -89,6 +89,8 @@ def test_local_optimiser_settings_are_checked() -> None:
         build_strategy("fedavg", {"nesterov": 1})
     with pytest.raises(ConfigError, match="--optimizer sgd"):
         SimulationConfig(algorithm="fedavg", hyper={"momentum": 0.9}).daemon_config()
+    with pytest.raises(ConfigError, match="move mu to `hyper`"):
+        SimulationConfig(algorithm="fedprox", train=TrainSettings(hyper={"mu": 0.1})).daemon_config()
     with pytest.raises(ConfigError, match="scaffold needs SGD without momentum"):
         SimulationConfig(algorithm="scaffold", hyper={"momentum": 0.9}).daemon_config()
     with pytest.raises(ValueError, match="settings of SGD"):
