@@ -12,6 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedmqtt.config_io import load_toml, validate_config
+from fedmqtt.errors import ConfigError
+from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
+from fedmqtt.training.client_rules import optimiser_problem
 from fedmqtt.strategies import STRATEGIES, build_strategy
 
 # Rules whose formulas hold for plain SGD only (algorithms.md 7 and 8).
@@ -91,6 +94,17 @@ class DaemonConfig(BaseModel):
             raise ValueError("selection = \"fraction\" needs `fraction` (e.g. 0.1)")
         if self.quorum > len(self.sites):
             raise ValueError(f"quorum {self.quorum} > number of sites {len(self.sites)}")
+        stray = sorted(set(self.train.hyper) - set(LOCAL_OPTIMISER_KEYS))
+        if stray:
+            raise ValueError(f"train.hyper may hold only {', '.join(sorted(LOCAL_OPTIMISER_KEYS))}; move "
+                             f"{', '.join(stray)} to `hyper`")
+        local = {**self.train.hyper, **self.hyper}
+        try:
+            check_local_optimiser(local, self.train.optimizer)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        if problem := optimiser_problem(self.algorithm, self.train.optimizer, local):
+            raise ValueError(problem)
         if self.selection == "fraction" and self.fraction is not None:
             drawn = min_drawn(len(self.sites), self.fraction)
             if drawn < self.quorum:

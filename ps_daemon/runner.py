@@ -28,7 +28,7 @@ from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state, state_to_
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.machine import Machine
-from ps_daemon.report import build_report, render_markdown
+from ps_daemon.report import build_report, per_site_csv, render_markdown
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState
 from fedmqtt.strategies import SiteUpdate, build_strategy
@@ -441,6 +441,7 @@ class DaemonRunner:
         report = build_report(c, state, timings=timings, traffic=traffic, models=models, usage=self.usage)
         (out / "report.json").write_text(json.dumps(report, indent=2))
         (out / "report.md").write_text(render_markdown(report))
+        (out / "per_site.csv").write_text(per_site_csv(report))
         mean_test = report["final"]["mean"].get("test", {})
         per_site = {s: e.get("metrics", {}).get("test", {}) for s, e in report["final"]["per_site"].items()}
         self.channel.send(topics.ps_metrics_topic(c.run_id), m.RoundMetrics(
