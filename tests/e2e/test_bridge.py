@@ -1,6 +1,7 @@
 """Federations over TLS, as deployed: sites connecting directly (server-authenticated and mutual TLS), and
-hospitals behind their own Mosquitto bridged to the federation's broker, one of them over a slow link and one
-whose broker restarts mid-run. Every run must end with the weights of the in-process simulation."""
+hospitals behind their own Mosquitto bridged to the federation's broker, one of them over a slow link; runs
+end with the weights of the in-process simulation. Also: a hospital broker that crashes mid-run, the bridge's
+Will on the central broker, and a 64 MiB burst over a 4 MB/s bridge."""
 
 from __future__ import annotations
 
@@ -130,39 +131,70 @@ def _start_hospital(fed: CliFederation, site: str, out: Path) -> subprocess.Pope
     return proc
 
 
-def test_bridged_hospitals_match_the_simulation(cli_federation, tmp_path: Path) -> None:
-    """cleveland connects directly; hungary sits behind its own broker on a 64 KB/s link; switzerland's broker
-    crashes after round 1 and is started again; both bridges end up "1" on the central broker."""
-    run_id = "bridged"
+def _bridged_federation(cli_federation, run_id: str) -> tuple[CliFederation, SlowLink, dict[str, Path]]:
+    """cleveland connects directly; hungary sits behind its own broker on a 64 KB/s link; switzerland behind
+    its own broker on a plain loopback link."""
     fed = cli_federation(run_id, run_id=run_id, rounds=ROUNDS, sites=SITES, init_extra=TLS,
                          broker_extra=SMALL_CHUNKS)
     fed.start_broker()
     link = SlowLink(fed.layout.port, rate=64 * 1024)
+    outs = {"hungary": _bridge(fed, "hungary", remote=f"127.0.0.1:{link.port}"),
+            "switzerland": _bridge(fed, "switzerland")}
+    return fed, link, outs
+
+
+def _stop(hospitals: dict[str, subprocess.Popen[bytes]], link: SlowLink) -> None:
+    for proc in hospitals.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(15)
+    link.close()
+
+
+def test_bridged_hospitals_match_the_simulation(cli_federation, tmp_path: Path) -> None:
+    """Two hospitals behind bridged brokers (one on a slow link) end with the simulation's exact weights."""
+    run_id = "bridged"
+    fed, link, outs = _bridged_federation(cli_federation, run_id)
     hospitals: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        outs = {"hungary": _bridge(fed, "hungary", remote=f"127.0.0.1:{link.port}"),
-                "switzerland": _bridge(fed, "switzerland")}
+        for site, out in outs.items():
+            hospitals[site] = _start_hospital(fed, site, out)
+        fed.start_ps()
+        for site in SITES:
+            fed.start_site(site)
+        fed.wait_ps_done(300)
+        _assert_bridges_up(fed, run_id, list(outs))
+    finally:
+        _stop(hospitals, link)
+    _assert_same(fed, _simulated(tmp_path, run_id))
+    central_log = fed.layout.log_path.read_text(errors="replace")
+    assert "u'hungary'" in central_log and "u'switzerland'" in central_log  # the bridges logged in as the sites
+
+
+def test_hospital_broker_crash_mid_run(cli_federation) -> None:
+    """switzerland's broker crashes (SIGKILL) after round 1 and is started again: the central broker fires the
+    bridge's Will, the PS hears it, the run still completes, and the bridge is back up at the end. (The PS
+    drops a site that goes offline from the open round, so the weights depend on when it comes back.)"""
+    run_id = "crash"
+    fed, link, outs = _bridged_federation(cli_federation, run_id)
+    hospitals: dict[str, subprocess.Popen[bytes]] = {}
+    try:
         for site, out in outs.items():
             hospitals[site] = _start_hospital(fed, site, out)
         fed.start_ps()
         for site in SITES:
             fed.start_site(site)
         fed.wait_message(lambda msg: isinstance(msg, m.RoundMetrics) and msg.round >= 1, 180, "round 1 closed")
-        # A crash (SIGKILL: no goodbye, no Will of the local site agent), down for a while, then back.
-        _kill_tree(hospitals["switzerland"])
+        _kill_tree(hospitals["switzerland"])  # no goodbye, no Will of the local site agent
         time.sleep(3)
         hospitals["switzerland"] = _start_hospital(fed, "switzerland", outs["switzerland"])
         fed.wait_ps_done(300)
         _assert_bridges_up(fed, run_id, list(outs))
     finally:
-        for proc in hospitals.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                proc.wait(15)
-        link.close()
-    _assert_same(fed, _simulated(tmp_path, run_id))
-    central_log = fed.layout.log_path.read_text(errors="replace")
-    assert "u'hungary'" in central_log and "u'switzerland'" in central_log  # the bridges logged in as the sites
+        _stop(hospitals, link)
+    ps_log = (fed.logs / "ps.log").read_text(errors="replace")
+    assert "site switzerland: its hospital broker or the link to it is down" in ps_log
+
 
 def _assert_bridges_up(fed: CliFederation, run_id: str, sites: list[str]) -> None:
     """The PS has exited, so its user is free: read the bridges' retained state on the central broker."""
