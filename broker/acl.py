@@ -51,6 +51,7 @@ def render_acl(
             ("read", topics.ps_status_topic(run_id)),
             ("read", topics.ps_metrics_topic(run_id)),
             ("read", topics.any_site_filter(run_id, "status")),
+            ("read", topics.any_bridge_filter(run_id)),  # a hospital broker's bridge up/down
         ],
         observer_user,
     )
