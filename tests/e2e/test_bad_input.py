@@ -66,6 +66,10 @@ def test_ps_rejects_bad_updates_and_finishes(cli_federation, paho_client) -> Non
     _publish(intruder, update_topic, msgpack.packb(nan))
     _publish(intruder, update_topic, encode(good.model_copy(update={"sender": "hungary"})))
     _publish(intruder, update_topic, encode(wrong_shape))
+    # One connection per login (the broker forces client id = user name): the intruder leaves before the real
+    # cleveland agent logs in, or the two would push each other off.
+    intruder.disconnect()
+    intruder.loop_stop()
     fed.start_site("cleveland")
     fed.wait_ps_done(240)
     # Assert: each bad message was named in the PS log, and the real sites finished the run.
