@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from broker.cli import app as broker_app
+from fedmqtt.dashboard.cli import dashboard as dashboard_command
 from fedmqtt.experiments.cli import app as experiments_app
 from fedmqtt.partition_cli import app as partition_app
 from fedmqtt.recruit_cli import app as recruit_app
@@ -27,6 +28,7 @@ app.add_typer(topics_app, name="topics")
 app.registered_commands.extend(recruit_app.registered_commands)  # `fedmqtt recruit`
 app.registered_commands.extend(partition_app.registered_commands)  # `fedmqtt partition`
 app.registered_commands.extend(experiments_app.registered_commands)  # `fedmqtt grid`, `fedmqtt report`
+app.command("dashboard")(dashboard_command)  # `fedmqtt dashboard`
 
 
 @app.command("demo")

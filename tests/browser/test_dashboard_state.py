@@ -1,0 +1,119 @@
+"""The dashboard's state model (pure) and HTTP surface (a real `fedmqtt dashboard --run` process); no browser."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedmqtt.dashboard.server import CSP, require_loopback
+from fedmqtt.dashboard.state import RunView
+from fedmqtt.errors import FedMqttError
+from fedmqtt.transport import topics
+from schemas import messages as m
+from schemas.codec import encode
+
+RUN = "dash-unit"
+MAX = 1 << 20
+
+
+def _feed(view: RunView, topic: str, msg: object, now: float = 100.0) -> None:
+    view.on_message(topic, encode(msg), now=now, max_bytes=MAX)
+
+
+def _metrics(r: int, sites: tuple[str, ...], loss: float, phase: str = "train") -> m.RoundMetrics:
+    return m.RoundMetrics(run_id=RUN, sender="ps", round=r, phase=phase, sites=sites,
+                          per_site={s: {"loss": loss + i / 10} for i, s in enumerate(sites)},
+                          mean={"loss": loss}, duration_s=2.0)
+
+
+def test_live_view_accumulates_rounds_and_says_history_is_missing() -> None:
+    view = RunView(run_id=RUN)
+    _feed(view, topics.ps_status_topic(RUN), m.DaemonStatus(
+        run_id=RUN, sender="ps", round=3, state="training", algorithm="fedavg", rounds_total=10,
+        sites_expected=("a", "b"), sites_online=("a", "b"), waiting_for=("b",), rejected={"b": {"schema": 2}}))
+    _feed(view, topics.site_status_topic(RUN, "a"), m.SiteStatus(run_id=RUN, sender="a", round=3, state="training",
+                                                                   n_train=50, detail="<b>x</b>"), now=123.0)
+    _feed(view, topics.ps_metrics_topic(RUN), _metrics(3, ("a", "b"), 0.7))  # the retained one: round 3 only
+    _feed(view, topics.ps_metrics_topic(RUN), _metrics(4, ("a",), 0.5))
+    snap = view.snapshot(now=130.0)
+    assert [r["round"] for r in snap["rounds"]] == [3, 4]
+    assert snap["history_missing_before"] == 3
+    assert snap["seconds_per_round"] == 2.0 and snap["eta_s"] == 2.0 * 7
+    sites = {s["name"]: s for s in snap["sites"]}
+    assert sites["a"]["state"] == "training" and sites["a"]["last_seen"] == 123.0 and sites["a"]["detail"] == "<b>x</b>"
+    assert sites["a"]["rounds_participated"] == 2 and sites["b"]["rounds_participated"] == 1
+    assert sites["b"]["rejected"] == {"schema": 2} and sites["b"]["state"] == "unknown"
+    assert snap["best_round"]["round"] == 4
+    json.dumps(snap)  # what the server sends
+
+
+def test_a_site_cannot_speak_for_another_and_other_runs_are_dropped() -> None:
+    view = RunView(run_id=RUN)
+    _feed(view, topics.site_status_topic(RUN, "a"), m.SiteStatus(run_id=RUN, sender="b", round=0, state="error"))
+    _feed(view, topics.site_status_topic("other", "a"), m.SiteStatus(run_id="other", sender="a", round=0, state="online"))
+    assert view.sites == {} and view.invalid == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(["ps/status", "ps/metrics", "site/a/status", "site/a/update"]), payload=st.binary(max_size=300))
+def test_garbage_is_counted_never_raised_or_shown(kind: str, payload: bytes) -> None:
+    view = RunView(run_id=RUN)
+    view.on_message(f"{topics.run_prefix(RUN)}/{kind}", payload, now=1.0, max_bytes=MAX)
+    snap = view.snapshot(now=2.0)
+    assert snap["sites"] == [] and snap["rounds"] == [] and snap["ps"]["state"] == "unknown"
+    assert view.invalid == (1 if payload else 0)
+
+
+def test_only_loopback_is_served() -> None:
+    assert require_loopback("127.0.0.1") and require_loopback("::1") and require_loopback("localhost")
+    for host in ("0.0.0.0", "192.168.1.5", "example.org"):
+        try:
+            require_loopback(host)
+        except FedMqttError as exc:
+            assert "loopback" in str(exc)
+        else:
+            raise AssertionError(f"{host} was accepted")
+
+
+def _report(tmp: Path) -> Path:
+    run = tmp / "run"
+    run.mkdir()
+    rounds = [{"round": r, "sites": ["a", "b"], "stragglers": [], "per_site": {"a": {"loss": 1 / r}, "b": {"loss": 2 / r}},
+               "mean": {"loss": 1.5 / r}, "train_loss": None, "duration_s": 1.0} for r in (1, 2, 3)]
+    report = {"run_id": "rep", "algorithm": "fedprox", "config": {"rounds": 3}, "rounds": rounds,
+              "final": {"per_site": {"a": {"metrics": {"test": {"loss": 0.3}}}, "b": {"missing": "offline"}},
+                        "mean": {"test": {"loss": 0.3}}},
+              "best_round": {"round": 3, "score": 0.5, "metric": "val loss"}, "recruitment": None,
+              "usage": {"per_site_total": {"a": {"rounds": 3, "wall_s": 2.0, "cpu_s": 1.5, "energy_j": 0.0}}}}
+    (run / "report.json").write_text(json.dumps(report))
+    return run
+
+
+def test_http_is_read_only_with_a_strict_csp(dashboard, tmp_path: Path) -> None:
+    url = dashboard("--run", str(_report(tmp_path)))
+    with urllib.request.urlopen(url, timeout=10) as page:
+        assert page.headers["Content-Security-Policy"] == CSP and "innerHTML" not in page.read().decode()
+    with urllib.request.urlopen(url + "api/state", timeout=10) as resp:
+        state = json.loads(resp.read())
+    run = state["runs"][0]
+    assert run["algorithm"] == "fedprox" and [r["round"] for r in run["rounds"]] == [1, 2, 3]
+    assert run["best_round"]["round"] == 3 and {s["name"]: s["usage"].get("cpu_s") for s in run["sites"]}["a"] == 1.5
+    assert "password" not in json.dumps(state)
+    for method, path, code in (("POST", "api/state", 405), ("PUT", "", 405), ("GET", "static/..%2Fstate.py", 404),
+                               ("GET", "static/state.py", 404)):
+        try:
+            urllib.request.urlopen(urllib.request.Request(url + path, method=method, data=b"x" if method != "GET" else None),
+                                   timeout=10)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == code, (method, path, exc.code)
+        else:
+            raise AssertionError(f"{method} /{path} succeeded")
+    js = urllib.request.urlopen(url + "static/app.js", timeout=10).read().decode()
+    for sink in (".innerHTML", ".outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in js, sink
+    assert "http" not in js.replace("http://www.w3.org/2000/svg", "")
