@@ -24,7 +24,7 @@ def live_reports(credentials: Path, run_id: str, listen_s: float) -> tuple[dict[
     from schemas.messages import SiteStatus
 
     settings = load_toml(credentials, BrokerSettings, section="broker")
-    seat = "2" if settings.username == "observer" else None  # its own login: watchers may be connected too
+    seat = "3" if settings.username == "observer" else None  # its own login (watch: 1, dashboard: 2)
     transport = MqttTransport(settings, client_id=f"fedmqtt-recruit-{int(time.time() * 1000) % 10**9}",
                               seat=seat).connect()
     channel = Channel(transport, run_id=run_id, sender="observer")

@@ -404,7 +404,8 @@ class DaemonRunner:
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), msg)
         elif isinstance(effect, fx.PublishStatus):
             msg = self._status_msg(effect.state, effect.round, waiting_for=effect.waiting_for,
-                                   deadline=effect.deadline, detail=effect.detail)
+                                   deadline=effect.deadline, detail=effect.detail,
+                                   sites_online=tuple(sorted(self.state.online)))
             ch.send(topics.ps_status_topic(c.run_id), msg)
             self._last_status = msg
         elif isinstance(effect, fx.PublishRoundMetrics):

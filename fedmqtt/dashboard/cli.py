@@ -13,7 +13,7 @@ def dashboard(
     federation: Optional[Path] = typer.Option(None, "--federation", help="A federation directory made by "
                                               "`fedmqtt broker init`: uses its credentials/observer.toml."),
     credentials: Optional[Path] = typer.Option(None, "--credentials", help="An observer credentials TOML "
-                                               "([broker] table); needs --run-id."),
+                                               "(its broker table); needs --run-id."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="The run to watch (default: the federation's)."),
     run: list[Path] = typer.Option([], "--run", help="A finished run directory holding report.json (repeat to "
                                    "show runs side by side); no broker needed."),

@@ -102,7 +102,8 @@ class RunView:
 
     def _on_ps_status(self, msg: m.DaemonStatus, now: float) -> None:
         self.ps_state, self.ps_detail, self.algorithm = msg.state, msg.detail, msg.algorithm
-        self.round, self.rounds_total = msg.round, msg.rounds_total
+        # The PS counts the final evaluation as round R + 1; show it as the last round, never "R + 1 of R".
+        self.round, self.rounds_total = min(msg.round, msg.rounds_total or msg.round), msg.rounds_total
         self.sites_expected, self.sites_online = tuple(msg.sites_expected), tuple(msg.sites_online)
         self.waiting_for, self.deadline = tuple(msg.waiting_for), msg.deadline
         self.rejected = {s: dict(r) for s, r in msg.rejected.items()}

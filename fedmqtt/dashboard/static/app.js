@@ -109,6 +109,9 @@ function plot(title, series, bestRound) {
     const color = s.name === "mean" ? "#111" : COLORS[i % COLORS.length];
     root.append(svg("polyline", { fill: "none", stroke: color, "stroke-width": s.name === "mean" ? 2.2 : 1.2,
       points: s.points.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ") }));
+    // A marker per round, so a series with a single round is visible too.
+    s.points.forEach(([x, y]) => root.append(svg("circle", { cx: sx(x).toFixed(1), cy: sy(y).toFixed(1),
+      r: s.name === "mean" ? 2.5 : 1.8, fill: color })));
   });
   fig.append(root);
   const legend = el("div", { class: "legend" });
