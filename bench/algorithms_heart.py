@@ -5,7 +5,7 @@
 Runs `fedmqtt.simulation.run_simulation` once per algorithm of `fedmqtt.strategies.STRATEGIES`
 but d-adafed and f-adafed (same code path as an MQTT deployment, CPU) and prints a Markdown
 table of the final model's mean test AUROC and accuracy over the sites (unweighted, over sites
-where defined), the best validation round (algorithms.md 17.1) and the wall time. The table is
+where defined), the best validation round and the wall time. The table is
 also written to `<out>/table.md`, each run's report and models to `<out>/<algorithm>/`.
 """
 
@@ -29,8 +29,8 @@ from schemas.messages import ModelSpec, TrainSettings  # noqa: E402
 import ps_daemon.runner  # noqa: E402,F401  (imported here so the first run's wall time excludes it)
 import site_agent.agent  # noqa: E402,F401
 
-# SCAFFOLD option II and FedNova's ||a_i||_1 are defined for plain SGD (algorithms.md 7, 8); FedDyn
-# prefers SGD (algorithms.md 6 pitfalls). Everything else uses the simulation's default settings.
+# SCAFFOLD option II and FedNova's ||a_i||_1 are defined for plain SGD; FedDyn
+# prefers SGD. Everything else uses the simulation's default settings.
 SGD_ALGORITHMS = ("scaffold", "feddyn", "fednova")
 SGD_LR = 0.05
 # d-AdaFed and f-AdaFed are left out; adafed runs (skip it with --no-adafed), its model pretrained
