@@ -124,7 +124,7 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "Algorithm hyper-parameters: each strategy's defaults. Metrics: the final model on each site's "
         "held-out "
         "test split, unweighted mean over sites where defined. Best validation round: highest mean val AUROC "
-        "of the received model (algorithms.md 17.1).",
+        "of the received model (docs/algorithms.md 17.1).",
     ]
     if any(r["algorithm"] in ("adafed", "d-adafed") for r in rows):
         notes.append(f"AdaFed: model pretrained in-simulation on {args.pretrain_fraction:g} of each site's "

@@ -7,12 +7,12 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 Direction = Literal["max", "min"]
-# Metrics where lower is better: the best round minimises them (algorithms.md 17.1).
+# Metrics where lower is better: the best round minimises them (docs/algorithms.md 17.1).
 LOWER_IS_BETTER: frozenset[str] = frozenset({"loss", "mae", "mape", "mse", "msle"})
 
 
 def mean_defined(values: Iterable[float | None]) -> float | None:
-    """Unweighted mean of the values that are not None (algorithms.md 17.1 DECISION); None if none are."""
+    """Unweighted mean of the values that are not None (docs/algorithms.md 17.1 DECISION); None if none are."""
     defined = [float(v) for v in values if v is not None]
     return sum(defined) / len(defined) if defined else None
 
@@ -33,7 +33,7 @@ def best_round(
     metric: str,
     direction: Direction | None = None,
 ) -> tuple[int, float] | None:
-    """Seed 000's best-round rule with the DECISIONS of algorithms.md 17.1.
+    """Seed 000's best-round rule with the DECISIONS of docs/algorithms.md 17.1.
 
     Each round scores the unweighted mean of `metric` over sites where it is defined; a round with
     none defined is not eligible. The search starts at minus infinity (plus infinity for "min"),

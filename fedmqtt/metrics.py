@@ -1,4 +1,4 @@
-"""Whole-split metrics per task (algorithms.md 17.2-17.4), pooled metrics and best-round selection (17.1)."""
+"""Whole-split metrics per task (docs/algorithms.md 17.2-17.4), pooled metrics and best-round selection (17.1)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def multiclass_metrics(y_true: np.ndarray, proba: np.ndarray) -> tuple[Metrics, 
     """Class indices `y_true` `(n,)` against softmax probabilities over all classes `proba` `(n, C)`.
 
     AUROC/AUPRC: macro mean of "class c vs rest" over the classes with at least one positive and one
-    negative in the split (algorithms.md 17.2); balanced accuracy: mean recall over the classes
+    negative in the split (docs/algorithms.md 17.2); balanced accuracy: mean recall over the classes
     present. All three are None when fewer than two classes are present. Accuracy uses the argmax;
     loss is the cross-entropy of the true class.
 
@@ -204,7 +204,7 @@ def per_label(values: Mapping[str, float | None]) -> dict[str, dict[str, float |
 
 
 def regression_metrics(y_true: np.ndarray, pred: np.ndarray) -> tuple[Metrics, Reasons]:
-    """MAE, MAPE (a fraction; denominator max(|y|, float64 eps)), MSE and MSLE (algorithms.md 17.3).
+    """MAE, MAPE (a fraction; denominator max(|y|, float64 eps)), MSE and MSLE (docs/algorithms.md 17.3).
 
     Rows whose target is NaN (unlabelled) are left out. MSLE is None when a target or a prediction
     is negative (ln(1 + v) is not meant for them; predict with `nonnegative=True` for lengths of stay).
@@ -237,7 +237,7 @@ def regression_metrics(y_true: np.ndarray, pred: np.ndarray) -> tuple[Metrics, R
 def cinc_challenge_score(
     labels: np.ndarray, outputs: np.ndarray, weights: np.ndarray, *, normal_index: int, threshold: float = 0.5
 ) -> float:
-    """PhysioNet/CinC 2021 challenge score (algorithms.md 17.4; physionetchallenges/evaluation-2021).
+    """PhysioNet/CinC 2021 challenge score (docs/algorithms.md 17.4; physionetchallenges/evaluation-2021).
 
     Args:
         labels: 0/1 matrix `(recordings, classes)`, complete (no NaN).
@@ -304,7 +304,7 @@ def pooled_metrics(
 ) -> tuple[Metrics, Reasons]:
     """Metrics of the pooled predictions of several sites: `[(y_i, scores_i), ...]` concatenated first.
 
-    Never an average of per-site AUROCs (algorithms.md 17.2); the per-site values are `task_metrics`
+    Never an average of per-site AUROCs (docs/algorithms.md 17.2); the per-site values are `task_metrics`
     of each part, and their unweighted mean is `mean_defined`.
     """
     if not parts:

@@ -1,4 +1,4 @@
-"""Client recruitment before the federation (seed 002; algorithms.md 15) and per-round sampling (0.4).
+"""Client recruitment before the federation (seed 002; docs/algorithms.md 15) and per-round sampling (0.4).
 
 Pure functions: histograms and sizes in, ranking and recruited set out; sampling seeded by the run
 seed and the round, so a resumed PS draws the same sites.
@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-# Length-of-stay bins in days (algorithms.md 15 DECISION: the code's bins, no lower bound on b0).
+# Length-of-stay bins in days (docs/algorithms.md 15 DECISION: the code's bins, no lower bound on b0).
 LOS_EDGES = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 14.0)
 
 
@@ -125,7 +125,7 @@ def recruitment_summary(r: Recruitment, *, gammas: Mapping[str, float]) -> dict[
 
 def label_histogram(task_kind: str, y: np.ndarray, n_outputs: int = 2) -> dict[str, int]:
     """What a site reports for recruitment/FedDkw: class counts; LoS bins for regression; per-label
-    positives for multilabel (algorithms.md 15 DECISION). Keys are bin indices as strings."""
+    positives for multilabel (docs/algorithms.md 15 DECISION). Keys are bin indices as strings."""
     y = np.asarray(y)
     if task_kind == "regression":
         return {str(k): c for k, c in enumerate(los_histogram(y))}

@@ -17,7 +17,7 @@ from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimise
 from fedmqtt.training.client_rules import optimiser_problem
 from fedmqtt.strategies import STRATEGIES, build_strategy
 
-# Rules whose formulas hold for plain SGD only (algorithms.md 7 and 8).
+# Rules whose formulas hold for plain SGD only (docs/algorithms.md 7 and 8).
 NEEDS_PRETRAINED = ("adafed", "d-adafed")
 SGD_ONLY = {"scaffold": "SCAFFOLD option II estimates gradients from SGD steps",
             "fednova": "FedNova's ||a_i||_1 is defined for SGD"}
@@ -33,7 +33,7 @@ class _Raw(BaseModel):
 
 
 class RecruitmentConfig(BaseModel):
-    """Seed 002's gammas (algorithms.md 15): divergence weight, sample-size weight, threshold."""
+    """Seed 002's gammas (docs/algorithms.md 15): divergence weight, sample-size weight, threshold."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -291,7 +291,7 @@ class Machine:
         score = record.mean.get(metric)
         sign = 1.0 if direction_of(metric) == "max" else -1.0
         if score is None or (state.best is not None and sign * score <= sign * state.best.score):
-            return state.best  # ties keep the earlier round (algorithms.md 17.1)
+            return state.best  # ties keep the earlier round (docs/algorithms.md 17.1)
         evaluated = {**state.weights, **state.extras.get("eval", {})}  # FedDyn validates theta_avg
         return BestRound(record.round, score, evaluated, state.model_hash)
 
@@ -340,7 +340,7 @@ class Machine:
 
     @staticmethod
     def _accepted(state: DaemonState, site: str) -> int | None:
-        """The commit rule's answer (algorithms.md 0.6): the round of this site's last aggregated update.
+        """The commit rule's answer (docs/algorithms.md 0.6): the round of this site's last aggregated update.
 
         A round number rather than a yes/no for "the previous round": under sampling a site's last
         update may be many rounds old, and it must still be committed if it was aggregated."""

@@ -49,7 +49,7 @@ def hash_weights(weights: dict) -> str:
 
 
 def initial_model(config: DaemonConfig) -> tuple[dict, dict]:
-    """Round-1 weights and the tensor manifest from the model registry (algorithms.md 0.2).
+    """Round-1 weights and the tensor manifest from the model registry (docs/algorithms.md 0.2).
 
     Both need torch (the model's own initialisation, its module types). The PS daemon never imports
     torch itself: it asks a short-lived child process (`fedmqtt.training.init_model`), so its own
@@ -160,7 +160,7 @@ class DaemonRunner:
         session = self.state.session if hasattr(self, "state") else ""
         return m.DaemonStatus(run_id=c.run_id, sender=PS, round=round_no, state=state, algorithm=c.algorithm,
                               rounds_total=c.rounds, sites_expected=c.sorted_sites, session=session,
-                              rejected=self._rejection_summary(), **kw)
+                              quorum=c.quorum, min_sites=c.start_sites, rejected=self._rejection_summary(), **kw)
 
     def _rejection_summary(self) -> dict[str, dict[str, int]]:
         """Refused messages per site and reason: the channel's (malformed, spoofed, ...) and the PS's own

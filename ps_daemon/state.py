@@ -76,7 +76,7 @@ class DaemonState:
     best: BestRound | None = None
     final_reports: Mapping[str, FinalReport] = field(default_factory=dict)
     strategy_state: Mapping[str, Any] = field(default_factory=dict)
-    # The commit rule (algorithms.md 0.6): per site, the round of its last update that was aggregated.
+    # The commit rule (docs/algorithms.md 0.6): per site, the round of its last update that was aggregated.
     accepted_rounds: Mapping[str, int] = field(default_factory=dict)
     session: str = ""  # this start of the run (kept by --resume): part of every task's and model's identity
     attempt: int = 0  # how often the open round was re-published after a stall (new message ids each time)

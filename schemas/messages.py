@@ -194,6 +194,9 @@ class DaemonStatus(Header):
     sites_online: SiteNames = ()
     waiting_for: SiteNames = ()
     deadline: Timestamp | None = None
+    # Updates needed to close a round at its deadline, and sites needed online before round 1.
+    quorum: Annotated[int, Field(ge=0, le=MAX_SITES)] = 0
+    min_sites: Annotated[int, Field(ge=0, le=MAX_SITES)] = 0
     detail: Detail = ""
     session: Session = ""
     # Messages the PS refused, per sending site and reason (bounded: the top reasons per site only).

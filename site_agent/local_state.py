@@ -1,6 +1,6 @@
 """What a site keeps between rounds (local layers, SCAFFOLD c_i, FedDyn s_i), with the commit rule.
 
-algorithms.md 0.6: state changed in round t is written as *pending for round t* before the update
+docs/algorithms.md 0.6: state changed in round t is written as *pending for round t* before the update
 is published; the next downlink's `accepted_round` (the round of our last update the PS aggregated)
 says whether it did:
 if yes the pending state becomes committed, if no it is discarded. So a site whose update was
@@ -69,7 +69,7 @@ class LocalState:
 
 
 class BestSlot:
-    """Seed 000's best-round protocol on the site (algorithms.md 17.1): keep the composed model last
+    """Seed 000's best-round protocol on the site (docs/algorithms.md 17.1): keep the composed model last
     evaluated; when a downlink names that round as the best so far, copy it into the "best" slot.
     Both live on disk, so a restarted agent still has them."""
 

@@ -1,5 +1,5 @@
 """The agent's durable memory: each uplink payload is saved atomically before it is published,
-so a restarted agent re-publishes the stored bytes instead of training again (algorithms.md 0.6)."""
+so a restarted agent re-publishes the stored bytes instead of training again (docs/algorithms.md 0.6)."""
 
 from __future__ import annotations
 

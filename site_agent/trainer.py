@@ -69,7 +69,7 @@ class Trainer:
     def train(self, spec: ModelSpec, weights: dict[str, np.ndarray], settings: TrainSettings, round_no: int, *,
               eval_weights: dict[str, np.ndarray] | None = None, extras: dict[str, dict[str, np.ndarray]] | None = None,
               local: dict[str, dict[str, np.ndarray]] | None = None) -> TrainResult:
-        """Validate the model this site would use (algorithms.md 17.1), then train with the algorithm's rule."""
+        """Validate the model this site would use (docs/algorithms.md 17.1), then train with the algorithm's rule."""
         extras, local = extras or {}, local or {}
         model = self._load(spec, eval_weights if eval_weights is not None else weights)
         val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, task=self.data.task, device=self.device,

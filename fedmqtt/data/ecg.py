@@ -23,7 +23,7 @@ from fedmqtt.errors import DataError
 LEADS: tuple[str, ...] = ("I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3", "V4", "V5", "V6")
 # The 26 scored classes of the PhysioNet/CinC Challenge 2021 (dx_mapping_scored.csv of
 # physionetchallenges/evaluation-2021, in its order), each a group of codes scored as one diagnosis
-# (algorithms.md 17.4). Names join a group with "|" as the challenge's weights.csv does.
+# (docs/algorithms.md 17.4). Names join a group with "|" as the challenge's weights.csv does.
 CINC2021_SCORED: tuple[tuple[str, ...], ...] = (
     ("164889003",), ("164890007",), ("6374002",), ("426627000",), ("733534002", "164909002"),
     ("713427006", "59118001"), ("270492004",), ("713426002",), ("39732003",), ("445118002",),

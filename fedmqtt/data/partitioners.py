@@ -1,4 +1,4 @@
-"""Pure, seeded heterogeneity partitioners: one pooled dataset into simulated sites (algorithms.md 16)."""
+"""Pure, seeded heterogeneity partitioners: one pooled dataset into simulated sites (docs/algorithms.md 16)."""
 
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ def label_histograms(
     """Per-site label counts, keyed like a site's reported histogram (fedmqtt.recruitment.label_histogram).
 
     Class counts for binary/multiclass, per-label positives for multilabel, the length-of-stay bins of
-    algorithms.md 15 for regression; unlabelled items (-1, NaN) are not counted. Without `task`, 2-D y is
+    docs/algorithms.md 15 for regression; unlabelled items (-1, NaN) are not counted. Without `task`, 2-D y is
     multilabel, non-integer y regression.
     """
     y = np.asarray(y)

@@ -1,7 +1,7 @@
 """From a DataSpec to a site's normalised SiteData, whatever the format (local statistics only).
 
 Per site: read the file(s); keep the manifest's items when a partition is given; drop unlabelled items
-(algorithms.md 17.1); split train/val/test (`fractions`, `split_seed`; stratified by class for binary and
+(docs/algorithms.md 17.1); split train/val/test (`fractions`, `split_seed`; stratified by class for binary and
 multiclass, plain random for multilabel and regression); fill missing values with the train median and
 standardise with the train mean/std, per feature (tables), per colour channel (images) or per channel over
 all hours (ICU; mask channels untouched). A channel constant or entirely missing in this site's train

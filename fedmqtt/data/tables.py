@@ -248,7 +248,7 @@ def _encode(path: Path, where: str, cells: list[str], col: dict[str, int], spec:
 def _label(path: Path, where: str, raw: str, spec: FeatureSpec) -> float:
     if spec.task == "regression":
         if raw in spec.missing:
-            return math.nan  # unlabelled rows are dropped before training (algorithms.md 17.1)
+            return math.nan  # unlabelled rows are dropped before training (docs/algorithms.md 17.1)
         try:
             return float(raw)
         except ValueError:

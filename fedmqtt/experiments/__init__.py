@@ -1,3 +1,3 @@
 """Experiment workflow: `fedmqtt grid` runs simulations over a grid, `fedmqtt report` tabulates them."""
 
-# No imports here: mounting `fedmqtt.experiments.cli` must not slow down `fedmqtt --help`.
+# No imports here: mounting `fedmqtt.cli.grid` must not slow down `fedmqtt --help`.

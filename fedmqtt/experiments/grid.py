@@ -202,7 +202,8 @@ def point_to_simulation_config(point: GridPoint, out_dir: Path) -> SimulationCon
     `fedmqtt broker init --dir fed --run-id <run_id of ps.toml> --site <id> ...` (the ids of `sites/`),
     `fedmqtt broker start --dir fed`, `fedmqtt ps start --config ps.toml` and, at each site,
     `fedmqtt site start --config sites/<id>.toml`. Same config and seed: bit-identical final weights
-    to the simulated point on CPU (design.md 6). A point that pretrains in simulation
+    to the simulated point on CPU (docs/design-notes.md, "One code path, two runners").
+    A point that pretrains in simulation
     (`pretrain_fraction`) is simulated once first, so that its `pretrained.safetensors` exists.
     """
     alg, base = point.algorithm, point.base
@@ -244,7 +245,7 @@ def write_manifest(spec: PartitionSpec, pooled: DataSpec, path: Path) -> None:
     """What `fedmqtt partition` writes (manifest and PNG), for `spec` over the pooled dataset."""
     from fedmqtt.data import partitioners as pt
     from fedmqtt.data.registry import labels_digest, load_dataset
-    from fedmqtt.partition_cli import plot_partition
+    from fedmqtt.cli.partition import plot_partition
 
     data = load_dataset(pooled)
     groups: np.ndarray | None = None

@@ -28,7 +28,7 @@ class RunRecord:
     """One run: its labels and metrics.
 
     `final_test`: test metrics of the final model. `best_test`: test metrics of the best-validation-round
-    model (algorithms.md 17.1), read from `report["best"]["per_site"]` (the layout of `final.per_site`)
+    model (docs/algorithms.md 17.1), read from `report["best"]["per_site"]` (the layout of `final.per_site`)
     when the report has it, else None. `curve`: (aggregations completed, site -> validation metrics),
     from `rounds[r].per_site` (the model received at round r has seen r - 1) and the final evaluation.
     """

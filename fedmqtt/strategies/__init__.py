@@ -31,7 +31,7 @@ from fedmqtt.strategies.fedpxn import FedPxN
 from fedmqtt.strategies.rule import ServerRule
 from fedmqtt.strategies.scaffold import Scaffold
 
-# In the order of algorithms.md, so `fedmqtt algorithms` lists them as the spec does.
+# In the order of docs/algorithms.md, so `fedmqtt algorithms` lists them as the spec does.
 _CLASSES: tuple[type[ServerRule], ...] = (
     FedAvg,
     FedProx,

@@ -1,4 +1,4 @@
-"""AdaFed, d-AdaFed, f-AdaFed (Chen et al. 2022; algorithms.md 11): per-site mixes by feature similarity."""
+"""AdaFed, d-AdaFed, f-AdaFed (Chen et al. 2022; docs/algorithms.md 11): per-site mixes by feature similarity."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class AdaFedParams(StrategyParams):
         description="self weight lambda = W_ii, in (0, 1] (paper: 0.5)",
     )
     norm_types: tuple[NormFamily, ...] = Field(
-        default=("batchnorm",), description="normalization layers kept local (algorithms.md 11.2: BatchNorm)"
+        default=("batchnorm",), description="normalization layers kept local (docs/algorithms.md 11.2: BatchNorm)"
     )
     _expand = field_validator("norm_types", mode="before")(expand_norm_types)
 
@@ -76,7 +76,7 @@ def distance_matrix(stats: Mapping[str, LayerStats]) -> tuple[list[str], np.ndar
 def mixing_weights(distances: np.ndarray, lam: float) -> np.ndarray:
     """Weights of the other sites in one row: (1 - lam) wt_j / sum_k wt_k with wt_j = 1 / d_j.
 
-    Zero distances take all of 1 - lam, split equally (algorithms.md 11.1 DECISION: the limit of the
+    Zero distances take all of 1 - lam, split equally (docs/algorithms.md 11.1 DECISION: the limit of the
     reference code's 1e14 for 1/0).
     """
     distances = np.asarray(distances, dtype=np.float64)
@@ -119,7 +119,7 @@ class AdaFed(ServerRule):
     """AdaFed (Chen et al., AAAI 2022), server: psi_i^{t+1} = sum_j W_ij psi_j^{t*} for every participant i.
 
     BN layers stay local; W is fixed once from feature statistics (`set_statistics`). Under partial
-    participation (algorithms.md 11.2 DECISION) row i is renormalised over the participants:
+    participation (docs/algorithms.md 11.2 DECISION) row i is renormalised over the participants:
     lam psi_i* + (1 - lam) sum_{j in S_t, j != i} wt_ij psi_j* / sum wt_ij; a lone participant keeps
     its upload. `personal` holds psi_i per participant; `weights` is the uniform mean of the uploads
     (W ignores n_i), used only to start a site that has no personal model yet. A participant
@@ -148,7 +148,7 @@ class AdaFed(ServerRule):
         return self.distances is None and round_no > self.warmup_rounds()
 
     def set_statistics(self, stats: Mapping[str, LayerStats]) -> None:
-        """Fix W from each site's per-layer (mean, var); algorithms.md 11.1 (sites sorted by id)."""
+        """Fix W from each site's per-layer (mean, var); docs/algorithms.md 11.1 (sites sorted by id)."""
         self.sites, self.distances = distance_matrix(stats)
 
     @property

@@ -15,7 +15,7 @@ Coefficients = Sequence[float] | np.ndarray
 
 @dataclass(frozen=True)
 class TensorGroups:
-    """Shared tensor names split by how the server may treat them (algorithms.md 0.2).
+    """Shared tensor names split by how the server may treat them (docs/algorithms.md 0.2).
 
     `train` may go through optimizer-like rules (moments, corrections, control variates);
     `floatbuf` (float buffers, and frozen float parameters) only ever gets the convex weights;
@@ -54,7 +54,7 @@ def split_groups(names: Iterable[str], manifest: Manifest, current: Weights) -> 
 
 
 def sample_weights(updates: Sequence[SiteUpdate]) -> np.ndarray:
-    """p_i = n_i / sum n over the sites that reported (algorithms.md 0.1; uniform if every n_i is 0)."""
+    """p_i = n_i / sum n over the sites that reported (docs/algorithms.md 0.1; uniform if every n_i is 0)."""
     counts = np.array([u.n_samples for u in updates], dtype=np.float64)
     total = counts.sum()
     if total <= 0:
@@ -114,7 +114,7 @@ def convex_combine(arrays: Iterable[np.ndarray], weights: Coefficients, like: np
 
 
 def max_combine(arrays: Iterable[np.ndarray], like: np.ndarray) -> np.ndarray:
-    """Integer buffers (BN `num_batches_tracked`): maximum over participants (algorithms.md 0.2 DECISION)."""
+    """Integer buffers (BN `num_batches_tracked`): maximum over participants (docs/algorithms.md 0.2 DECISION)."""
     out: np.ndarray | None = None
     for arr in arrays:
         out = np.array(arr, copy=True) if out is None else np.maximum(out, arr)

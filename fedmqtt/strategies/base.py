@@ -1,6 +1,6 @@
 """The Strategy protocol: pure numpy server rules, no I/O, no clock, no global random.
 
-A strategy sees numpy tensors keyed by state-dict name plus a tensor manifest (algorithms.md 0.2)
+A strategy sees numpy tensors keyed by state-dict name plus a tensor manifest (docs/algorithms.md 0.2)
 that tags every name (TRAIN, NORM:<type>, FLOATBUF, INTBUF, HEAD); it selects tensors by tags,
 never by name. It returns the next shared model, optional per-site tensors (personalised
 delivery on `ps/task/<site>`), optional server extras every site needs (SCAFFOLD `c`, sent on
@@ -62,9 +62,9 @@ def manifest_from_dict(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, Tensor
 class SiteUpdate:
     """One site's contribution to a round, as the strategy sees it (numpy only).
 
-    `tensors` holds the site's full post-training values of the tensors it shares (algorithms.md
+    `tensors` holds the site's full post-training values of the tensors it shares (docs/algorithms.md
     0.3 DECISION: the server forms deltas itself). `extras` holds algorithm-specific uplink fields
-    (algorithms.md 18.2), e.g. {"delta_c": Weights} for SCAFFOLD, {"a_norm": float} for FedNova,
+    (docs/algorithms.md 18.2), e.g. {"delta_c": Weights} for SCAFFOLD, {"a_norm": float} for FedNova,
     {"label_histogram": {"0": 12, "1": 30}} for FedDkw.
     """
 

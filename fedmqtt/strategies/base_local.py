@@ -1,4 +1,4 @@
-"""Base (algorithms.md section 13): local training only; nothing is shared, nothing aggregated."""
+"""Base (docs/algorithms.md section 13): local training only; nothing is shared, nothing aggregated."""
 
 from __future__ import annotations
 

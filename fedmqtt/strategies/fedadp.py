@@ -1,4 +1,4 @@
-"""FedAdp (Wu and Wang 2021; algorithms.md section 9): weights from the angle to the mean update."""
+"""FedAdp (Wu and Wang 2021; docs/algorithms.md section 9): weights from the angle to the mean update."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def gompertz(theta: float, a: float = 5.0) -> float:
 def update_angles(directions: Sequence[np.ndarray], weights: Coefficients) -> np.ndarray:
     """theta_i = arccos(<g, g_i> / (||g|| ||g_i||)) in radians, g = sum_i weights_i g_i.
 
-    A zero vector has no direction: its angle is pi/2 (algorithms.md 9 DECISION; Plato's 0 would give
+    A zero vector has no direction: its angle is pi/2 (docs/algorithms.md 9 DECISION; Plato's 0 would give
     it the largest weight).
     """
     g = np.zeros_like(directions[0]) if directions else np.zeros(0)
@@ -62,7 +62,7 @@ class FedAdp(ServerRule):
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)
         self.theta_bar: dict[str, float] = {}
-        self.count: dict[str, int] = {}  # participations of each site (algorithms.md 9 DECISION)
+        self.count: dict[str, int] = {}  # participations of each site (docs/algorithms.md 9 DECISION)
 
     def aggregate_train(self, inp: RoundInput) -> AggregateResult:
         if not inp.updates:

@@ -1,4 +1,4 @@
-"""FedAvg (McMahan et al. 2017; algorithms.md section 1): the sample-weighted mean of site models."""
+"""FedAvg (McMahan et al. 2017; docs/algorithms.md section 1): the sample-weighted mean of site models."""
 
 from __future__ import annotations
 

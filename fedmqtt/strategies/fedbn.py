@@ -1,4 +1,4 @@
-"""FedBN (Li et al. 2021; algorithms.md section 3): normalization layers stay local, the rest is averaged."""
+"""FedBN (Li et al. 2021; docs/algorithms.md section 3): normalization layers stay local, the rest is averaged."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class FedBN(ServerRule):
     """FedBN (Li et al., ICLR 2021): w_{t+1} = sum_i p_i w_i^t over non-NORM tensors; NORM stays local.
 
     NORM means every parameter and buffer of a normalization layer of the configured `norm_types`
-    (algorithms.md 3 DECISION: all types by default; `weighting = uniform` gives the original 1/N).
+    (docs/algorithms.md 3 DECISION: all types by default; `weighting = uniform` gives the original 1/N).
     """
 
     name = "fedbn"

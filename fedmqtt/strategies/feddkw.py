@@ -1,4 +1,4 @@
-"""FedDkw (Li et al. 2023; algorithms.md section 10): weights inversely proportional to label KL."""
+"""FedDkw (Li et al. 2023; docs/algorithms.md section 10): weights inversely proportional to label KL."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ class FedDkw(ServerRule):
         for u in inp.updates:
             if "label_histogram" in u.extras:
                 self.histograms[u.site_id] = as_histogram(u.extras["label_histogram"])
-        # A site whose histogram the server never got (egress policy) cannot take part (algorithms.md 0.3).
+        # A site whose histogram the server never got (egress policy) cannot take part (docs/algorithms.md 0.3).
         updates = [u for u in inp.updates if sum(self.histograms.get(u.site_id, {}).values()) > 0]
         if not updates:
             return AggregateResult(weights=copy_weights(inp.current))

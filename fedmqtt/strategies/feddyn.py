@@ -1,4 +1,4 @@
-"""FedDyn (Acar et al. 2021; algorithms.md section 6): dynamic regularisation with a server drift S_bar."""
+"""FedDyn (Acar et al. 2021; docs/algorithms.md section 6): dynamic regularisation with a server drift S_bar."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedFBN (Kulkarni et al. 2023; algorithms.md section 14): frozen BN, uniform mean, surgical output layer."""
+"""FedFBN (Kulkarni et al. 2023; docs/algorithms.md section 14): frozen BN, uniform mean, surgical output layer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedNova (Wang et al. 2020; algorithms.md section 8): normalised averaging of unequal local work."""
+"""FedNova (Wang et al. 2020; docs/algorithms.md section 8): normalised averaging of unequal local work."""
 
 from __future__ import annotations
 
@@ -97,5 +97,5 @@ class FedNova(ServerRule):
 
 
 def _a_norm(update: SiteUpdate) -> float:
-    """||a_i||_1 from the uplink; without it, plain SGD's tau_i (algorithms.md 8, non-SGD reading)."""
+    """||a_i||_1 from the uplink; without it, plain SGD's tau_i (docs/algorithms.md 8, non-SGD reading)."""
     return float(update.extras.get("a_norm", update.local_steps))

@@ -1,4 +1,4 @@
-"""FedOpt (Reddi et al. 2021; algorithms.md section 5): FedAdam, FedAdagrad, FedYogi server optimizers."""
+"""FedOpt (Reddi et al. 2021; docs/algorithms.md section 5): FedAdam, FedAdagrad, FedYogi server optimizers."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class FedOpt(ServerRule):
         w_{t+1} = w_t + eta_g m_t / (sqrt(v_t) + tau)
 
     on TRAIN tensors only. Float buffers are the p_i-weighted average and integer buffers the maximum:
-    running statistics never go through the moments (algorithms.md 5 DECISION).
+    running statistics never go through the moments (docs/algorithms.md 5 DECISION).
     """
 
     Params = FedAdagradParams
@@ -51,7 +51,7 @@ class FedOpt(ServerRule):
 
     def aggregate_train(self, inp: RoundInput) -> AggregateResult:
         if not inp.updates:
-            return AggregateResult(weights=copy_weights(inp.current))  # m, v untouched (algorithms.md 5)
+            return AggregateResult(weights=copy_weights(inp.current))  # m, v untouched (docs/algorithms.md 5)
         p = participant_weights(inp.updates, self.params.weighting)
         g = self.groups(inp)
         out = combine(inp.updates, p, g.floatbuf + g.intbuf, inp.current)

@@ -1,4 +1,4 @@
-"""FedPer (Arivazhagan et al. 2019; algorithms.md 12): HEAD layers stay local, the base is averaged."""
+"""FedPer (Arivazhagan et al. 2019; docs/algorithms.md 12): HEAD layers stay local, the base is averaged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedProx (Li et al. 2020; algorithms.md section 2): FedAvg's server, a proximal term on the sites."""
+"""FedProx (Li et al. 2020; docs/algorithms.md section 2): FedAvg's server, a proximal term on the sites."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedPxN (Hwang et al., seed 000; algorithms.md section 4): FedBN plus a proximal term on non-NORM."""
+"""FedPxN (Hwang et al., seed 000; docs/algorithms.md section 4): FedBN plus a proximal term on non-NORM."""
 
 from __future__ import annotations
 

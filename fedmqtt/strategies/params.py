@@ -41,7 +41,7 @@ def expand_norm_types(value: object) -> object:
 
 
 def mu_field(default: float = 0.01) -> Any:
-    """The proximal coefficient shared by FedProx and FedPxN (algorithms.md 2 and 4)."""
+    """The proximal coefficient shared by FedProx and FedPxN (docs/algorithms.md 2 and 4)."""
     return Field(default=default, ge=0.0, description="proximal coefficient mu (squared-norm term), >= 0")
 
 

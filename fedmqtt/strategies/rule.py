@@ -41,7 +41,7 @@ class ServerRule:
     name: str = ""  # registry name (a plain attribute, as the Strategy protocol declares it)
     summary: str = ""  # one line for `fedmqtt algorithms`
     Params: ClassVar[type[StrategyParams]] = NoParams
-    # Keys of SiteUpdate.extras the rule reads (algorithms.md 18.2), so callers can check uplinks first.
+    # Keys of SiteUpdate.extras the rule reads (docs/algorithms.md 18.2), so callers can check uplinks first.
     uplink_extras: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:

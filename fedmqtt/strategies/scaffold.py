@@ -1,4 +1,4 @@
-"""SCAFFOLD (Karimireddy et al. 2020; algorithms.md section 7): server side with control variates."""
+"""SCAFFOLD (Karimireddy et al. 2020; docs/algorithms.md section 7): server side with control variates."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Scaffold(ServerRule):
         x <- x + eta_g sum_{i in S_t} p_i (y_i - x);   c <- c + sum_{i in S_t} pi_i Delta_c_i
 
     with p_i renormalised over S_t and pi_i = n_i / n over every enrolled site, which keeps
-    c = sum_{all i} pi_i c_i (algorithms.md 7 DECISION; `weighting = uniform`: 1/|S_t| and 1/N, the
+    c = sum_{all i} pi_i c_i (docs/algorithms.md 7 DECISION; `weighting = uniform`: 1/|S_t| and 1/N, the
     paper). TRAIN tensors only; float buffers get p_i, integer buffers the maximum. Every result
     carries extras {"c": c} for the downlink.
     """

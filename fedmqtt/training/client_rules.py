@@ -1,8 +1,8 @@
-"""Client-side rules of the algorithms (algorithms.md 2-8, 14): what a site adds to its local
+"""Client-side rules of the algorithms (docs/algorithms.md 2-8, 14): what a site adds to its local
 gradient, and what it computes after local training (uplink extras, its own persistent state).
 
 Every term is written into the gradient explicitly (not delegated to optimizer weight decay),
-on TRAIN parameters only, never on buffers (algorithms.md 0.2, 19.1 items 6, 7, 9).
+on TRAIN parameters only, never on buffers (docs/algorithms.md 0.2, 19.1 items 6, 7, 9).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def finish_round(settings: TrainSettings, manifest: Mapping[str, Any], *, start:
 
 
 def fednova_a_norm(steps: int, *, lr: float, rho: float = 0.0, mu: float = 0.0, nesterov: bool = False) -> float:
-    """||a_i||_1 of FedNova (algorithms.md 8): tau for SGD; running forms for momentum and proximal SGD.
+    """||a_i||_1 of FedNova (docs/algorithms.md 8): tau for SGD; running forms for momentum and proximal SGD.
 
     Heavy ball (PyTorch form, fresh buffer b): step s moves by b_s = rho b_{s-1} + g_s, so gradient g_s
     enters with weight sum_{t>=s} rho^(t-s). Nesterov moves by g_s + rho b_s: each step adds 1 + rho b-count.

@@ -16,7 +16,7 @@ def _read_out(outputs: torch.Tensor, task: TaskInfo, nonnegative: bool) -> torch
     if task.kind == "binary":
         return torch.sigmoid(out.reshape(-1))
     if task.kind == "multiclass":
-        return torch.softmax(out.reshape(out.shape[0], -1), dim=1)  # over all classes (algorithms.md 17.2)
+        return torch.softmax(out.reshape(out.shape[0], -1), dim=1)  # over all classes (docs/algorithms.md 17.2)
     if task.kind == "multilabel":
         return torch.sigmoid(out.reshape(out.shape[0], -1))
     out = out.reshape(-1)

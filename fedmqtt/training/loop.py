@@ -153,7 +153,7 @@ def train_local(
     for "auto" the task's (`resolve_loss`); rows whose label is missing (NaN everywhere) are left
     out. Shuffling uses a `torch.Generator` seeded with `seed`; dropout uses the global RNG,
     reseeded inside a fork so the caller's RNG state is untouched. The optimizer is new on every
-    call (algorithms.md 0.5). `terms` adds the algorithm's client-side gradient terms
+    call (docs/algorithms.md 0.5). `terms` adds the algorithm's client-side gradient terms
     (FedProx/FedPxN proximal, FedDyn, SCAFFOLD correction), anchored on the weights this call
     started from. `amp` ("bfloat16") runs forward and loss under autocast (CUDA sites; see usage.pick_amp).
 
@@ -168,7 +168,7 @@ def train_local(
     loss_fn = make_loss(loss_name)
     xt, yt = _labelled_tensors(x, y, task, dev)
     if loss_name == "msle" and bool((yt < 0).any()):
-        raise ValueError("msle needs targets >= 0 (algorithms.md 17.3)")
+        raise ValueError("msle needs targets >= 0 (docs/algorithms.md 17.3)")
     if settings.hyper.get("balance_classes", 0.0):  # off by default: results stay as they were
         loss_fn = balanced_loss(loss_name, yt, task)
     terms = terms or GradTerms()
@@ -223,7 +223,7 @@ def _labelled_tensors(
     else:
         ya = ya.astype(np.float32).reshape(-1)
         keep = ~np.isnan(ya)
-    # Unlabelled rows take no part in training (algorithms.md 17.1); with none missing nothing moves.
+    # Unlabelled rows take no part in training (docs/algorithms.md 17.1); with none missing nothing moves.
     if not keep.all():
         xa, ya = xa[keep], ya[keep]
     if dev.type == "cuda" and xa.nbytes > _GPU_RESIDENT_FRACTION * torch.cuda.mem_get_info(dev)[0]:
@@ -252,7 +252,7 @@ def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[to
     order = torch.randperm(n, generator=generator)
     for start in range(0, n, batch_size):
         idx = order[start : start + batch_size]
-        # BatchNorm cannot train on one sample: drop a trailing batch of 1 (algorithms.md 0.5).
+        # BatchNorm cannot train on one sample: drop a trailing batch of 1 (docs/algorithms.md 0.5).
         if len(idx) == 1 and batch_size > 1:
             continue
         yield idx
@@ -280,7 +280,7 @@ def _gradient_terms(model: nn.Module, terms: GradTerms, dev: torch.device) -> Ca
     """A function adding the algorithm's terms to the gradients, or None when there are none.
 
     Written into the gradient explicitly, so `mu`, `alpha` and the SCAFFOLD shift mean exactly what
-    algorithms.md says whatever the optimizer (never delegated to weight decay).
+    docs/algorithms.md says whatever the optimizer (never delegated to weight decay).
     """
     named = dict(model.named_parameters())
     prox = [n for n in terms.prox_names if n in named] if terms.prox_mu > 0 else []
@@ -303,7 +303,7 @@ def _gradient_terms(model: nn.Module, terms: GradTerms, dev: torch.device) -> Ca
 
 
 def _freeze_batchnorm(model: nn.Module) -> None:
-    """FedFBN: BatchNorm runs on its pretrained statistics and is never trained (algorithms.md 14)."""
+    """FedFBN: BatchNorm runs on its pretrained statistics and is never trained (docs/algorithms.md 14)."""
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.eval()

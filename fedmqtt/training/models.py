@@ -27,7 +27,7 @@ __all__ = [
     "MLP", "MODELS", "NORMS", "build_model", "gn_groups", "model_manifest", "tensor_manifest", "wire_dtype",
 ]
 
-# Classified by module type (algorithms.md 0.2): names like "bn" in keys are never trusted.
+# Classified by module type (docs/algorithms.md 0.2): names like "bn" in keys are never trusted.
 _NORM_TYPES: tuple[type[nn.Module], ...] = tuple(
     t
     for t in (
@@ -84,7 +84,7 @@ def wire_dtype(tensor: torch.Tensor) -> str:
 
 
 def tensor_manifest(model: nn.Module, *, head: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
-    """Shape, dtype and group tags of every state-dict key (algorithms.md 0.2).
+    """Shape, dtype and group tags of every state-dict key (docs/algorithms.md 0.2).
 
     Tags: TRAIN (float parameter with requires_grad), NORM:<ModuleType> (anything owned by a
     normalisation module), FLOATBUF / INTBUF (float / integer buffers), HEAD (owned by one of the

@@ -1,4 +1,4 @@
-"""Feature statistics for AdaFed's similarity matrix (algorithms.md 11.1, 11.3), computed on a site.
+"""Feature statistics for AdaFed's similarity matrix (docs/algorithms.md 11.1, 11.3), computed on a site.
 
 Per channel: the mean and the population variance over all samples and non-channel positions.
 """

@@ -21,7 +21,7 @@ PS_METRICS = "ps/metrics"
 SITE_KINDS = ("status", "update", "report")
 BRIDGE = "bridge"  # site/<id>/bridge: a hospital broker's bridge notification, "1" or "0" (not a schema message)
 # Payloads that may be too big for one MQTT message travel as chunks under `<topic>/chunk/<index>`
-# (design.md section 3); the small manifest stays on `<topic>` itself.
+# (docs/protocol.md, "Chunked transfer"); the small manifest stays on `<topic>` itself.
 CHUNKED_KINDS = {("ps", "model"), ("ps", "task"), ("site", "update"), ("site", "report")}
 CHUNK = "chunk"
 MAX_CHUNKS = 1_000_000

@@ -1,4 +1,6 @@
-"""Chunked transfer against a real Mosquitto, with real paho clients as intruders (design.md section 3)."""
+"""Chunked transfer against a real Mosquitto, with real paho clients as intruders.
+
+The protocol: docs/protocol.md, "Chunked transfer"."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Client-side rules through the real gradient-term code: algorithms.md 0.7 toy numbers, FedNova norms,
+"""Client-side rules through the real gradient-term code: docs/algorithms.md 0.7 toy numbers, FedNova norms,
 FedPxN's norm exclusion, FedFBN freezing, and the commit rule of the site's local state."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _bn_model() -> Any:
     return model
 
 
-# -- algorithms.md 0.7 toy through the real gradient terms --------------------------------------
+# -- docs/algorithms.md 0.7 toy through the real gradient terms --------------------------------------
 @pytest.mark.parametrize(("a", "expected"), [(1.0, [0.1, 0.185]), (5.0, [0.5, 0.925])])
 def test_fedprox_toy_matches_algorithms_md(a: float, expected: list[float]) -> None:
     """FedProx mu=0.5 from anchor 0: 0.1 -> 0.185 (client 1) and 0.5 -> 0.925 (client 2)."""
@@ -188,7 +188,7 @@ def test_fedfbn_freezing_keeps_batchnorm_bit_identical(freeze: bool) -> None:
         assert before[name].dtype == after[name].dtype, name
 
 
-# -- the commit rule (algorithms.md 0.6) --------------------------------------------------------
+# -- the commit rule (docs/algorithms.md 0.6) --------------------------------------------------------
 def _c(value: float) -> dict[str, dict[str, np.ndarray]]:
     return {"c_i": {"w": np.full((2,), value, dtype=np.float32)}}
 

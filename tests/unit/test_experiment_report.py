@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import ranksums
 from typer.testing import CliRunner
 
-from fedmqtt.experiments.cli import app
+from fedmqtt.cli import app
 from fedmqtt.experiments.plots import plot_curves
 from fedmqtt.experiments.report import (
     MEAN,

@@ -1,4 +1,4 @@
-"""FedAvg: the worked examples of algorithms.md section 1, buffer rules, order independence, shape checks."""
+"""FedAvg: the worked examples of docs/algorithms.md section 1, buffer rules, order independence, shape checks."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _update(site: str, n: int, **tensors: np.ndarray) -> SiteUpdate:
 
 
 def _toy_local_result(a: float, *, start: float = 0.0, lr: float = 0.1, steps: int = 2) -> float:
-    """Plain GD on f_k(w) = 0.5 (w - a_k)^2, whose gradient is exactly w - a_k (algorithms.md 0.7)."""
+    """Plain GD on f_k(w) = 0.5 (w - a_k)^2, whose gradient is exactly w - a_k (docs/algorithms.md 0.7)."""
     w = start
     for _ in range(steps):
         w = w - lr * (w - a)

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from fedmqtt.data.partitioners import read_partition_manifest
 from fedmqtt.errors import ConfigError, DataError
-from fedmqtt.experiments.cli import app, export_point, to_toml
+from fedmqtt.cli import app
+from fedmqtt.experiments.export import export_point, to_toml
 from fedmqtt.experiments.grid import (
     expand,
     load_grid,

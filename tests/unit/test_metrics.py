@@ -11,7 +11,7 @@ from fedmqtt.metrics import METRIC_NAMES, binary_metrics, mean_defined
 
 
 def test_auroc_auprc_match_hand_computed_values() -> None:
-    """y=[0,0,1,1], s=[.1,.4,.35,.8]: AUROC 0.75 (3 of 4 pairs), AP 0.8333 (algorithms.md 17.2)."""
+    """y=[0,0,1,1], s=[.1,.4,.35,.8]: AUROC 0.75 (3 of 4 pairs), AP 0.8333 (docs/algorithms.md 17.2)."""
     values, reasons = binary_metrics(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8]))
     assert reasons == {}
     assert values["auroc"] == pytest.approx(0.75)

@@ -1,4 +1,4 @@
-"""Multi-class, multi-label, regression and CinC metrics, pooling, best-round selection (algorithms.md 17)."""
+"""Multi-class, multi-label, regression and CinC metrics, pooling, best-round selection (docs/algorithms.md 17)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ from fedmqtt.metrics import (
     task_metrics,
 )
 
-# algorithms.md 17.2 worked examples
+# docs/algorithms.md 17.2 worked examples
 MC_Y = np.array([0, 1, 1, 0, 1])
 MC_P = np.array([[0.7, 0.2, 0.1], [0.2, 0.5, 0.3], [0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.1, 0.8, 0.1]])
 ML_Y = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 0], [0, 0, 1]], dtype=np.float64)
 ML_P = np.array([[0.9, 0.2, 0.6], [0.3, 0.7, 0.4], [0.6, 0.4, 0.5], [0.2, 0.1, 0.8]])
-# algorithms.md 17.4 worked example: classes A, B, SR
+# docs/algorithms.md 17.4 worked example: classes A, B, SR
 CINC_W = np.array([[1, 0.5, 0], [0.5, 1, 0.25], [0, 0.25, 1]])
 CINC_L = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 1]])
 CINC_O = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0]])

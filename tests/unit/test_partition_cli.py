@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from fedmqtt.data.partitioners import read_partition_manifest
 from fedmqtt.data.registry import load_site_data
 from fedmqtt.data.spec import DataSpec
-from fedmqtt.partition_cli import app
+from fedmqtt.cli.partition import app
 
 HEADER = ("id,gender,age,hypertension,heart_disease,ever_married,work_type,Residence_type,avg_glucose_level,"
           "bmi,smoking_status,stroke")

@@ -1,4 +1,4 @@
-"""Heterogeneity partitioners (algorithms.md 16): the cut rule, each DECISION and worked example, I/O."""
+"""Heterogeneity partitioners (docs/algorithms.md 16): the cut rule, each DECISION and worked example, I/O."""
 
 from __future__ import annotations
 
@@ -299,7 +299,7 @@ def test_label_histograms_per_task() -> None:
 
 def test_manifest_round_trip_and_recruit_reads_it(tmp_path: Path) -> None:
     """The manifest keeps spec, source and per-site indices and histograms; `fedmqtt recruit` can read it."""
-    from fedmqtt.recruit_cli import manifest_reports
+    from fedmqtt.cli.recruit import manifest_reports
 
     y = labels(200, classes=3)
     spec = PartitionSpec(kind="label_skew", n_sites=3, alpha=0.5, seed=1)

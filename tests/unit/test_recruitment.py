@@ -1,4 +1,4 @@
-"""Recruitment (algorithms.md 15 worked example) and per-round sampling (0.4)."""
+"""Recruitment (docs/algorithms.md 15 worked example) and per-round sampling (0.4)."""
 
 from __future__ import annotations
 

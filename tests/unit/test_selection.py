@@ -14,7 +14,7 @@ from ps_daemon.events import SiteOnline, UpdateReceived
 from ps_daemon.machine import Machine
 from ps_daemon.runner import hash_weights
 
-# The worked example of algorithms.md 15: ranking b, a, d, c.
+# The worked example of docs/algorithms.md 15: ranking b, a, d, c.
 HIST = {"a": (30, 30, 20, 10, 5, 5, 0, 0, 0, 0), "b": (40, 40, 30, 20, 20, 10, 10, 10, 10, 10),
         "c": (0, 0, 0, 0, 0, 0, 0, 0, 5, 20), "d": (16, 16, 16, 16, 0, 0, 0, 0, 0, 0)}
 SIZES = {"a": 100, "b": 200, "c": 25, "d": 64}

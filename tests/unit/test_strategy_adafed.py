@@ -1,4 +1,4 @@
-"""AdaFed, d-AdaFed, f-AdaFed servers (algorithms.md 11.6): statistics, W, personal mixes, participation."""
+"""AdaFed, d-AdaFed, f-AdaFed servers (docs/algorithms.md 11.6): statistics, W, personal mixes, participation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fedmqtt.strategies import AdaFed, FAdaFed, RoundInput, SiteUpdate, TensorSp
 from fedmqtt.strategies.adafed import distance_matrix, feature_statistics, similarity_matrix
 
 SITES = ("c1", "c2", "c3")
-# algorithms.md 11.6: per client, layer -> (mean, var)
+# docs/algorithms.md 11.6: per client, layer -> (mean, var)
 STATS = {
     "c1": {"bn1": (np.array([0.0, 0.0]), np.array([1.0, 1.0])), "bn2": (np.array([0.0]), np.array([1.0]))},
     "c2": {"bn1": (np.array([1.0, 0.0]), np.array([1.0, 1.0])), "bn2": (np.array([3.0]), np.array([1.0]))},

@@ -1,4 +1,4 @@
-"""Base (algorithms.md section 13): nothing is shared and the server changes nothing."""
+"""Base (docs/algorithms.md section 13): nothing is shared and the server changes nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedAdp (algorithms.md section 9): angles, Gompertz weights, second participation, zero norms, buffers."""
+"""FedAdp (docs/algorithms.md section 9): angles, Gompertz weights, second participation, zero norms, buffers."""
 
 from __future__ import annotations
 

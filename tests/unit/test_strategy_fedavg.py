@@ -1,4 +1,4 @@
-"""FedAvg server rule (algorithms.md section 1): worked examples, buffer rules, participation, dtypes."""
+"""FedAvg server rule (docs/algorithms.md section 1): worked examples, buffer rules, participation, dtypes."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _round(current: dict[str, np.ndarray], updates: list[SiteUpdate], enrolled: 
 
 
 def _toy_local(a: float, *, start: float = 0.0, lr: float = 0.1, steps: int = 2) -> float:
-    """Plain GD on 0.5 (w - a)^2 (gradient w - a), algorithms.md 0.7."""
+    """Plain GD on 0.5 (w - a)^2 (gradient w - a), docs/algorithms.md 0.7."""
     w = start
     for _ in range(steps):
         w -= lr * (w - a)

@@ -1,4 +1,4 @@
-"""FedBN (algorithms.md section 3): NORM tensors stay local, the rest is averaged; norm_types, weighting."""
+"""FedBN (docs/algorithms.md section 3): NORM tensors stay local, the rest is averaged; norm_types, weighting."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ MANIFEST = {
 
 
 def _toy_local(a: float, b: float, *, lr: float = 0.1, steps: int = 2) -> tuple[float, float]:
-    """GD on 0.5 (u - a)^2 + 0.5 (g - b)^2 from u = 0, g = 1 (algorithms.md 3 toy)."""
+    """GD on 0.5 (u - a)^2 + 0.5 (g - b)^2 from u = 0, g = 1 (docs/algorithms.md 3 toy)."""
     u, g = 0.0, 1.0
     for _ in range(steps):
         u, g = u - lr * (u - a), g - lr * (g - b)

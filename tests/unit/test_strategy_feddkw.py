@@ -1,4 +1,4 @@
-"""FedDkw (algorithms.md section 10): KL weights, pooled histograms, kl_floor, missing histograms."""
+"""FedDkw (docs/algorithms.md section 10): KL weights, pooled histograms, kl_floor, missing histograms."""
 
 from __future__ import annotations
 

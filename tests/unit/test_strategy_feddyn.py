@@ -1,4 +1,4 @@
-"""FedDyn (algorithms.md section 6): the three-round toy table, partial participation, alpha_i, buffers."""
+"""FedDyn (docs/algorithms.md section 6): the three-round toy table, partial participation, alpha_i, buffers."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ MANIFEST = {
 }
 A = (1.0, 5.0)
 
-# algorithms.md 6: (client models, s_1 s_2, S_bar, theta_avg, next theta_send, printed tolerance)
+# docs/algorithms.md 6: (client models, s_1 s_2, S_bar, theta_avg, next theta_send, printed tolerance)
 TABLE = [
     ((0.189, 0.945), (0.189, 0.945), 0.567, 0.567, 1.134, 1e-12),
     ((1.1051019, 1.8468135), (0.1601019, 1.6578135), 0.9089577, 1.4759577, 2.3849154, 5e-8),

@@ -1,4 +1,4 @@
-"""FedFBN (algorithms.md section 14): BN never sent, uniform mean, surgical aggregation of the output."""
+"""FedFBN (docs/algorithms.md section 14): BN never sent, uniform mean, surgical aggregation of the output."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ MANIFEST = {
     "fc.weight": TensorSpec("fc.weight", (2, 2), "float32", frozenset({"TRAIN", "HEAD"})),
     "fc.bias": TensorSpec("fc.bias", (2,), "float32", frozenset({"TRAIN", "HEAD"})),
 }
-# algorithms.md 14: client A has (L1, L2), client B has (L2, L3)
+# docs/algorithms.md 14: client A has (L1, L2), client B has (L2, L3)
 SITE_A = (["L1", "L2"], {"fc.weight": np.array([[1.0, 1.0], [2.0, 2.0]]), "fc.bias": np.array([0.1, 0.2])})
 SITE_B = (["L2", "L3"], {"fc.weight": np.array([[4.0, 0.0], [5.0, 5.0]]), "fc.bias": np.array([0.4, 0.5])})
 

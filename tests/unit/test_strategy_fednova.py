@@ -1,4 +1,4 @@
-"""FedNova (algorithms.md section 8): unequal local steps, ||a_i||_1 formulas, buffers, tau_eff option."""
+"""FedNova (docs/algorithms.md section 8): unequal local steps, ||a_i||_1 formulas, buffers, tau_eff option."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_a_norm_formulas() -> None:
     assert a_norm_momentum(3, 0.9) == pytest.approx(5.61, abs=1e-12)
     assert a_norm_proximal(3, 0.05) == pytest.approx(2.8525, abs=1e-12)
     assert a_norm_momentum(7, 0.0) == a_norm_proximal(7, 0.0) == 7.0
-    # running forms of algorithms.md 8
+    # running forms of docs/algorithms.md 8
     counter = a = 0.0
     for _ in range(3):
         counter = 0.9 * counter + 1

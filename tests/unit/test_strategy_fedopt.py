@@ -1,4 +1,4 @@
-"""FedAdam, FedAdagrad, FedYogi (algorithms.md section 5): the worked table, buffers, state, parameters."""
+"""FedAdam, FedAdagrad, FedYogi (docs/algorithms.md section 5): the worked table, buffers, state, parameters."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ MANIFEST = {
 }
 PARAMS = {"eta_g": 0.01, "tau": 0.001, "b1": 0.9}
 
-# algorithms.md 5 worked table: variant -> (v with v_0 = tau^2, w_{t+1}, v with v_0 = 0, w_{t+1})
+# docs/algorithms.md 5 worked table: variant -> (v with v_0 = tau^2, w_{t+1}, v with v_0 = 0, w_{t+1})
 TABLE = {
     "fedadam": ([0.04000099, 9.9e-7], [0.0099501262, 0.0], [0.04, 0.0], [0.0099502488, 0.0]),
     "fedadagrad": ([4.000001, 1e-6], [0.0009995001, 0.0], [4.0, 0.0], [0.0009995002, 0.0]),

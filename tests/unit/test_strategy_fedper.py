@@ -1,4 +1,4 @@
-"""FedPer (algorithms.md section 12): HEAD tensors stay local, base tensors are averaged with p_i."""
+"""FedPer (docs/algorithms.md section 12): HEAD tensors stay local, base tensors are averaged with p_i."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedProx (algorithms.md section 2): FedAvg's server, mu in every task, the toy with mu = 0.5."""
+"""FedProx (docs/algorithms.md section 2): FedAvg's server, mu in every task, the toy with mu = 0.5."""
 
 from __future__ import annotations
 

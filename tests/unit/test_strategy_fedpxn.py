@@ -1,4 +1,4 @@
-"""FedPxN (algorithms.md section 4): FedBN's server, mu for the sites, the toy with mu = 0.5."""
+"""FedPxN (docs/algorithms.md section 4): FedBN's server, mu for the sites, the toy with mu = 0.5."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SCAFFOLD (algorithms.md section 7): the three-round toy table, the c invariant, buffers, extras."""
+"""SCAFFOLD (docs/algorithms.md section 7): the three-round toy table, the c invariant, buffers, extras."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ MANIFEST = {
 A = {"s1": 1.0, "s2": 5.0}
 LR, K = 0.1, 2
 
-# algorithms.md 7 table: (client results y, x, c_1, c_2, c)
+# docs/algorithms.md 7 table: (client results y, x, c_1, c_2, c)
 TABLE = [
     ((0.19, 0.95), 0.57, -0.95, -4.75, -2.85),
     ((1.0127, 1.0507), 1.0317, -0.3135, -4.3035, -2.3085),

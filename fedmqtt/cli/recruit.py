@@ -88,7 +88,7 @@ def recruit_command(
     listen: float = typer.Option(3.0, help="Live: seconds to collect the sites' retained statuses."),
     png: Optional[Path] = typer.Option(None, help="Write the cumulative-score plot here."),
 ) -> None:
-    """Rank sites by representativeness and show who would be recruited (algorithms.md 15)."""
+    """Rank sites by representativeness and show who would be recruited (docs/algorithms.md 15)."""
     if manifest is not None:
         hists, sizes = manifest_reports(manifest)
     elif credentials is not None and run_id is not None:

@@ -11,7 +11,7 @@ import typer
 
 from fedmqtt.data.partitioners import AUTO_MAX, AUTO_MIN
 
-app = typer.Typer(help="Preview and write a partition of a pooled dataset into sites (algorithms.md 16).")
+app = typer.Typer(help="Preview and write a partition of a pooled dataset into sites (docs/algorithms.md 16).")
 
 EXAMPLES = (
     "Examples:\n\n"

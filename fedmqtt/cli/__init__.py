@@ -1,0 +1,38 @@
+"""The `fedmqtt` command: one sub-command group per deployed role, plus the demo and inspection tools."""
+
+from __future__ import annotations
+
+import typer
+
+from fedmqtt.cli import (algorithms, broker, dashboard, demo, grid, partition, ps, recruit, report, simulate, site,
+                         topics)
+
+app = typer.Typer(
+    help="fedmqtt: federated learning for hospital networks over MQTT. Patient data never leaves a site.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(broker.app, name="broker")
+app.add_typer(ps.app, name="ps")
+app.add_typer(site.app, name="site")
+app.add_typer(topics.app, name="topics")
+# Single commands: each module's Typer holds one command, mounted at the top level.
+for module in (demo, simulate, algorithms, grid, report, partition, recruit):
+    app.registered_commands.extend(module.app.registered_commands)
+app.command("dashboard")(dashboard.dashboard)  # `fedmqtt dashboard`
+
+
+def main() -> None:
+    """Console entry point: a FedMqttError (bad config, broker unreachable...) is one clear line, exit 2."""
+    from fedmqtt.errors import FedMqttError
+
+    try:
+        app()
+    except FedMqttError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+

@@ -1,0 +1,50 @@
+"""`fedmqtt simulate`: the PS and every site in one process, without a broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer()
+
+
+@app.command("simulate")
+def simulate(
+    config: Optional[Path] = typer.Argument(None, help="Simulation TOML (default: the bundled heart-disease sites)."),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="Algorithm name (see `fedmqtt algorithms`)."),
+    rounds: Optional[int] = typer.Option(None, min=1, help="Federated rounds."),
+    seed: Optional[int] = typer.Option(None, help="Run seed."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where report.json, models and checkpoints go."),
+    optimizer: Optional[str] = typer.Option(None, help="Local optimizer: sgd, adam or adamw."),
+    lr: Optional[float] = typer.Option(None, help="Local learning rate."),
+    epochs: Optional[int] = typer.Option(None, min=1, help="Local epochs per round."),
+    hyper: list[str] = typer.Option([], "--hyper", "-H", help="Algorithm hyper-parameter NAME=VALUE (repeat)."),
+) -> None:
+    """Run the PS and every site in this process, without a broker (same code path as a deployment)."""
+    from fedmqtt.simulation import load_simulation_config, run_simulation
+    from ps_daemon.report import final_table, render_table
+
+    cfg = load_simulation_config(config, algorithm=algorithm, rounds=rounds, seed=seed, out_dir=out)
+    train = {k: v for k, v in {"optimizer": optimizer, "lr": lr, "epochs": epochs}.items() if v is not None}
+    if train or hyper:
+        cfg = cfg.model_validate({**cfg.model_dump(), "train": {**cfg.train.model_dump(), **train},
+                                  "hyper": {**cfg.hyper, **_parse_hyper(hyper)}})
+    cfg.daemon_config()  # validate the algorithm and its hyper-parameters before anything starts
+    report = run_simulation(cfg)
+    typer.echo(render_table(final_table(report)))
+    typer.echo(f"report: {cfg.out_dir / 'report.json'}")
+
+
+def _parse_hyper(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"--hyper {item!r}: expected NAME=NUMBER") from None
+        if not sep:
+            raise typer.BadParameter(f"--hyper {item!r}: expected NAME=NUMBER")
+    return out
