@@ -16,7 +16,7 @@ import numpy as np
 from fedmqtt.means import direction_of, mean_defined
 
 if TYPE_CHECKING:
-    from fedmqtt.simulation import SimulationConfig
+    from fedmqtt.simulation_config import SimulationConfig
 
 
 def run_central(config: "SimulationConfig", *, progress: bool = True) -> dict[str, Any]:

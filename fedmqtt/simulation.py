@@ -1,8 +1,9 @@
 """`fedmqtt simulate`: the PS runner and every site agent in one process, over an in-memory broker.
 
-Same code path as a deployment (state machine, strategies, site training, codec), only the
-transport differs, so a simulated run and an MQTT run with the same config and seed end with
-bit-identical weights on CPU (tested).
+Same code path as a deployment (state machine, strategies, site training, codec), only the transport
+differs, so a simulated run and an MQTT run with the same config and seed end with bit-identical weights
+on CPU (tested). The config (SimulationConfig) lives in fedmqtt.simulation_config, which the pooled
+baseline (fedmqtt.central) imports too: this module imports central, never the other way round.
 """
 
 from __future__ import annotations
@@ -11,135 +12,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
-from fedmqtt.config_io import load_toml, validate_config
-from fedmqtt.data.heart_disease import SITES, bundled_path
+from fedmqtt.simulation_config import (  # re-exported: callers import the config from here too
+    DEFAULT_MODEL,
+    DEFAULT_PRETRAIN_FRACTION,
+    DEFAULT_TRAIN,
+    IN_PROCESS,
+    SGD_TRAIN,
+    SimulationConfig,
+    algorithm_defaults,
+    bundled_sites,
+    load_simulation_config,
+)
 from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
-from fedmqtt.errors import ConfigError
-from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
-from fedmqtt.training.client_rules import SGD_ONLY, optimiser_problem
-from ps_daemon.config import NEEDS_PRETRAINED, DaemonConfig
-from schemas.base import ID_PATTERN
-from schemas.messages import ModelSpec, TrainSettings
-from fedmqtt.data.spec import DataSpec
-from site_agent.config import SiteConfig
 
-IN_PROCESS = Path("(in-process)")
-DEFAULT_MODEL = ModelSpec(name="mlp", args={"in_features": 15, "hidden": [32, 32], "norm": "none", "dropout": 0.3})
-DEFAULT_TRAIN = TrainSettings(epochs=2, batch_size=32, lr=0.001, optimizer="adam")
-# For the algorithms whose client rule is defined for plain SGD only (SCAFFOLD option II, FedNova's
-# ||a_i||_1): what a run gets when its train settings were left at DEFAULT_TRAIN. lr 0.05: plain SGD
-# needs a larger step than Adam's 0.001 to move the bundled MLP within a few rounds.
-SGD_TRAIN = TrainSettings(epochs=2, batch_size=32, lr=0.05, optimizer="sgd")
-# AdaFed / d-AdaFed need a pretrained model; a simulation makes one from this share of the pooled
-# training rows when none is given (as seed 001 does).
-DEFAULT_PRETRAIN_FRACTION = 0.2
-
-
-def bundled_sites() -> dict[str, DataSpec]:
-    """The four UCI heart-disease hospitals shipped with the package (natural split)."""
-    return {site: DataSpec(format="heart_disease", path=bundled_path(site)) for site in SITES}
-
-
-class SimulationConfig(BaseModel):
-    """A federation described in one file: the PS settings plus each site's data."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    run_id: str = Field(default="sim", pattern=ID_PATTERN)
-    algorithm: str = "fedavg"
-    hyper: dict[str, float] = Field(default_factory=dict)
-    rounds: int = Field(default=20, ge=1)
-    seed: int = 0
-    selection_metric: str = "auroc"
-    out_dir: Path = Path("runs/sim")
-    model: ModelSpec = DEFAULT_MODEL
-    train: TrainSettings = DEFAULT_TRAIN
-    sites: dict[str, DataSpec] = Field(default_factory=bundled_sites)
-    # In a simulation the researcher holds every site's data, so histograms may "leave" (FedDkw needs them).
-    share_label_histograms: bool = True
-    selection: str = "all"  # all | fraction | recruited (validated by the PS config)
-    fraction: float | None = None
-    recruitment: dict[str, float] = Field(default_factory=dict)  # gamma_dv, gamma_sa, gamma_th
-    pretrained: Path | None = None  # AdaFed / d-AdaFed: a model trained outside the federation
-    # Simulation only, as seed 001 does: pretrain that model on this fraction of the pooled training rows.
-    pretrain_fraction: float | None = Field(default=None, gt=0, le=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _algorithm_defaults(cls, data: Any) -> Any:
-        """Defaults that depend on the algorithm (see `algorithm_defaults`)."""
-        return algorithm_defaults(data) if isinstance(data, dict) else data
-
-    def daemon_config(self) -> DaemonConfig:
-        stray = sorted(set(self.train.hyper) - set(LOCAL_OPTIMISER_KEYS))
-        if stray:  # the algorithm's own keys belong in `hyper`, where its parameter check sees them
-            raise ConfigError(f"simulation config: train.hyper may hold only {', '.join(LOCAL_OPTIMISER_KEYS)}; "
-                              f"move {', '.join(stray)} to `hyper`")
-        local = {**self.train.hyper, **self.hyper}  # as the PS merges them into each task
-        try:
-            check_local_optimiser(local, self.train.optimizer)
-        except ConfigError as exc:
-            raise ConfigError(f"simulation config: {exc}") from None
-        if self.algorithm == "scaffold" and (problem := optimiser_problem(self.algorithm, "sgd", local)):
-            raise ConfigError(f"simulation config: {problem}")
-        if self.algorithm == "central":  # the pooled baseline has no PS; validate as FedAvg would
-            return self.model_copy(update={"algorithm": "fedavg", "hyper": {}}).daemon_config()
-        return validate_config({
-            "run_id": self.run_id, "algorithm": self.algorithm, "rounds": self.rounds, "seed": self.seed,
-            "sites": sorted(self.sites), "out_dir": self.out_dir, "model": self.model, "train": self.train,
-            "credentials": IN_PROCESS, **({"hyper": self.hyper} if self.hyper else {}),
-            "selection": self.selection, "fraction": self.fraction, "recruitment": self.recruitment,
-            "selection_metric": self.selection_metric,
-            # pretrain_fraction: the model is pretrained when the run starts (placeholder for validation)
-            "pretrained": self.pretrained or (Path("(pretrained at start)") if self.pretrain_fraction else None),
-        }, DaemonConfig, source="simulation config")
-
-    def site_configs(self) -> list[SiteConfig]:
-        return [SiteConfig(site_id=site, run_id=self.run_id, credentials=IN_PROCESS,
-                           state_dir=self.out_dir / "state" / site, data=spec, device="cpu", threads=1,
-                           share_label_histogram=self.share_label_histograms)
-                for site, spec in sorted(self.sites.items())]
-
-
-def algorithm_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` (a SimulationConfig as a dict) with the defaults its algorithm needs to run at all.
-
-    - SCAFFOLD and FedNova need plain SGD: train settings left at DEFAULT_TRAIN (or not given) become
-      SGD_TRAIN. Train settings the user changed are kept, so a user's Adam is an error that names the
-      fix (train.optimizer = "sgd"), never silently replaced.
-    - AdaFed's statistics are BatchNorm's: the default model (no norm layers) gets norm = "bn".
-    - AdaFed and d-AdaFed need a pretrained model: without `pretrained` or `pretrain_fraction` the
-      simulation pretrains on DEFAULT_PRETRAIN_FRACTION of the pooled training rows.
-    """
-    algorithm = data.get("algorithm")
-    out = dict(data)
-    if algorithm in SGD_ONLY:
-        train = out.get("train")
-        given = TrainSettings.model_validate(train) if train is not None else DEFAULT_TRAIN
-        if given == DEFAULT_TRAIN:
-            out["train"] = SGD_TRAIN
-    if algorithm == "adafed":
-        model = out.get("model")
-        if model is None or ModelSpec.model_validate(model) == DEFAULT_MODEL:
-            out["model"] = DEFAULT_MODEL.model_copy(update={"args": {**DEFAULT_MODEL.args, "norm": "bn"}})
-    if algorithm in NEEDS_PRETRAINED and out.get("pretrained") is None and out.get("pretrain_fraction") is None:
-        out["pretrain_fraction"] = DEFAULT_PRETRAIN_FRACTION
-    return out
-
-
-def load_simulation_config(path: Path | None, **overrides: Any) -> SimulationConfig:
-    """The config file (relative paths resolved against its folder) with CLI overrides applied."""
-    base = SimulationConfig() if path is None else load_toml(path, SimulationConfig)
-    if path is not None:
-        root = Path(path).resolve().parent
-        sites = {s: d.resolved(root) for s, d in base.sites.items()}
-        out = base.out_dir if base.out_dir.is_absolute() else root / base.out_dir
-        base = base.model_copy(update={"sites": sites, "out_dir": out})
-    updates = {k: v for k, v in overrides.items() if v is not None}
-    return SimulationConfig.model_validate({**base.model_dump(), **updates})
+__all__ = ["DEFAULT_MODEL", "DEFAULT_PRETRAIN_FRACTION", "DEFAULT_TRAIN", "IN_PROCESS", "SGD_TRAIN",
+           "SimulationConfig", "algorithm_defaults", "bundled_sites", "constant_baseline", "finish_report",
+           "load_simulation_config", "pretrain_pooled", "run_simulation"]
 
 
 def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[str, Any]:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from fedmqtt.data.tables import FeatureSpec
+from fedmqtt.data.tables import NAMED_SPECS, FeatureSpec
+from fedmqtt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedmqtt.data.partitioners import PartitionSpec
+
+M = TypeVar("M", bound=BaseModel)
+SPEC_FILE_SUFFIXES = (".toml", ".json")
 
 DataFormat = Literal["heart_disease", "table", "medmnist", "wfdb", "physionet2012"]
 
@@ -23,7 +32,25 @@ class HeartDiseaseOptions(_Options):
 class TableOptions(_Options):
     """`path` is a CSV (or Parquet, with pyarrow) file."""
 
-    spec: str | FeatureSpec = Field(description="a named feature spec ('stroke') or an inline one")
+    spec: str | FeatureSpec = Field(description="the feature spec: a name ('stroke'), an inline table, or the "
+                                    "path of a .toml/.json file holding one")
+
+    @field_validator("spec", mode="before")
+    @classmethod
+    def _named_or_file(cls, value: Any, info: ValidationInfo) -> Any:
+        """A name must be known; a file is read unless the context says `load_files: False`.
+
+        The file is read late on purpose: a config names it relative to its own folder, and the path
+        is only absolute after DataSpec.resolved().
+        """
+        if not isinstance(value, (str, Path)) or str(value) in NAMED_SPECS:
+            return value
+        if not is_spec_file(value):
+            raise ValueError(f"unknown feature spec {str(value)!r}: give a name ({', '.join(NAMED_SPECS)}), an "
+                             "inline table, or the path of a .toml/.json file")
+        if info.context is not None and not info.context.get("load_files", True):
+            return str(value)
+        return load_feature_spec(Path(value))
 
 
 class MedmnistOptions(_Options):
@@ -83,12 +110,13 @@ class DataSpec(BaseModel):
             raise ValueError(f"fractions {self.fractions} must be positive and sum to 1 (train, val, test)")
         if (self.partition is None) != (self.site is None):
             raise ValueError("partition and site go together: the manifest and which of its sites this is")
-        self.parsed_options()  # fail when the config is read, not when training starts
+        self.parsed_options(load_files=False)  # fail when the config is read, not when training starts
         return self
 
-    def parsed_options(self) -> Any:
-        """`options` validated by the format's options model (e.g. `WfdbOptions`)."""
-        return OPTIONS[self.format].model_validate(self.options)
+    def parsed_options(self, *, load_files: bool = True) -> Any:
+        """`options` validated by the format's options model (e.g. `WfdbOptions`); a feature spec given as a
+        file path is read (ConfigError when missing or invalid) unless `load_files` is False."""
+        return OPTIONS[self.format].model_validate(self.options, context={"load_files": load_files})
 
     def resolved(self, base: Path) -> DataSpec:
         """Relative paths (path, partition, options outcomes/cache_dir) made absolute against `base`."""
@@ -100,7 +128,57 @@ class DataSpec(BaseModel):
         for key in ("outcomes", "cache_dir"):
             if options.get(key) is not None:
                 options[key] = fix(options[key])
+        if self.format == "table" and is_spec_file(options.get("spec")):
+            options["spec"] = fix(options["spec"])
         return self.model_copy(update={
             "path": Path(fix(self.path)), "options": options,
             "partition": None if self.partition is None else Path(fix(self.partition)),
         })
+
+
+def is_spec_file(value: Any) -> bool:
+    """Whether `value` names a spec file (.toml or .json) rather than a named spec or an inline table."""
+    return isinstance(value, (str, Path)) and Path(value).suffix.lower() in SPEC_FILE_SUFFIXES
+
+
+def read_spec_file(path: Path, model: type[M], *, table: str | None = None) -> M:
+    """A .toml or .json file as `model`: its top level, or its `table` when it has one.
+
+    Raises:
+        ConfigError: the file is missing, is not valid TOML/JSON, or does not validate; the message
+            names the file and each wrong field.
+    """
+    path = Path(path)
+    what = model.__name__
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.').upper()}: {exc}") from None
+    if table is not None and isinstance(data.get(table), dict):
+        data = data[table]
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: invalid {what}: {fields}") from None
+
+
+def load_feature_spec(path: Path) -> FeatureSpec:
+    """A table's feature spec from a file (label, task, classes, numeric, binary, categorical, drop...)."""
+    return read_spec_file(path, FeatureSpec)
+
+
+def load_data_spec(path: Path) -> DataSpec:
+    """A DataSpec from a file (its keys at the top level, or in a [data] table as in a site config), with
+    relative paths resolved against the file's folder."""
+    return read_spec_file(path, DataSpec, table="data").resolved(Path(path).resolve().parent)
+
+
+def load_partition_spec(path: Path) -> PartitionSpec:
+    """A partition spec from a file: kind, n_sites, alpha, column, cap, seed (docs/algorithms.md 16)."""
+    from fedmqtt.data.partitioners import PartitionSpec
+
+    return read_spec_file(path, PartitionSpec, table="partition")
