@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -11,9 +12,9 @@ app = typer.Typer(help="Reports of finished runs and grids.")
 REPORT_EPILOG = (
     "Examples:\n\n"
     "  fedmqtt report runs/grid --metric auroc --out runs/grid/report\n\n"
-    "  fedmqtt report runs/fedavg runs/fedprox --metric accuracy --which best\n"
+    "  fedmqtt report runs/fedavg runs/fedprox --metric accuracy --which best\n\n"
+    "  fedmqtt report runs/all runs/recruited --metric mae --held-out\n"
 )
-
 
 
 @app.command("report", epilog=REPORT_EPILOG)
@@ -25,12 +26,20 @@ def report_command(
     which: str = typer.Option("final", "--which", help="final: the final model's test metrics; best: the "
                               "best-validation-round model's (docs/algorithms.md 17.1), where the report has them."),
     out: Path | None = typer.Option(None, "--out", help="Write DIR/report.md and the PNG curves here."),
+    held_out: bool | None = typer.Option(
+        None, "--held-out/--no-held-out", help="Also evaluate every run's final model on every site's test "
+        "split (one held-out union, recruited or not): pooled per patient and per-site mean side by side. "
+        "Default: on when a run trained on recruited sites only."),
+    test_sites: Path | None = typer.Option(
+        None, "--test-sites", help="Simulation TOML whose sites make the held-out union, for runs that do "
+        "not record their sites' data (grids and simulations do)."),
 ) -> None:
     """Tabulate runs: mean ± std over seeds per site and on average, rank-sum p-values, curves.
 
     Per partition: the test metric's table (best per column marked) and Wilcoxon rank-sum p-values
     between algorithms. With --out: report.md and PNGs of the validation metric per round (mean over
-    sites, and per site).
+    sites, and per site). When a run trained on recruited sites only, its own test table covers only
+    those sites: the held-out union table then scores every run on the same patients.
     """
     from fedmqtt.errors import FedMqttError
     from fedmqtt.experiments import report as rp
@@ -49,9 +58,40 @@ def report_command(
     tables = rp.summary_table(records, metric, which=chosen)
     tests = rp.wilcoxon_table(records, metric, which=chosen)
     typer.echo(rp.render_text(tables, tests))
+    union = None
+    if held_out if held_out is not None else any(rp.trained_on_subset(r.path) for r in records):
+        union = _union(records, metric, test_sites)
+        typer.echo("\n" + rp.render_union_text(union))
     if out is not None:
         from fedmqtt.experiments.plots import plot_curves
 
         plots = plot_curves(records, metric, out)
-        (out / "report.md").write_text(rp.render_markdown(tables, tests, plots=plots))
+        text = rp.render_markdown(tables, tests, plots=plots)
+        if union is not None:
+            text += "\n" + rp.render_union_markdown(union)
+        (out / "report.md").write_text(text)
         typer.echo(f"report: {out / 'report.md'}; plots: {', '.join(p.name for p in plots)}")
+
+
+if TYPE_CHECKING:
+    from fedmqtt.experiments.report import RunRecord, UnionTable
+
+
+def _union(records: list[RunRecord], metric: str, test_sites: Path | None) -> UnionTable:
+    """The held-out union table, or exit 2 naming what is missing."""
+    from fedmqtt.errors import FedMqttError
+    from fedmqtt.experiments import report as rp
+
+    try:
+        extra = None
+        if test_sites is not None:
+            from fedmqtt.simulation import load_simulation_config
+
+            extra = dict(load_simulation_config(test_sites).sites)
+        sites = rp.held_out_sites(records, extra)
+        if not sites:
+            raise FedMqttError("the runs do not record their sites' data; name them: --test-sites CFG.toml")
+        return rp.union_table(records, metric, sites)
+    except FedMqttError as exc:
+        typer.echo(f"error: held-out union: {exc}", err=True)
+        raise typer.Exit(code=2) from None

@@ -1,0 +1,93 @@
+"""`fedmqtt report` on a recruited run and an all-sites run: both final models scored on the same held-out
+union (every site's test split), pooled per patient and per-site mean side by side (issue 13, item 6)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fedmqtt.cli import app
+from fedmqtt.experiments.report import held_out_sites, load_runs, union_table
+from fedmqtt.simulation import SimulationConfig, run_simulation
+from fedmqtt.training.holdout import load_test_splits
+
+NOT_RECRUITED = "switzerland"  # at gamma_th 0.5 the bundled heart sites recruit cleveland, hungary and va
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("recruit")
+    out = {}
+    for name, selection in (("all", "all"), ("recruited", "recruited")):
+        cfg = SimulationConfig(run_id=name, rounds=1, out_dir=root / name, selection=selection,
+                               recruitment={"gamma_th": 0.5} if selection == "recruited" else {})
+        run_simulation(cfg, progress=False)
+        out[name] = cfg.out_dir
+    (root / "sites.toml").write_text('run_id = "heart"\n')  # the default sites: the bundled hospitals
+    out["sites"] = root / "sites.toml"
+    return out
+
+
+def own_test(run: Path, metric: str) -> dict[str, float | None]:
+    per_site = json.loads((run / "report.json").read_text())["final"]["per_site"]
+    return {s: e["metrics"]["test"].get(metric) if "metrics" in e else None for s, e in per_site.items()}
+
+
+def test_union_scores_every_site_as_the_sites_do(runs: dict[str, Path]) -> None:
+    records = load_runs([runs["all"], runs["recruited"]])
+    sites = SimulationConfig().sites
+    table = union_table(records, "auroc", dict(sites))
+    all_row, rec_row = table.rows
+    assert all_row.per_site == pytest.approx(own_test(runs["all"], "auroc"), abs=1e-9)
+    own = own_test(runs["recruited"], "auroc")
+    assert own[NOT_RECRUITED] is None  # its own report: not recruited, no metrics
+    assert rec_row.per_site is not None and rec_row.per_site[NOT_RECRUITED] is not None
+    assert {s: v for s, v in rec_row.per_site.items() if s != NOT_RECRUITED} == pytest.approx(
+        {s: v for s, v in own.items() if s != NOT_RECRUITED}, abs=1e-9)
+    assert rec_row.trained_on == "3 of 4 (recruited)" and all_row.trained_on == "4 of 4"
+    assert table.patients == sum(len(s.y) for s in load_test_splits(dict(sites)).values())
+
+
+def test_pooled_accuracy_weighs_sites_by_test_size(runs: dict[str, Path]) -> None:
+    sites = dict(SimulationConfig().sites)
+    sizes = {s: len(t.y) for s, t in load_test_splits(sites).items()}
+    for row in union_table(load_runs([runs["all"], runs["recruited"]]), "accuracy", sites).rows:
+        assert row.per_site is not None
+        weighted = sum(sizes[s] * row.per_site[s] for s in sizes) / sum(sizes.values())
+        assert row.pooled == pytest.approx(weighted, abs=1e-12)
+        assert row.site_mean.mean == pytest.approx(np.mean(list(row.per_site.values())), abs=1e-12)
+
+
+def test_cli_needs_the_sites_data_then_prints_both_side_by_side(runs: dict[str, Path], tmp_path: Path) -> None:
+    cli = CliRunner()
+    args = ["report", str(runs["all"]), str(runs["recruited"]), "--metric", "auroc"]
+    missing = cli.invoke(app, args)
+    assert missing.exit_code == 2, missing.output
+    assert "--test-sites" in missing.output
+    done = cli.invoke(app, [*args, "--test-sites", str(runs["sites"]), "--out", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert "fedavg [all]" in done.output and "fedavg [recruited]" in done.output  # not two seeds of one row
+    assert "held-out union" in done.output and "3 of 4 (recruited)" in done.output
+    assert "held-out union" in (tmp_path / "report.md").read_text()
+    plain = cli.invoke(app, [*args, "--no-held-out"])
+    assert plain.exit_code == 0 and "held-out union" not in plain.output
+
+
+def test_conflicting_site_data_is_refused(runs: dict[str, Path]) -> None:
+    from fedmqtt.errors import ConfigError
+
+    records = load_runs([runs["all"]])
+    sites = dict(SimulationConfig().sites)
+    assert held_out_sites(records, sites) == dict(sorted(sites.items()))
+    other = {**sites, "va": sites["hungary"]}
+    (runs["all"] / "grid_point.json").write_text(json.dumps({"config": {"sites": {
+        k: v.model_dump(mode="json") for k, v in sites.items()}}}))
+    try:
+        with pytest.raises(ConfigError, match="site va"):
+            held_out_sites(load_runs([runs["all"]]), other)
+    finally:
+        (runs["all"] / "grid_point.json").unlink()
