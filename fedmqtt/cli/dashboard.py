@@ -17,23 +17,37 @@ def dashboard(
     run_id: Optional[str] = typer.Option(None, "--run-id", help="The run to watch (default: the federation's)."),
     run: list[Path] = typer.Option([], "--run", help="A finished run directory holding report.json (repeat to "
                                    "show runs side by side); no broker needed."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Loopback only (the page has no login or TLS)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. Plain HTTP on loopback only; "
+                             "any other address is served over HTTPS with a login."),
     port: int = typer.Option(8765, "--port", min=0, max=65535),
     seat: str = typer.Option("2", "--seat", help="Observer seat (the broker allows one connection per login; "
                              "`topics watch` takes seat 1 by default)."),
+    tls: bool = typer.Option(False, "--tls", help="HTTPS and a login on loopback too (a network --host always "
+                             "has them)."),
+    cert: Optional[Path] = typer.Option(None, "--cert", help="Your own server certificate (PEM), with --key; "
+                                        "default with --federation: one issued by the federation's CA."),
+    key: Optional[Path] = typer.Option(None, "--key", help="The private key of --cert (PEM)."),
+    name: list[str] = typer.Option([], "--name", help="Host name or address browsers use, put in the generated "
+                                   "certificate (repeatable; default: --host)."),
+    password_file: Optional[Path] = typer.Option(None, "--password-file", help="A file whose first line is the "
+                                                 "login password (12+ characters). Default with --federation: a "
+                                                 "random one, shown once, kept only as a scrypt hash."),
+    new_password: bool = typer.Option(False, "--new-password", help="Replace the stored generated password."),
 ) -> None:
     """Serve a read-only page with the run's progress, every site's state and the metrics per round."""
     from broker.federation import load_federation
     from fedmqtt.config_io import load_toml
-    from fedmqtt.dashboard.server import Board, BrokerListener, require_loopback, serve
+    from fedmqtt.dashboard.server import Board, BrokerListener, check_exposure, is_loopback, serve
     from fedmqtt.dashboard.state import RunView
     from fedmqtt.errors import FedMqttError
     from fedmqtt.transport.settings import BrokerSettings
 
-    require_loopback(host)
+    secure = tls or not is_loopback(host) or cert is not None
+    check_exposure(host, secure=secure)
     if bool(federation) + bool(credentials) + bool(run) != 1:
         raise FedMqttError("give exactly one of --federation DIR, --credentials observer.toml (with --run-id) "
                            "or --run DIR (repeatable)")
+    access = _access(host, federation, cert, key, name, password_file, new_password) if secure else None
     views: list[RunView] = []
     listener = None
     if run:
@@ -65,7 +79,44 @@ def dashboard(
         listener.connect()
         listener.start()
     try:
-        serve(board, host=host, port=port, on_ready=lambda url: typer.echo(f"dashboard: {url}  (Ctrl-C to stop)"))
+        serve(board, host=host, port=port, access=access,
+              on_ready=lambda url: typer.echo(f"dashboard: {url}  (Ctrl-C to stop)"))
     finally:
         if listener is not None:
             listener.close()
+
+
+def _access(host: str, federation: Optional[Path], cert: Optional[Path], key: Optional[Path], names: list[str],
+            password_file: Optional[Path], new_password: bool):
+    """TLS context and login for HTTPS mode; says where the certificate comes from and how to log in."""
+    from broker.certs import fingerprint_sha256
+    from fedmqtt.dashboard import login, tls
+    from fedmqtt.dashboard.server import Access
+    from fedmqtt.errors import FedMqttError
+
+    if (cert is None) != (key is None):
+        raise FedMqttError("--cert and --key go together")
+    if cert is None:
+        if federation is None:
+            raise FedMqttError("HTTPS needs a certificate: pass --cert and --key, or --federation DIR to have its "
+                               "CA issue one")
+        wildcard = host in ("0.0.0.0", "::")
+        if wildcard and not names:
+            raise FedMqttError(f"--host {host} listens on every address: name the ones browsers use with --name "
+                               "(repeatable), so the certificate covers them")
+        cert, key, ca = tls.federation_certificate(federation, list(dict.fromkeys(names or [host])))
+        typer.echo(f"dashboard certificate: {cert}, issued by {ca} (SHA-256 {fingerprint_sha256(ca.read_bytes())}); "
+                   "browsers trust the page once they trust that CA")
+    context = tls.server_context(cert, key)
+    if password_file is not None:
+        hashed = login.password_from_file(password_file)
+    elif federation is not None:
+        hashed, fresh = login.stored_password(tls.dashboard_dir(federation), renew=new_password)
+        where = tls.dashboard_dir(federation) / login.HASH_FILE
+        if fresh is not None:
+            typer.echo(f"dashboard password (shown only now; {where} keeps its scrypt hash): {fresh}")
+        else:
+            typer.echo(f"dashboard password: the one shown when {where} was made (--new-password replaces it)")
+    else:
+        raise FedMqttError("HTTPS mode needs a login: pass --password-file (or --federation DIR for a generated one)")
+    return Access(tls=context, sessions=login.Sessions(hashed))

@@ -9,16 +9,20 @@ HTTP response stream needs nothing from the broker and nothing in the browser bu
 from __future__ import annotations
 
 import asyncio
+import html
 import ipaddress
 import json
 import logging
+import ssl
 import threading
 import time
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
 
+from fedmqtt.dashboard.login import COOKIE, SESSION_S, Sessions
 from fedmqtt.dashboard.state import RunView
 from fedmqtt.errors import FedMqttError
 
@@ -27,22 +31,37 @@ log = logging.getLogger("fedmqtt.dashboard")
 # Everything the page loads comes from this server; no inline script or style, no frames, no forms.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+LOGIN_CSP = CSP.replace("form-action 'none'", "form-action 'self'")  # the login form posts to this server only
+PUBLIC = ("/login", "/static/style.css")  # what a browser may fetch before logging in
+MAX_REQUEST_BYTES = 4096  # the only body ever accepted is the login form
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 PUSH_EVERY_S = 0.5
 HEARTBEAT_S = 15.0
 
 
-def require_loopback(host: str) -> str:
-    """The page has no login and no TLS yet: serving it beyond this machine would show the run to anyone."""
+def is_loopback(host: str) -> bool:
     try:
-        loopback = ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
-        raise FedMqttError(f"refusing to serve the dashboard on {host!r}: it has no login or TLS, so it only listens "
-                           "on loopback (127.0.0.1 or ::1). To watch from another machine, tunnel the port, e.g. "
-                           "`ssh -L 8765:127.0.0.1:8765 <this host>`.")
+        return host == "localhost"
+
+
+def check_exposure(host: str, *, secure: bool) -> str:
+    """Plain HTTP only on loopback: on a network address anyone who can reach the port would see the run."""
+    if not secure and not is_loopback(host):
+        raise FedMqttError(f"refusing to serve the dashboard on {host!r} over plain HTTP: a network address needs "
+                           "TLS and a login (pass --federation DIR to have its CA issue a certificate, or --cert and "
+                           "--key; a password is generated, or set with --password-file). Or stay on loopback and "
+                           "tunnel the port, e.g. `ssh -L 8765:127.0.0.1:8765 <this host>`.")
     return host
+
+
+@dataclass
+class Access:
+    """TLS and login; both or neither (a login over plain HTTP would send the password in clear)."""
+
+    tls: ssl.SSLContext
+    sessions: Sessions
 
 
 class Board:
@@ -102,6 +121,9 @@ class BrokerListener(threading.Thread):
             raw = self.transport.get(0.2)
             note = "" if self.transport.connected else "broker connection lost: reconnecting (the page shows the last known state)"
             with self.board.lock:
+                if self.view.broker_connected != self.transport.connected:
+                    self.view.broker_connected = self.transport.connected
+                    self.view.version += 1
                 self.board.note = note
                 if raw is not None:
                     self.view.on_message(raw.topic, raw.payload, now=time.time(), max_bytes=max_bytes)
@@ -114,18 +136,85 @@ class BrokerListener(threading.Thread):
 
 @web.middleware
 async def security_headers(request: web.Request, handler: Any) -> web.StreamResponse:
-    if request.method not in ("GET", "HEAD"):
+    if request.method not in ("GET", "HEAD") and not (request.method == "POST" and request.path == "/login"):
         raise web.HTTPMethodNotAllowed(request.method, ["GET"])
-    response = await handler(request)
-    response.headers["Content-Security-Policy"] = CSP
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:  # 401, 404, redirects: the same headers as any page
+        _harden(request, exc)
+        raise
+    return _harden(request, response)
+
+
+def _harden(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "no-referrer"
+    # same-origin, not no-referrer: with no-referrer the browser sends `Origin: null` on the login form's POST,
+    # and the login checks Origin to refuse a form posted from another site.
+    response.headers["Referrer-Policy"] = "same-origin"
     response.headers["Cache-Control"] = "no-store"
+    if request.secure:
+        response.headers["Strict-Transport-Security"] = "max-age=86400"
     return response
 
 
-def make_app(board: Board) -> web.Application:
-    app = web.Application(middlewares=[security_headers])
+def login_required(sessions: Sessions) -> Any:
+    """Everything but the login page and its style sheet needs a valid session cookie."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path in PUBLIC or sessions.valid(request.cookies.get(COOKIE)):
+            return await handler(request)
+        if request.path == "/":
+            raise web.HTTPSeeOther("/login")
+        raise web.HTTPUnauthorized(text="log in at /login\n")
+
+    return check
+
+
+def login_page(message: str = "") -> str:
+    note = f'<p class="warn">{html.escape(message)}</p>' if message else ""
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>fedmqtt dashboard: log in</title>'
+            '<link rel="stylesheet" href="/static/style.css"></head><body>'
+            '<header><h1>fedmqtt dashboard</h1></header>'
+            '<form class="login" method="post" action="/login">'
+            '<label for="password">Dashboard password</label>'
+            '<input id="password" name="password" type="password" autocomplete="current-password" required autofocus>'
+            f'{note}<button type="submit">Log in</button></form></body></html>')
+
+
+def add_login_routes(app: web.Application, sessions: Sessions) -> None:
+    async def form(request: web.Request) -> web.Response:
+        return web.Response(text=login_page(), content_type="text/html", headers={"Content-Security-Policy": LOGIN_CSP})
+
+    async def submit(request: web.Request) -> web.Response:
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != f"{request.scheme}://{request.host}":
+            raise web.HTTPForbidden(text="cross-site login refused\n")
+        client = request.remote or "?"
+        if sessions.throttled(client):
+            return web.Response(status=429, text=login_page("Too many failed logins: wait a minute."),
+                                content_type="text/html", headers={"Content-Security-Policy": LOGIN_CSP})
+        password = str((await request.post()).get("password", ""))
+        # scrypt takes ~0.1 s of CPU: run it off the event loop so the live page keeps streaming meanwhile.
+        token = await asyncio.get_running_loop().run_in_executor(None, sessions.login, client, password)
+        if token is None:
+            log.warning("dashboard: failed login from %s", client)
+            return web.Response(status=401, text=login_page("Wrong password."), content_type="text/html",
+                                headers={"Content-Security-Policy": LOGIN_CSP})
+        response = web.Response(status=303, headers={"Location": "/"})
+        response.set_cookie(COOKIE, token, max_age=SESSION_S, path="/", secure=True, httponly=True, samesite="Strict")
+        return response
+
+    app.router.add_get("/login", form)
+    app.router.add_post("/login", submit)
+
+
+def make_app(board: Board, sessions: Sessions | None = None) -> web.Application:
+    middlewares = [security_headers] + ([login_required(sessions)] if sessions is not None else [])
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_REQUEST_BYTES)
+    if sessions is not None:
+        add_login_routes(app, sessions)
     files = resources.files("fedmqtt.dashboard") / "static"
 
     async def static(request: web.Request) -> web.Response:
@@ -162,16 +251,18 @@ def make_app(board: Board) -> web.Application:
     return app
 
 
-def serve(board: Board, *, host: str, port: int, on_ready: Any = None) -> None:
-    require_loopback(host)
+def serve(board: Board, *, host: str, port: int, access: Access | None = None, on_ready: Any = None) -> None:
+    check_exposure(host, secure=access is not None)
 
     async def main() -> None:
-        runner = web.AppRunner(make_app(board), access_log=None, shutdown_timeout=1.0)
+        app = make_app(board, access.sessions if access is not None else None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=access.tls if access is not None else None)
         await site.start()
         if on_ready is not None:
-            on_ready(f"http://{host}:{port}/" if ":" not in host else f"http://[{host}]:{port}/")
+            scheme = "https" if access is not None else "http"
+            on_ready(f"{scheme}://{host}:{port}/" if ":" not in host else f"{scheme}://[{host}]:{port}/")
         try:
             await asyncio.Event().wait()
         finally:

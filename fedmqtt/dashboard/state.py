@@ -55,6 +55,10 @@ class RunView:
     sites_online: tuple[str, ...] = ()
     waiting_for: tuple[str, ...] = ()
     deadline: float | None = None
+    quorum: int = 0
+    min_sites: int = 0
+    broker_connected: bool = True  # set by the listener; a lost broker makes the PS's state unknown
+    messages: int = 0  # messages received for this run (what the dashboard costs the broker in deliveries)
     rejected: dict[str, dict[str, int]] = field(default_factory=dict)
     ps_last_seen: float | None = None
     sites: dict[str, SiteView] = field(default_factory=dict)
@@ -72,6 +76,7 @@ class RunView:
         """Validate and apply one message; return True if the view changed. Never raises on bad input."""
         if not payload:
             return False  # a cleared retained topic
+        self.messages += 1
         try:
             parsed, msg = check_message(topic, payload, run_id=self.run_id, max_bytes=max_bytes)
         except FedMqttError as exc:
@@ -106,6 +111,7 @@ class RunView:
         self.round, self.rounds_total = min(msg.round, msg.rounds_total or msg.round), msg.rounds_total
         self.sites_expected, self.sites_online = tuple(msg.sites_expected), tuple(msg.sites_online)
         self.waiting_for, self.deadline = tuple(msg.waiting_for), msg.deadline
+        self.quorum, self.min_sites = msg.quorum, msg.min_sites
         self.rejected = {s: dict(r) for s, r in msg.rejected.items()}
         self.ps_last_seen = now
         for name in msg.sites_expected:
@@ -143,6 +149,8 @@ class RunView:
         rounds = report.get("rounds") or []
         config = report.get("config") or {}
         view.rounds_total = int(config.get("rounds", len(rounds)) or len(rounds))
+        view.quorum = int(config.get("quorum") or 0)
+        view.min_sites = int(config.get("min_sites") or len(config.get("sites") or ()))
         for r in rounds:
             n = int(r["round"])
             view.rounds[n] = {"round": n, "sites": list(r.get("sites", [])), "stragglers": list(r.get("stragglers", [])),
@@ -166,10 +174,23 @@ class RunView:
                 site.usage = {k: float(v) for k, v in total.items() if isinstance(v, (int, float))}
         for site in view.sites.values():
             site.state = "finished"
-        view.sites_expected = tuple(view.sites)
+        view.sites_expected = tuple(sorted(str(s) for s in (config.get("sites") or view.sites)))
         return view
 
     # -- what the page gets ---------------------------------------------------------------------------
+    def status(self) -> str:
+        """One word for the run: live (the PS is running), finished, offline (the PS is gone before the end),
+        error (the PS stopped on an error), waiting (no PS status yet) or unknown (the broker is unreachable)."""
+        if self.source == "report" or self.ps_state == "done":
+            return "finished"
+        if not self.broker_connected:
+            return "unknown"
+        if self.ps_state in ("offline", "error"):
+            return self.ps_state
+        if self.ps_state == "unknown":
+            return "waiting"
+        return "live"
+
     def snapshot(self, *, now: float) -> dict[str, Any]:
         rounds = [self.rounds[n] for n in sorted(self.rounds)]
         durations = [r["duration_s"] for r in rounds if isinstance(r.get("duration_s"), (int, float)) and r["duration_s"] > 0]
@@ -181,10 +202,12 @@ class RunView:
             missing_before = self.first_metrics_round
         return {
             "run_id": self.run_id, "source": self.source, "label": self.label or self.run_id,
+            "status": self.status(), "messages": self.messages,
             "ps": {"state": self.ps_state, "detail": self.ps_detail, "last_seen": self.ps_last_seen},
             "algorithm": self.algorithm, "round": self.round, "rounds_total": self.rounds_total,
             "sites_expected": list(self.sites_expected), "sites_online": list(self.sites_online),
             "waiting_for": list(self.waiting_for), "deadline": self.deadline,
+            "quorum": self.quorum, "min_sites": self.min_sites,
             "seconds_per_round": per_round, "eta_s": eta,
             "history_missing_before": missing_before,
             "sites": [self.sites[n].as_json(self.rejected) for n in sorted(self.sites)],

@@ -40,7 +40,8 @@ def wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes], log: P
 
 @pytest.fixture
 def dashboard(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """Factory: `dashboard(*cli_args)` starts `fedmqtt dashboard ... --port P` and returns its URL."""
+    """Factory: `dashboard(*cli_args)` starts `fedmqtt dashboard ... --port P` and returns its URL (https with
+    --tls); its output goes to `dashboard-<port>.log` in the test's tmp dir."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*args: str) -> str:
@@ -51,7 +52,7 @@ def dashboard(tmp_path: Path) -> Iterator[Callable[..., str]]:
                                     stdout=fh, stderr=subprocess.STDOUT)
         procs.append(proc)
         wait_port(port, 30, proc, log)
-        return f"http://127.0.0.1:{port}/"
+        return f"{'https' if '--tls' in args else 'http'}://127.0.0.1:{port}/"
 
     yield start
     for proc in procs:
@@ -65,6 +66,16 @@ def dashboard(tmp_path: Path) -> Iterator[Callable[..., str]]:
 @pytest.fixture
 def chrome() -> Iterator[object]:
     """A headless Chromium driven by selenium through the system chromedriver."""
+    yield from _chrome(accept_insecure_certs=False)
+
+
+@pytest.fixture
+def chrome_tls() -> Iterator[object]:
+    """The same, accepting the test federation's certificate (its CA is not in the browser's trust store)."""
+    yield from _chrome(accept_insecure_certs=True)
+
+
+def _chrome(*, accept_insecure_certs: bool) -> Iterator[object]:
     missing = ([CHROMEDRIVER] if not os.path.exists(CHROMEDRIVER) else []) + ([] if shutil.which("chromium") else ["chromium"])
     try:
         from selenium import webdriver
@@ -81,6 +92,7 @@ def chrome() -> Iterator[object]:
                 "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
         options.add_argument(arg)
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    options.accept_insecure_certs = accept_insecure_certs
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
     yield driver

@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedmqtt.dashboard.server import CSP, require_loopback
+from fedmqtt.dashboard.server import CSP, check_exposure
 from fedmqtt.dashboard.state import RunView
 from fedmqtt.errors import FedMqttError
 from fedmqtt.transport import topics
@@ -69,15 +69,43 @@ def test_garbage_is_counted_never_raised_or_shown(kind: str, payload: bytes) -> 
     assert view.invalid == (1 if payload else 0)
 
 
-def test_only_loopback_is_served() -> None:
-    assert require_loopback("127.0.0.1") and require_loopback("::1") and require_loopback("localhost")
+def test_plain_http_is_served_on_loopback_only() -> None:
+    assert check_exposure("127.0.0.1", secure=False) and check_exposure("::1", secure=False)
+    assert check_exposure("localhost", secure=False)
     for host in ("0.0.0.0", "192.168.1.5", "example.org"):
+        assert check_exposure(host, secure=True) == host  # HTTPS with a login may face the network
         try:
-            require_loopback(host)
+            check_exposure(host, secure=False)
         except FedMqttError as exc:
-            assert "loopback" in str(exc)
+            assert "TLS and a login" in str(exc)
         else:
-            raise AssertionError(f"{host} was accepted")
+            raise AssertionError(f"{host} was accepted over plain HTTP")
+
+
+def _status(state: str, **kw: object) -> m.DaemonStatus:
+    return m.DaemonStatus(run_id=RUN, sender="ps", round=2, state=state, algorithm="fedavg", rounds_total=5,
+                          sites_expected=("a", "b", "c"), **kw)
+
+
+def test_quorum_and_min_sites_come_from_ps_status() -> None:
+    view = RunView(run_id=RUN)
+    assert view.snapshot(now=1.0)["status"] == "waiting"  # nothing from the PS yet
+    _feed(view, topics.ps_status_topic(RUN), _status("training", quorum=2, min_sites=3))
+    snap = view.snapshot(now=1.0)
+    assert (snap["quorum"], snap["min_sites"], len(snap["sites_expected"])) == (2, 3, 3)
+    assert snap["status"] == "live"
+
+
+def test_status_says_live_finished_or_offline() -> None:
+    view = RunView(run_id=RUN)
+    for ps_state, shown in (("waiting_for_sites", "live"), ("evaluating", "live"), ("offline", "offline"),
+                            ("training", "live"), ("error", "error"), ("done", "finished")):
+        _feed(view, topics.ps_status_topic(RUN), _status(ps_state))
+        assert view.snapshot(now=1.0)["status"] == shown, ps_state
+    view.ps_state = "training"
+    view.broker_connected = False  # the last known state may be stale: say so instead of "live"
+    assert view.snapshot(now=1.0)["status"] == "unknown"
+    assert view.messages == 6
 
 
 def _report(tmp: Path) -> Path:
@@ -85,7 +113,8 @@ def _report(tmp: Path) -> Path:
     run.mkdir()
     rounds = [{"round": r, "sites": ["a", "b"], "stragglers": [], "per_site": {"a": {"loss": 1 / r}, "b": {"loss": 2 / r}},
                "mean": {"loss": 1.5 / r}, "train_loss": None, "duration_s": 1.0} for r in (1, 2, 3)]
-    report = {"run_id": "rep", "algorithm": "fedprox", "config": {"rounds": 3}, "rounds": rounds,
+    report = {"run_id": "rep", "algorithm": "fedprox", "config": {"rounds": 3, "sites": ["b", "a"], "quorum": 1},
+              "rounds": rounds,
               "final": {"per_site": {"a": {"metrics": {"test": {"loss": 0.3}}}, "b": {"missing": "offline"}},
                         "mean": {"test": {"loss": 0.3}}},
               "best_round": {"round": 3, "score": 0.5, "metric": "val loss"}, "recruitment": None,
@@ -102,6 +131,7 @@ def test_http_is_read_only_with_a_strict_csp(dashboard, tmp_path: Path) -> None:
         state = json.loads(resp.read())
     run = state["runs"][0]
     assert run["algorithm"] == "fedprox" and [r["round"] for r in run["rounds"]] == [1, 2, 3]
+    assert run["status"] == "finished" and (run["quorum"], run["min_sites"], run["sites_expected"]) == (1, 2, ["a", "b"])
     assert run["best_round"]["round"] == 3 and {s["name"]: s["usage"].get("cpu_s") for s in run["sites"]}["a"] == 1.5
     assert "password" not in json.dumps(state)
     for method, path, code in (("POST", "api/state", 405), ("PUT", "", 405), ("GET", "static/..%2Fstate.py", 404),

@@ -25,6 +25,18 @@ function fmtDur(s) {
 }
 function fmtAgo(t, now) { return typeof t === "number" ? fmtDur(Math.max(0, now - t)) + " ago" : "never"; }
 
+// What each run status means on the page (state.py's RunView.status decides which applies).
+const STATUS_TEXT = {
+  live: "live", finished: "finished", offline: "offline: the PS is gone before the end",
+  error: "stopped: the PS reported an error", waiting: "waiting: no PS status on the broker yet",
+  unknown: "unknown: the broker is unreachable",
+};
+
+function overallStatus(runs) {
+  const kinds = [...new Set(runs.map((r) => r.status))];
+  return kinds.length === 1 ? kinds[0] : "mixed";
+}
+
 function facts(pairs) {
   const dl = el("dl", { class: "facts" });
   for (const [k, v] of pairs) dl.append(el("dt", {}, k), el("dd", {}, v));
@@ -33,12 +45,15 @@ function facts(pairs) {
 
 function runFacts(run, now) {
   const pairs = [
+    ["status", STATUS_TEXT[run.status] || run.status],
     ["source", run.source === "live" ? "live from the broker (observer)" : "finished run (report.json)"],
     ["algorithm", run.algorithm || "–"],
     ["round", `${run.round} of ${run.rounds_total || "?"}`],
     ["phase", run.ps.state + (run.ps.detail ? ` — ${run.ps.detail}` : "")],
     ["time per round", fmtDur(run.seconds_per_round)],
     ["time to finish", run.eta_s == null ? "–" : fmtDur(run.eta_s) + " at the current pace"],
+    ["quorum", run.quorum ? `${run.quorum} of ${run.sites_expected.length} (updates that close a round at its deadline)` : "–"],
+    ["min sites", run.min_sites ? `${run.min_sites} of ${run.sites_expected.length} online before round 1` : "–"],
   ];
   if (run.source === "live") {
     pairs.push(["sites online", `${run.sites_online.length} of ${run.sites_expected.length}`]);
@@ -140,7 +155,9 @@ function plots(run) {
 
 function renderRun(run, now) {
   const sec = el("section", { class: "run", "data-run": run.run_id });
-  sec.append(el("h2", {}, `run ${run.run_id}` + (run.source === "report" ? ` — ${run.label}` : "")));
+  const badgeClass = "badge badge-" + (/^[a-z]+$/.test(run.status) ? run.status : "unknown");
+  sec.append(el("h2", {}, `run ${run.run_id}` + (run.source === "report" ? ` — ${run.label}` : "") + " ",
+    el("span", { class: badgeClass }, run.status)));
   sec.append(runFacts(run, now));
   if (run.history_missing_before) {
     sec.append(el("p", { class: "warn history" }, `Rounds before ${run.history_missing_before} closed before this dashboard ` +
@@ -157,14 +174,19 @@ function render(state) {
   const main = document.getElementById("runs");
   main.replaceChildren(...state.runs.map((r) => renderRun(r, state.now)));
   document.getElementById("note").textContent = state.note || "";
+  const status = overallStatus(state.runs);
+  const badge = document.getElementById("status");
+  badge.textContent = status;
+  badge.className = "badge badge-" + (/^[a-z]+$/.test(status) ? status : "unknown");
   document.body.setAttribute("data-updated", String(state.now));
 }
 
 function connect() {
   const source = new EventSource("/events");
   const conn = document.getElementById("conn");
-  source.onopen = () => { conn.textContent = "live"; };
-  source.onmessage = (ev) => { render(JSON.parse(ev.data)); conn.textContent = "live, updated " + new Date().toLocaleTimeString(); };
+  // #conn is about this page's link to the dashboard server only; whether the run is live is #status.
+  source.onopen = () => { conn.textContent = "connected"; };
+  source.onmessage = (ev) => { render(JSON.parse(ev.data)); conn.textContent = "updated " + new Date().toLocaleTimeString(); };
   source.onerror = () => { conn.textContent = "dashboard server unreachable: retrying"; };
 }
 document.addEventListener("DOMContentLoaded", connect);
