@@ -33,13 +33,17 @@ class _Raw(BaseModel):
 
 
 class RecruitmentConfig(BaseModel):
-    """Seed 002's gammas (docs/algorithms.md 15): divergence weight, sample-size weight, threshold."""
+    """Recruitment (docs/algorithms.md 15): how a site's score weighs divergence and sample size, and the
+    threshold it must pass."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    gamma_dv: float = Field(default=0.5, ge=0)
-    gamma_sa: float = Field(default=0.5, ge=0)
-    gamma_th: float = Field(default=0.1, ge=0, le=1)
+    gamma_dv: float = Field(default=0.5, ge=0, description="weight of a site's label-distribution divergence "
+                            "in its score")
+    gamma_sa: float = Field(default=0.5, ge=0, description="weight of 1/sqrt(the site's sample count) in its "
+                            "score")
+    gamma_th: float = Field(default=0.1, ge=0, le=1, description="sites join in rank order until their summed "
+                            "scores reach this share of the total (0: one site, 1: all)")
 
 
 class DaemonConfig(BaseModel):
@@ -47,28 +51,36 @@ class DaemonConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    run_id: str = Field(pattern=ID_PATTERN)
-    algorithm: str = "fedavg"
+    run_id: str = Field(pattern=ID_PATTERN, description="the run's id: every topic lives under fedmqtt/v1/<run_id>/ "
+                        "and must match the broker's ACL")
+    algorithm: str = Field(default="fedavg", description="the federated strategy (`fedmqtt algorithms` lists them; "
+                           "docs/algorithms.md)")
     hyper: dict[str, float] = Field(default_factory=dict, description="the algorithm's hyper-parameters")
-    rounds: int = Field(default=20, ge=1, le=100_000)
+    rounds: int = Field(default=20, ge=1, le=100_000, description="training rounds before the final evaluation")
     sites: tuple[str, ...] = Field(min_length=1, description="site ids allowed to take part")
     min_sites: int | None = Field(default=None, ge=1, description="sites online before round 1 (default: all)")
     quorum: int = Field(default=1, ge=1, description="updates needed to close a round at its deadline")
     selection: Literal["all", "fraction", "recruited"] = Field(
         default="all", description="all online sites; a seeded fraction per round; or the recruited set")
     fraction: float | None = Field(default=None, gt=0, le=1, description="share of the pool drawn each round")
-    recruitment: RecruitmentConfig = RecruitmentConfig()
-    round_timeout_s: float = Field(default=300.0, gt=0)
+    recruitment: RecruitmentConfig = Field(default=RecruitmentConfig(), description="recruitment weights and "
+                                           "threshold, used with selection = \"recruited\"")
+    round_timeout_s: float = Field(default=300.0, gt=0, description="a round's deadline: then it closes if the "
+                                   "quorum is met, else the deadline is extended and the missing sites named")
     # Nothing arrived for the open round for this long: re-publish its model and the missing sites' tasks (a
     # broker that lost retained messages, a lost uplink), and say so in ps/status. 0 turns it off.
-    stall_s: float = Field(default=120.0, ge=0, allow_inf_nan=False)
-    seed: int = 0
-    selection_metric: str = Field(default="auroc", description="validation metric of the best round (17.1); "
+    stall_s: float = Field(default=120.0, ge=0, allow_inf_nan=False, description="nothing arrived for the open "
+                           "round for this long: re-publish its model and the missing sites' tasks (0: never)")
+    seed: int = Field(default=0, description="seeds the initial model, the per-round draw of sites and "
+                      "local training (every task carries it in place of train.seed)")
+    selection_metric: str = Field(default="auroc", description="validation metric of the best round "
+                                  "(docs/algorithms.md 17.1); "
                                   "loss, mae, mape, mse and msle are minimised, the rest maximised")
-    out_dir: Path = Path("runs/ps")
-    keep_checkpoints: int = Field(default=3, ge=1)
-    model: ModelSpec
-    train: TrainSettings = TrainSettings()
+    out_dir: Path = Field(default=Path("runs/ps"), description="where checkpoints, logs and the run report go")
+    keep_checkpoints: int = Field(default=3, ge=1, description="checkpoints kept on disk (the newest ones)")
+    model: ModelSpec = Field(description="the model every site trains")
+    train: TrainSettings = Field(default=TrainSettings(), description="local-training settings sent with each "
+                                 "task")
     credentials: Path = Field(description="TOML file with a [broker] table (host, port, username, password)")
     pretrained: Path | None = Field(default=None, description="safetensors model for AdaFed's statistics")
 

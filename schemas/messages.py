@@ -1,4 +1,4 @@
-"""Every payload kind, discriminated on `kind`. Topics and directions: docs/design-notes.md."""
+"""Every payload kind, discriminated on `kind`. Topics, directions and schemas: docs/protocol.md."""
 
 from __future__ import annotations
 
@@ -31,26 +31,37 @@ MAX_SPLITS = 64  # "val", "test", "best.val", ...
 class ModelSpec(Frozen):
     """Which model to build and with which arguments (a registry name, never code)."""
 
-    name: str = Field(pattern=r"^[a-z0-9_]+$", max_length=64)
+    name: str = Field(pattern=r"^[a-z0-9_]+$", max_length=64, description="a model of the registry "
+                      "(fedmqtt/training/models.py), e.g. `mlp`")
     args: Annotated[dict[Name, Scalar | Annotated[list[Int64], Field(max_length=1024)]],
-                    Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
+                    Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict, description="the model's "
+                                                               "constructor arguments, e.g. in_features, hidden")
 
 
 class TrainSettings(Frozen):
     """Local-training settings the PS sends with each task."""
 
-    algorithm: str = Field(default="fedavg", max_length=64)
-    epochs: int = Field(default=1, ge=1, le=1_000_000)
-    # Seed 003's "4 local epochs of 3 batches of 50": at most this many batches per epoch (None: all)
-    steps_per_epoch: int | None = Field(default=None, ge=1, le=MAX_COUNT)
-    batch_size: int = Field(default=16, ge=1, le=2**31)
-    lr: float = Field(default=1e-3, gt=0, le=1e6, allow_inf_nan=False)
-    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
-    weight_decay: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
-    seed: Int64 = 0
+    algorithm: str = Field(default="fedavg", max_length=64, description="the client rule to train with; the PS "
+                           "sends its config's `algorithm` here")
+    epochs: int = Field(default=1, ge=1, le=1_000_000, description="local epochs per round")
+    # e.g. "4 local epochs of 3 batches of 50": at most this many batches per epoch (None: all)
+    steps_per_epoch: int | None = Field(default=None, ge=1, le=MAX_COUNT, description="at most this many batches "
+                                        "per epoch (unset: the whole training split)")
+    batch_size: int = Field(default=16, ge=1, le=2**31, description="rows per local batch")
+    lr: float = Field(default=1e-3, gt=0, le=1e6, allow_inf_nan=False, description="local learning rate")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(default="adam", description="local optimiser (SCAFFOLD "
+                                                       "and FedNova need sgd)")
+    weight_decay: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False, description="local L2 weight "
+                                "decay")
+    seed: Int64 = Field(default=0, description="local-training seed, from which each site and round derive their "
+                         "own; the PS sends its config's `seed` here")
     # auto: BCE for binary and (masked) multilabel, cross-entropy for multiclass, MSE for regression
-    loss: Literal["auto", "bce", "ce", "mse", "msle"] = "auto"
-    hyper: Annotated[dict[Name, Real], Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
+    loss: Literal["auto", "bce", "ce", "mse", "msle"] = Field(default="auto", description="auto: BCE for binary "
+                                                              "and multilabel, cross-entropy for multiclass, MSE "
+                                                              "for regression")
+    hyper: Annotated[dict[Name, Real], Field(max_length=MAX_MAP_ENTRIES)] = Field(
+        default_factory=dict, description="local-optimiser options: momentum, nesterov, balance_classes "
+        "(the algorithm's own keys go in the PS config's `hyper`)")
 
 
 class GlobalModel(Header):
@@ -104,7 +115,7 @@ class EvalTask(Header):
 
 
 class RecruitmentResult(Header):
-    """`ps/task/<site>`: whether this site was recruited (seed 002), with its score and rank."""
+    """`ps/task/<site>`: whether this site was recruited (docs/algorithms.md 15), with its score and rank."""
 
     kind: Literal["recruitment_result"] = "recruitment_result"
     # Which start of the run this belongs to (a fresh `ps start` draws a new one; `--resume` keeps it), so a

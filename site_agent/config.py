@@ -18,12 +18,13 @@ class SiteConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    site_id: str = Field(pattern=ID_PATTERN)
-    run_id: str = Field(pattern=ID_PATTERN)
+    site_id: str = Field(pattern=ID_PATTERN, description="this site's id: also its broker user name")
+    run_id: str = Field(pattern=ID_PATTERN, description="the run to take part in (the PS config's run_id)")
     credentials: Path = Field(description="TOML file with this site's own [broker] table")
     state_dir: Path = Field(description="where the agent keeps its uplink payloads and local state")
-    data: DataSpec
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: DataSpec = Field(description="where this site's data is and how to read it (docs/data-preparation.md)")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="where to train: auto = CUDA when "
+                                                   "available, else CPU")
     amp: Literal["auto", "off", "bf16"] = Field(
         default="auto", description="mixed precision on CUDA: auto = bfloat16 where the GPU supports it; never on CPU")
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for torch")

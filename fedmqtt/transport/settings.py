@@ -14,37 +14,55 @@ class BrokerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=1883, ge=1, le=65535)
-    username: str
-    password: str = Field(min_length=1, repr=False)
-    keepalive_s: int = Field(default=30, ge=5, le=3600)
-    tls_ca_file: Path | None = None  # set for a TLS listener (production); None on loopback
+    host: str = Field(default="127.0.0.1", description="the broker's host name or address (for TLS: the name "
+                      "its certificate was issued for)")
+    port: int = Field(default=1883, ge=1, le=65535, description="the broker's MQTT port")
+    username: str = Field(description="this party's broker user: `ps`, `observer` or the site id")
+    password: str = Field(min_length=1, repr=False, description="this party's broker password (written by "
+                          "`fedmqtt broker init`)")
+    keepalive_s: int = Field(default=30, ge=5, le=3600, description="MQTT keepalive: the broker declares a silent "
+                             "client lost (and fires its Last Will) after 1.5 times this")
+    tls_ca_file: Path | None = Field(default=None, description="CA certificate (PEM) to verify the broker "
+                                     "against; set for a TLS listener, unset on loopback")
     # Mutual TLS: this party's client certificate and key (PEM), issued by the federation's CA. The broker
     # requires one on top of the password (`broker init --mtls`; the CRL revokes it on rotate/remove-site).
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
+    tls_cert_file: Path | None = Field(default=None, description="mutual TLS: this party's client certificate "
+                                       "(PEM), issued by the federation's CA")
+    tls_key_file: Path | None = Field(default=None, description="mutual TLS: the key of tls_cert_file (PEM)")
     # The same three as PEM text inside the credentials file, so a party gets one file to keep (`broker init`
     # writes these; the *_file forms are for certificates an operator brings).
-    tls_ca_pem: str | None = Field(default=None, repr=False)
-    tls_cert_pem: str | None = Field(default=None, repr=False)
-    tls_key_pem: str | None = Field(default=None, repr=False)
+    tls_ca_pem: str | None = Field(default=None, repr=False, description="tls_ca_file's content as PEM text")
+    tls_cert_pem: str | None = Field(default=None, repr=False, description="tls_cert_file's content as PEM text")
+    tls_key_pem: str | None = Field(default=None, repr=False, description="tls_key_file's content as PEM text")
     # Largest message after reassembly (a 512 MB model fits); the broker's own per-packet cap is far lower
     # (mosquitto.conf) because anything above `chunk_threshold_bytes` travels as chunks.
-    max_payload_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
-    chunk_threshold_bytes: int = Field(default=4 * 1024 * 1024, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES)
-    chunk_bytes: int = Field(default=2 * 1024 * 1024, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES)
+    max_payload_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024, description="largest message this party "
+                                   "sends or accepts, after reassembly of its chunks")
+    chunk_threshold_bytes: int = Field(default=4 * 1024 * 1024, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES,
+                                       description="an encoded message larger than this travels as chunks "
+                                       "(docs/protocol.md, \"Chunked transfer\")")
+    chunk_bytes: int = Field(default=2 * 1024 * 1024, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES,
+                             description="size of each chunk this party sends (the last one may be shorter)")
     # A receiver asks for at most this many chunk bytes at a time: keep it under max_queued_bytes.
-    fetch_window_bytes: int = Field(default=64 * 1024 * 1024, ge=MIN_CHUNK_BYTES)
-    chunk_stall_s: float = Field(default=10.0, gt=0)  # no chunk for this long: fetch the missing ones again
-    chunk_refetches: int = Field(default=3, ge=0)  # then give up on the transfer, naming the missing chunks
+    fetch_window_bytes: int = Field(default=64 * 1024 * 1024, ge=MIN_CHUNK_BYTES, description="chunk bytes a "
+                                    "receiver asks the broker for at once; keep it under the broker's "
+                                    "max_queued_bytes")
+    chunk_stall_s: float = Field(default=10.0, gt=0, description="no chunk for this long: fetch the missing "
+                                 "ones again")
+    chunk_refetches: int = Field(default=3, ge=0, description="re-fetches before a transfer is given up, naming "
+                                 "the missing chunks")
     # Receiver budgets, per sender, set here and never by what a manifest declares: the declared bytes and the
     # number of chunked transfers one party may have queued or in progress at this receiver (a sender needs
     # at most one per topic it writes), and the slowest transfer rate tolerated before the single fetch slot
     # is handed on (one party must not hold it for ever by trickling chunks).
-    max_pending_chunk_bytes: int = Field(default=2 * 1024 * 1024 * 1024, ge=MIN_CHUNK_BYTES)
-    max_pending_manifests: int = Field(default=64, ge=1, le=100_000)
-    chunk_min_rate_bytes_per_s: float = Field(default=32 * 1024, gt=0, allow_inf_nan=False)
+    max_pending_chunk_bytes: int = Field(default=2 * 1024 * 1024 * 1024, ge=MIN_CHUNK_BYTES,
+                                         description="receiver budget per sender: bytes its queued and active "
+                                         "chunked transfers may declare in all")
+    max_pending_manifests: int = Field(default=64, ge=1, le=100_000, description="receiver budget per sender: "
+                                       "chunked transfers queued or in progress")
+    chunk_min_rate_bytes_per_s: float = Field(default=32 * 1024, gt=0, allow_inf_nan=False,
+                                              description="a chunked transfer slower than this is given up, so "
+                                              "one sender cannot hold the single fetch slot for ever")
 
     @model_validator(mode="after")
     def _tls_consistent(self) -> "BrokerSettings":
