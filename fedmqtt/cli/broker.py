@@ -46,8 +46,11 @@ def init(
         "value `broker bridge` prints."),
     force: bool = typer.Option(False, help="Replace an existing federation in --dir (every secret changes)."),
 ) -> None:
-    """Write mosquitto.conf, the password file (mosquitto_passwd), the ACL, TLS certificates and one credentials
-    file per party. Off loopback the broker listens with TLS; each credentials file carries the CA."""
+    """Create a federation: broker config, passwords, ACL, TLS certificates, one credentials file per party.
+
+    Writes mosquitto.conf, the password file (mosquitto_passwd), the ACL, TLS certificates and one credentials
+    file per party. Off loopback the broker listens with TLS; each credentials file carries the CA.
+    """
     from broker.federation import OwnCertificates, init_federation
 
     own = None
@@ -135,8 +138,11 @@ def bridge_cmd(
     ),
     force: bool = typer.Option(False, help="Replace a hospital broker already in --out."),
 ) -> None:
-    """Write a hospital broker bridged to the federation's broker for this site's topics only, and a
-    credentials file for the hospital's site agent that points at it. Start it with `broker start --dir OUT`."""
+    """Write a hospital broker, bridged to the federation's broker for this site's topics only.
+
+    Also writes a credentials file for the hospital's site agent that points at it. Start it with
+    `fedmqtt broker start --dir OUT`.
+    """
     from broker.bridge import CENTRAL_MAX_QUEUED_BYTES, load_central, write_hospital_broker
 
     central = load_central(credentials)
@@ -160,8 +166,11 @@ def add_site_cmd(
     fed_dir: Path = typer.Option(..., "--dir", help="Federation directory made by `broker init`."),
     site: str = typer.Option(..., "--site", help="The new site id."),
 ) -> None:
-    """Add one hospital (user, ACL rights, credentials file); the others keep their secrets. A running broker
-    reloads at once. The PS takes part sites from its own config: add the site there too for the next run."""
+    """Add one hospital (user, ACL rights, credentials file); the others keep their secrets.
+
+    A running broker reloads at once. The PS takes its list of sites from its own config: add the site
+    there too for the next run.
+    """
     from broker.federation import add_site, load_federation
 
     layout, path = add_site(load_federation(fed_dir), site)
@@ -217,7 +226,7 @@ def _echo_listeners(layout: "FederationLayout") -> None:
 
 @app.command("acl")
 def acl(
-    run_id: str = typer.Option(..., "--run-id"),
+    run_id: str = typer.Option(..., "--run-id", help="The federation's run id."),
     sites: list[str] = typer.Option(..., "--site", help="A site id; repeat for every hospital."),
 ) -> None:
     """Print the ACL the federation would use (generated from the topic builders)."""

@@ -19,8 +19,11 @@ def demo(
     algorithm: str = typer.Option("fedavg", "--algorithm", "-a", help="Any of `fedmqtt algorithms` that needs "
                                   "no extra setup (SGD-only rules get SGD; AdaFed needs a pretrained model)."),
 ) -> None:
-    """Run a real federation on this machine: Mosquitto, the PS and four hospital site agents as separate
-    processes, FedAvg (or --algorithm) on the bundled UCI heart-disease data; print per-site test metrics."""
+    """Run a real federation on this machine with the bundled data; print per-site test metrics.
+
+    Mosquitto, the PS and four hospital site agents run as separate processes and train FedAvg (or
+    --algorithm) on the bundled UCI heart-disease data.
+    """
     from fedmqtt.demo import run_demo
     from fedmqtt.errors import FedMqttError
 

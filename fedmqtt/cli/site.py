@@ -13,7 +13,7 @@ app = typer.Typer(help="Run a hospital's site agent.", no_args_is_help=True)
 def start(
     config: Path = typer.Option(..., "--config", help="Site config file (TOML): site id, credentials, data path."),
     exit_when_done: bool = typer.Option(False, help="Exit once the PS reports the run is done."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages too."),
 ) -> None:
     """Connect (outbound only), train on local data when the PS asks, publish updates. Reconnects by itself."""
     from fedmqtt.logs import setup_logging

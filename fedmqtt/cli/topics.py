@@ -15,8 +15,9 @@ app = typer.Typer(help="Inspect MQTT traffic and payload schemas.", no_args_is_h
 
 @app.command("watch")
 def watch(
-    credentials: Path = typer.Option(..., "--credentials", help="A credentials TOML ([broker] table), e.g. observer.toml."),
-    run_id: str = typer.Option(..., "--run-id"),
+    credentials: Path = typer.Option(..., "--credentials", help="A credentials TOML (its \\[broker] table), "
+                                     "e.g. observer.toml."),
+    run_id: str = typer.Option(..., "--run-id", help="The run whose messages to print."),
     count: Optional[int] = typer.Option(None, help="Exit after this many messages."),
     timeout: Optional[float] = typer.Option(None, help="Exit after this many seconds."),
     chunks: bool = typer.Option(False, "--chunks", help="Also print every chunk of a large model (one line each)."),

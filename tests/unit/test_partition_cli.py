@@ -120,3 +120,70 @@ def test_help_lists_kinds_and_examples() -> None:
     assert code == 0
     for word in ("label_skew", "quantity_skew", "feature_intervals", "feature_samples", "natural", "--cap"):
         assert word in output
+
+
+STROKE_COLUMNS_TOML = """
+label = "stroke"
+numeric = ["age", "avg_glucose_level", "bmi"]
+drop = ["id", "gender", "hypertension", "heart_disease", "ever_married", "work_type", "Residence_type",
+        "smoking_status"]
+"""
+
+
+def test_specs_by_path(tmp_path: Path) -> None:
+    """--spec FILE (feature spec), --data FILE (data spec) and --partition-spec FILE give the same manifest
+    as the options typed out, and a site loads its part with the feature spec given by path."""
+    # Prepare
+    csv = stroke_csv(tmp_path)
+    columns = tmp_path / "specs" / "columns.toml"
+    columns.parent.mkdir()
+    columns.write_text(STROKE_COLUMNS_TOML)
+    (tmp_path / "specs" / "pooled.toml").write_text(f'format = "table"\npath = "../stroke.csv"\n'
+                                                    f'options = {{ spec = "columns.toml" }}\n')
+    (tmp_path / "specs" / "skew.toml").write_text('[partition]\nkind = "label_skew"\nn_sites = 3\nalpha = 0.5\n')
+    # Execute
+    typed = invoke("-f", "table", "--path", str(csv), "--spec", str(columns), "--kind", "label_skew",
+                   "--sites", "3", "--alpha", "0.5", "--seed", "2", "--out", str(tmp_path / "typed"))
+    files = invoke("--data", str(tmp_path / "specs" / "pooled.toml"), "--partition-spec",
+                   str(tmp_path / "specs" / "skew.toml"), "--seed", "2", "--out", str(tmp_path / "files"))
+    # Assert
+    assert typed[0] == 0 and files[0] == 0, (typed, files)
+    a, b = (json.loads((tmp_path / d / "partition.json").read_text()) for d in ("typed", "files"))
+    assert a["sites"] == b["sites"] and a["spec"] == b["spec"] and a["spec"]["seed"] == 2
+    assert a["source"]["options"]["spec"] == str(columns.resolve())
+    data = load_site_data(DataSpec(format="table", path=csv, options={"spec": str(columns)},
+                                   partition=tmp_path / "files" / "partition.json", site="site-0"))
+    assert data.feature_names == ("age", "avg_glucose_level", "bmi")
+
+
+def test_spec_files_missing_or_invalid_are_one_clear_line(tmp_path: Path) -> None:
+    """A missing or invalid spec file: exit 2, naming the file and what is wrong."""
+    csv = stroke_csv(tmp_path)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('label = "stroke"\nnumeric = ["age"]\ncolour = "red"\n')
+    base = ["-f", "table", "--path", str(csv), "--kind", "iid", "-k", "2", "--out", str(tmp_path / "o")]
+    code, output = invoke(*base, "--spec", str(tmp_path / "nowhere.toml"))
+    assert code == 2 and "nowhere.toml: FeatureSpec file not found" in output
+    code, output = invoke(*base, "--spec", str(bad))
+    assert code == 2 and "bad.toml: invalid FeatureSpec" in output and "colour" in output
+    code, output = invoke(*base, "--spec", "diabetes")
+    assert code == 2 and "unknown feature spec 'diabetes'" in output
+    (tmp_path / "broken.toml").write_text("kind = \n")
+    code, output = invoke("-f", "table", "--path", str(csv), "--spec", "stroke", "--partition-spec",
+                          str(tmp_path / "broken.toml"), "--out", str(tmp_path / "o"))
+    assert code == 2 and "broken.toml: not valid TOML" in output
+    assert not (tmp_path / "o" / "partition.json").exists()
+
+
+def test_length_of_stay_bins_are_printed_with_their_edges(tmp_path: Path) -> None:
+    """A regression label's histogram keys are length-of-stay bins: the table says which days each holds."""
+    rows = [f"{k},{20 + k},{[0.5, 1.5, 3, 9, 20][k % 5]}" for k in range(40)]
+    csv = tmp_path / "los.csv"
+    csv.write_text("id,age,los\n" + "\n".join(rows) + "\n")
+    spec = tmp_path / "los.toml"
+    spec.write_text('label = "los"\ntask = "regression"\nnumeric = ["age"]\ndrop = ["id"]\n')
+    code, output = invoke("-f", "table", "--path", str(csv), "--spec", str(spec), "--kind", "iid", "-k", "2",
+                          "--out", str(tmp_path / "o"))
+    assert code == 0, output
+    legend = next(line for line in output.splitlines() if line.startswith("bins"))
+    assert legend == "bins (length of stay, days): 0: < 1, 1: [1, 2), 3: [3, 4), 8: [8, 14), 9: >= 14"
