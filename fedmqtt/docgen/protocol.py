@@ -6,7 +6,8 @@ What is generated and from where (so the document cannot drift from the code):
 - encoding: schemas.messages.TEXT_KINDS (JSON) versus everything else (msgpack);
 - who may write and read: the Mosquitto ACL that broker/acl.py renders, matched topic by topic;
 - QoS and retention: the values below, which tests/unit/test_docs_protocol.py checks against a real broker;
-- payload schemas: each pydantic model's JSON Schema; limits, states and reason codes: the constants themselves.
+- payload schemas: each pydantic model's JSON Schema;
+- limits, states and reason codes: the constants themselves.
 Publisher and subscriber columns and the prose are written here by hand: they explain, they do not define.
 """
 
@@ -33,8 +34,8 @@ from schemas.messages import TEXT_KINDS, DaemonStatus, Message, SiteStatus
 
 PATH = "docs/protocol.md"
 SCHEMA_DIR = "docs/schemas"
-# Every message fedmqtt publishes goes out at this QoS (fedmqtt.transport.mqtt publishes and subscribes at QoS 2
-# only), and so do the Last Wills. Checked against a real Mosquitto by tests/unit/test_docs_protocol.py.
+# Every message fedmqtt publishes goes out at this QoS (fedmqtt.transport.mqtt publishes and subscribes at
+# QoS 2 only), and so do the Last Wills. Checked against a real Mosquitto by tests/unit/test_docs_protocol.py.
 QOS = 2
 # Mosquitto's bridge notification (site/<id>/bridge) and its Will: QoS 1, retained (Mosquitto's own choice).
 BRIDGE_QOS = 1
@@ -60,7 +61,7 @@ def placeholder(topic: str) -> str:
     return topic
 
 
-# -- the topic catalogue: who publishes and who listens (hand-written), keyed by the builder ------------------
+# -- the topic catalogue: who publishes and who listens (hand-written), keyed by the builder -------------
 @dataclass(frozen=True)
 class TopicDoc:
     builder: str
@@ -82,9 +83,11 @@ CATALOGUE = (
     TopicDoc("site_status_topic", "a site's state, its row counts and (if allowed) its label histogram",
              "site agent; its Last Will (`offline`) on network loss", "PS; observers"),
     TopicDoc("site_update_topic", "a site's trained tensors for one round", "site agent", "PS"),
-    TopicDoc("site_report_topic", "a site's metrics of the final model on its own splits", "site agent", "PS"),
+    TopicDoc("site_report_topic", "a site's metrics of the final model on its own splits",
+             "site agent", "PS"),
     TopicDoc("site_bridge_topic", "a hospital broker's bridge link: `1` up, `0` down",
-             "the hospital's Mosquitto (bridge notification, and its Will on the central broker)", "PS; observers"),
+             "the hospital's Mosquitto (bridge notification, and its Will on the central broker)",
+             "PS; observers"),
 )
 _CATALOGUE = {doc.builder: doc for doc in CATALOGUE}
 
@@ -92,8 +95,9 @@ _CATALOGUE = {doc.builder: doc for doc in CATALOGUE}
 def builders() -> dict[str, Callable[..., str]]:
     """Every topic and filter builder of fedmqtt.transport.topics, by name."""
     return {name: fn for name, fn in vars(topics).items()
-            if inspect.isfunction(fn) and fn.__module__ == topics.__name__ and name.endswith(("_topic", "_filter"))
-            and inspect.signature(fn).return_annotation in ("str", str)}  # parse_topic takes apart, not builds
+            if inspect.isfunction(fn) and fn.__module__ == topics.__name__
+            and name.endswith(("_topic", "_filter"))
+            and inspect.signature(fn).return_annotation in ("str", str)}  # parse_topic takes apart
 
 
 def built(name: str, fn: Callable[..., str]) -> list[str]:
@@ -112,7 +116,8 @@ def built(name: str, fn: Callable[..., str]) -> list[str]:
         elif param == "topic":
             values = chunked_topics()
         else:
-            raise DocDrift(f"topics.{name} takes {param!r}: tell fedmqtt/docgen/protocol.py which sample to pass")
+            raise DocDrift(f"topics.{name} takes {param!r}: tell fedmqtt/docgen/protocol.py which sample "
+                           "to pass")
         calls = [{**call, param: value} for call in calls for value in values]
     return [fn(**call) for call in calls]
 
@@ -127,8 +132,9 @@ def chunked_topics() -> list[str]:
     return out
 
 
-# -- rights: the ACL broker/acl.py writes, applied to sample topics --------------------------------------------
-PARTIES = (("ps", "PS"), ("observer", "observers"), (SAMPLE_SITE, "the site itself"), (OTHER_SITE, "other sites"))
+# -- rights: the ACL broker/acl.py writes, applied to sample topics ----------------------------------------
+PARTIES = (("ps", "PS"), ("observer", "observers"), (SAMPLE_SITE, "the site itself"),
+           (OTHER_SITE, "other sites"))
 
 
 def acl_rules() -> dict[str, list[tuple[str, str]]]:
@@ -195,7 +201,8 @@ def topic_rows() -> list[tuple[str, TopicDoc, str]]:
 
 def topics_table() -> str:
     return table(("Topic", "Carries", "Publisher", "Subscribers", "Payload"),
-                 ((code(placeholder(t)), d.summary, d.publisher, d.subscribers, p) for t, d, p in topic_rows()))
+                 ((code(placeholder(t)), d.summary, d.publisher, d.subscribers, p)
+                  for t, d, p in topic_rows()))
 
 
 def delivery_table() -> str:
@@ -243,7 +250,7 @@ def message_models() -> list[type]:
 
 
 def schema_files() -> dict[str, str]:
-    """docs/schemas/<Model>.json for every wire message, the checkpoint, and the whole union (Message.json)."""
+    """docs/schemas/<Model>.json for every wire message, the checkpoint, and the union (Message.json)."""
     out = {f"{SCHEMA_DIR}/{model.__name__}.json": _json(model.model_json_schema())
            for model in [*message_models(), Checkpoint]}
     out[f"{SCHEMA_DIR}/Message.json"] = _json(codec.json_schemas())
@@ -271,8 +278,9 @@ def schemas_table() -> str:
         doc = (inspect.getdoc(model) or "").split("\n")[0]
         rows.append((f"[`{model.__name__}`](schemas/{model.__name__}.json)", code(kind),
                      "<br>".join(code(t) for t in where.get(kind, [])), encoding(kind), doc))
-    rows.append((f"[`Checkpoint`](schemas/Checkpoint.json)", code(_kind(Checkpoint)), "on disk, never on the wire",
-                 "msgpack", "what the PS saves after every aggregation (`--resume` reads it)"))
+    rows.append(("[`Checkpoint`](schemas/Checkpoint.json)", code(_kind(Checkpoint)),
+                 "on disk, never on the wire", "msgpack",
+                 "what the PS saves after every aggregation (`--resume` reads it)"))
     return table(("Model", "kind", "Topics", "Encoding", "What it is"), rows)
 
 
@@ -291,16 +299,19 @@ def _size(value: object) -> str:
 
 
 def chunk_limits_table() -> str:
-    settings = ("chunk_threshold_bytes", "chunk_bytes", "fetch_window_bytes", "chunk_stall_s", "chunk_refetches",
-                "max_pending_chunk_bytes", "max_pending_manifests", "chunk_min_rate_bytes_per_s",
+    settings = ("chunk_threshold_bytes", "chunk_bytes", "fetch_window_bytes", "chunk_stall_s",
+                "chunk_refetches", "max_pending_chunk_bytes", "max_pending_manifests",
+                "chunk_min_rate_bytes_per_s",
                 "max_payload_bytes")
     rows = [_setting(name) for name in settings]
     rows += [
         (code("MIN_CHUNK_BYTES"), _size(chunks.MIN_CHUNK_BYTES), "smallest chunk a manifest may declare"),
         (code("MAX_CHUNK_BYTES"), _size(chunks.MAX_CHUNK_BYTES),
          "largest chunk: keeps every MQTT packet under the broker's max_packet_size"),
-        (code("MAX_CHUNKS"), chunks.MAX_CHUNKS, "chunks per transfer (the topic's index has at most 6 digits)"),
-        (code("MAX_WINDOW_CHUNKS"), bulk.MAX_WINDOW_CHUNKS, "chunk topics subscribed at once, whatever their size"),
+        (code("MAX_CHUNKS"), chunks.MAX_CHUNKS,
+         "chunks per transfer (the topic's index has at most 6 digits)"),
+        (code("MAX_WINDOW_CHUNKS"), bulk.MAX_WINDOW_CHUNKS,
+         "chunk topics subscribed at once, whatever their size"),
         (code("CHUNKED_UPDATE_SLACK_BYTES"), _size(admission.CHUNKED_UPDATE_SLACK_BYTES),
          "the PS refuses a chunked update declaring more than the model's size plus this (control variates, "
          "layer statistics)"),
@@ -314,20 +325,30 @@ def _states(model: type) -> str:
 
 def timing_table() -> str:
     fields = DaemonConfig.model_fields
-    rows = [
-        (code("round_timeout_s"), fields["round_timeout_s"].default, fields["round_timeout_s"].description or ""),
-        (code("stall_s"), fields["stall_s"].default, fields["stall_s"].description or ""),
-        (code("REMIND_S"), runner.REMIND_S, "a waiting PS or site says what it waits for at least this often"),
-        (code("STATUS_REFRESH_S"), runner.STATUS_REFRESH_S, "new refusal counts reach ps/status at most this often"),
+    rows: list[tuple[str, object, str]] = [
+        (code(name), fields[name].default, fields[name].description or "")
+        for name in ("round_timeout_s", "stall_s")]
+    rows += [
+        (code("REMIND_S"), runner.REMIND_S,
+         "a waiting PS or site says what it waits for at least this often"),
+        (code("STATUS_REFRESH_S"), runner.STATUS_REFRESH_S,
+         "new refusal counts reach ps/status at most this often"),
     ]
     return table(("Setting", "Default (s)", "Meaning"), rows)
 
 
+_NAMES_PAHO_LACKS = {0x92: "Packet identifier not found"}
+
+
+def _code_name(code_value: int) -> str:
+    return _NAMES_PAHO_LACKS.get(code_value) or mqtt._code_name(code_value)
+
+
 def reason_codes_table() -> str:
-    rows = [(f"0x{c:02X}", mqtt._code_name(c), "transient", "wait and retry with backoff "
+    rows = [(f"0x{c:02X}", _code_name(c), "transient", "wait and retry with backoff "
              f"({mqtt.backoff_s(0)} s doubling up to {mqtt.backoff_s(99)} s); logged as transient")
             for c in sorted(mqtt.TRANSIENT_CODES)]
-    rows += [(f"0x{c:02X}", mqtt._code_name(c), "permanent",
+    rows += [(f"0x{c:02X}", _code_name(c), "permanent",
               "stop and say what to change: " + fix.format(user="<user>", broker="<host:port>"))
              for c, fix in sorted(mqtt._FIXES.items())]
     return table(("Code", "Name", "Kind", "What the client does"), rows)
@@ -348,7 +369,8 @@ _CATEGORY_MEANING = {
     "WRONG_TOPIC": "a kind that does not belong on that topic",
     "WRONG_SENDER": "header `sender` is not the topic's owner",
     "WRONG_ADDRESS": "a task whose site_id is not the one in its topic",
-    "MANIFEST_REFUSED": "the receiver refused the chunked transfer before fetching (e.g. not an update it expects)",
+    "MANIFEST_REFUSED": "the receiver refused the chunked transfer before fetching it (e.g. an update it did "
+                        "not ask for)",
     "OVER_BUDGET": "the sender already has too many or too large chunked transfers queued",
     "TRANSFER_FAILED": "chunks missing or corrupt after every re-fetch, or slower than the minimum rate",
     "MISMATCH": "the reassembled message differs from its manifest",
@@ -362,6 +384,16 @@ def categories_table() -> str:
         module = codec if hasattr(codec, name) else channel
         rows.append((code(getattr(module, name)), meaning))
     return table(("Category", "Refused because"), rows)
+
+
+def ps_categories_table() -> str:
+    """The PS's own refusals (ps_daemon/runner.py): what its reason says, and the key ps/status counts it
+    under."""
+    labels: dict[str, list[str]] = {}
+    for text, label in runner._CATEGORIES:
+        labels.setdefault(label, []).append(f'"{text}"')
+    return table(("Category", "The PS's reason mentions"),
+                 ((code(k), ", ".join(v)) for k, v in labels.items()))
 
 
 def observer_logins() -> str:
@@ -392,8 +424,8 @@ broker's access list from the same builders.
 ### Delivery and rights
 
 Every message is published at QoS @@QOS@@ (exactly once) and retained, so a client that connects late, or
-reconnects after a network loss, receives the latest state, model and task at once. Statuses are also the
-Last Will of their writer: when a connection drops without a clean goodbye, the broker publishes that party's
+reconnects after a network loss, receives the latest state, model and task at once. Statuses are also the Last
+Will of their writer: when a connection drops without a clean goodbye, the broker publishes that party's
 `offline` status for it. The rights below are read from the ACL that `fedmqtt broker init` writes; the broker
 enforces them, and the channel checks again on receipt that a message's `sender` owns its topic.
 
@@ -422,8 +454,8 @@ chunked transfers.
 
 Every payload is one pydantic model from `schemas/`, tagged by its `kind` field. The kinds that observers read
 (@@TEXT_KINDS@@) travel as UTF-8 JSON; every other kind travels as msgpack, with tensors as raw little-endian
-`bin` bytes (name, dtype, shape, data; no pickle, no base64). A msgpack map never starts with `{`, so the first
-byte tells the two encodings apart, and a kind sent in the wrong one is refused.
+`bin` bytes (name, dtype, shape, data; no pickle, no base64). A msgpack map never starts with `{`, so the
+first byte tells the two encodings apart, and a kind sent in the wrong one is refused.
 
 Every message carries the same header: `schema_version`, `run_id`, `sender`, `round`, `msg_id` and `sent_at`.
 Receivers drop a `msg_id` they have already seen from that sender (statuses excepted: they are state, and a
@@ -443,29 +475,35 @@ sender and category, logged once in one bounded line, and never acted on; the PS
 `ps/status` under `rejected`, so an operator sees who sends what.
 
 @@CATEGORIES@@
+On top of these, the PS judges every update, report and chunked upload against the open round before it stores
+anything (`ps_daemon/admission.py`): the right round and session, a site that was asked, the first answer
+only, the current model version, the model's exact tensor layout, bounded scalars and histograms. Its refusals
+are counted under these keys (any other reason under `refused`):
+
+@@PS_CATEGORIES@@
 ## Chunked transfer
 
-A model of hundreds of megabytes does not fit one MQTT packet, and a broker that queues too much for one client
-drops messages silently. So any encoded payload larger than `chunk_threshold_bytes` on a topic that allows it
-(the model, a task, an update, a report) is cut into equal chunks:
+A model of hundreds of megabytes does not fit one MQTT packet, and a broker that queues too much for one
+client drops messages silently. So any encoded payload larger than `chunk_threshold_bytes` on a topic that
+allows it (the model, a task, an update, a report) is cut into equal chunks:
 
 1. The sender publishes every chunk, retained, on `<topic>/chunk/<i>` (`i` from 0), over its bulk connection,
    with a bounded number of QoS 2 exchanges in flight.
 2. Only then does it publish the small **manifest** (kind `chunk_manifest`) on `<topic>` itself. A manifest
    therefore always points at chunks the broker already holds, and a receiver that starts late still finds
    them. It names the transfer (the inner message's `msg_id`), its inner kind and round, the total bytes, the
-   chunk size, the SHA-256 of every chunk, a root SHA-256 over the concatenated chunk digests, and the index of
-   the tensors inside (name, dtype, shape) so a receiver can check the layout before fetching anything.
-3. The receiver checks the manifest against its own budget for that sender and (the PS) against the open round,
-   then subscribes to the exact chunk topics a window at a time (`fetch_window_bytes`, at most
+   chunk size, the SHA-256 of every chunk, a root SHA-256 over the concatenated chunk digests, and the index
+   of the tensors inside (name, dtype, shape) so a receiver can check the layout before fetching anything.
+3. The receiver checks the manifest against its own budget for that sender and (the PS) against the open
+   round, then subscribes to the exact chunk topics a window at a time (`fetch_window_bytes`, at most
    `MAX_WINDOW_CHUNKS` topics), asking for more once half the window has arrived and unsubscribing from the
    chunks it holds. One transfer is fetched at a time, so the broker never queues more than one window per
    client and a receiver holds one reassembly buffer at a time.
-4. Each chunk is verified against its digest and length before it is kept. A corrupt or missing chunk is fetched
-   again by subscribing once more (the broker replays the retained copy); after `chunk_refetches` attempts, or
-   when the transfer runs slower than `chunk_min_rate_bytes_per_s`, the transfer fails with a reason naming the
-   chunks and the receiver moves on. A chunk of another transfer is stale and ignored. A failed transfer never
-   yields a wrong payload.
+4. Each chunk is verified against its digest and length before it is kept. A corrupt or missing chunk is
+   fetched again by subscribing once more (the broker replays the retained copy); after `chunk_refetches`
+   attempts, or when the transfer runs slower than `chunk_min_rate_bytes_per_s`, the transfer fails with a
+   reason naming the chunks and the receiver moves on. A chunk of another transfer is stale and ignored. A
+   failed transfer never yields a wrong payload.
 5. The reassembled bytes are decoded and checked like any other message, and must match the manifest's kind,
    `msg_id`, round and tensor index.
 
@@ -487,9 +525,8 @@ update received, report received, and a clock tick. Its phases, as published in 
 2. **Waiting for sites.** The PS publishes `waiting_for_sites` and collects site statuses. Each site announces
    itself `online` with its row counts (and its label histogram if its config allows it to leave the site).
    Round 1 starts once `min_sites` sites (by default all of them) are online. Until then, at least every
-   `REMIND_S` seconds, the PS logs and publishes who is online and who is still missing. With
-   `selection = "recruited"` the PS first scores the online sites and sends each a `recruitment_result` on its
-   task topic.
+   `REMIND_S` seconds, the PS logs and publishes who is online and who is still missing. With `selection =
+   "recruited"` the PS first scores the online sites and sends each a `recruitment_result` on its task topic.
 3. **A round.** The PS selects the round's sites (all online sites, a seeded fraction, or the recruited set),
    publishes the global model on `ps/model` and a `train_task` on each selected site's task topic, with the
    deadline, the training settings, and the commit rule (`accepted_round`: the round of that site's last
@@ -502,32 +539,34 @@ update received, report received, and a clock tick. Its phases, as published in 
    least `quorum` updates are in, or at the deadline if the quorum is met. Otherwise the deadline is extended
    and the missing sites are named in `ps/status`, never a silent wait.
 5. **Aggregate, checkpoint, metrics.** The strategy aggregates the updates (sorted by site, so arrival order
-   does not matter). A result with NaN or Inf is refused: the updates are discarded and the round goes out again
-   after `stall_s`. Otherwise the PS saves a checkpoint (`Checkpoint`, msgpack) before it publishes anything of
-   the next round, then the round's `round_metrics` on `ps/metrics`, then the next model and tasks.
-6. **Final evaluation.** After the last round the PS publishes the final model and an `eval_task` (tag `final`)
-   to every site in the pool. Each site evaluates that model, and its best-round model, on its own splits and
-   publishes an `eval_report`. When every site has reported (or gone offline), or at the deadline, the PS
-   publishes `round_metrics` with phase `final`, writes its run report and publishes `done`.
+   does not matter). A result with NaN or Inf is refused: the updates are discarded and the round goes out
+   again after `stall_s`. Otherwise the PS saves a checkpoint (`Checkpoint`, msgpack) before it publishes
+   anything of the next round, then the round's `round_metrics` on `ps/metrics`, then the next model and
+   tasks.
+6. **Final evaluation.** After the last round the PS publishes the final model and an `eval_task` (tag
+   `final`) to every site in the pool. Each site evaluates that model, and its best-round model, on its own
+   splits and publishes an `eval_report`. When every site has reported (or gone offline), or at the deadline,
+   the PS publishes `round_metrics` with phase `final`, writes its run report and publishes `done`.
 7. **Stall re-publish.** If nothing arrives for the open round for `stall_s` seconds (a broker that lost its
    retained messages, a lost uplink), the PS re-publishes the model and the tasks of the sites still missing
    under new message ids and says so in `ps/status`. A site that already trained re-sends its stored update.
-8. **Reconnects.** After a network loss the broker has published the party's Will (`offline`); on reconnect the
-   PS re-publishes its status and the open round with the same message ids (receivers that have them drop the
-   copies), and a site re-announces itself `online`. Retained topics replay the latest model and task, so the
-   start order of PS and sites does not matter.
-9. **Resume.** `fedmqtt ps start --resume` loads the latest checkpoint, keeps its session, and re-sends the round
-   it stopped in (or the final evaluation). Between the two starts only `credentials`, `out_dir`,
-   `round_timeout_s`, `keep_checkpoints` and `pretrained` may change: the checkpoint stores a hash of the rest of
-   the config, and a resume with a different one is refused.
+8. **Reconnects.** After a network loss the broker has published the party's Will (`offline`); on reconnect
+   the PS re-publishes its status and the open round with the same message ids (receivers that have them drop
+   the copies), and a site re-announces itself `online`. Retained topics replay the latest model and task, so
+   the start order of PS and sites does not matter.
+9. **Resume.** `fedmqtt ps start --resume` loads the latest checkpoint, keeps its session, and re-sends the
+   round it stopped in (or the final evaluation). Between the two starts only `credentials`, `out_dir`,
+   `round_timeout_s`, `keep_checkpoints` and `pretrained` may change: the checkpoint stores a hash of the rest
+   of the config, and a resume with a different one is refused.
 
 @@TIMING@@
 ## Reason codes
 
 Every MQTT reason code of 0x80 or above that the broker sends (in CONNACK, PUBACK/PUBREC/PUBCOMP, SUBACK or
-DISCONNECT) is sorted into transient or permanent. A transient code is retried with backoff and logged as such;
-a permanent one stops the client with a message that names the cause and what to change, because the same
-request would be refused again. A code not listed here is treated as permanent, with "see the broker's log".
+DISCONNECT) is sorted into transient or permanent. A transient code is retried with backoff and logged as
+such; a permanent one stops the client with a message that names the cause and what to change, because the
+same request would be refused again. A code not listed here is treated as permanent, with "see the broker's
+log".
 
 @@REASON_CODES@@"""
 
@@ -544,6 +583,7 @@ def render_protocol() -> str:
         "TEXT_KINDS": ", ".join(code(k) for k in sorted(TEXT_KINDS)),
         "SCHEMAS": schemas_table(),
         "CATEGORIES": categories_table(),
+        "PS_CATEGORIES": ps_categories_table(),
         "CHUNK_LIMITS": chunk_limits_table(),
         "PS_STATES": _states(DaemonStatus),
         "SITE_STATES": _states(SiteStatus),

@@ -1,6 +1,6 @@
-"""docs/protocol.md, docs/schemas/ and docs/configuration.md are generated from the code: they must be current,
-name every topic the code can build, describe every config key, and say true things about delivery (checked
-against a real Mosquitto)."""
+"""docs/protocol.md, docs/schemas/ and docs/configuration.md are generated from the code: they must be
+current, name every topic the code can build, describe every config key, and say true things about delivery
+(checked against a real Mosquitto)."""
 
 from __future__ import annotations
 
@@ -70,12 +70,13 @@ def test_every_config_key_appears_in_configuration_md() -> None:
 
 
 def _samples(fn) -> list[str]:
-    """Every topic one builder of fedmqtt.transport.topics makes from sample ids (independent of the generator's
-    own enumeration, so a builder it skips is noticed here)."""
+    """Every topic one builder of fedmqtt.transport.topics makes from sample ids (independent of the
+    generator's own enumeration, so a builder it skips is noticed here)."""
     calls: list[dict[str, object]] = [{}]
     bases = [topics.ps_model_topic(RUN), topics.ps_task_topic(RUN, SITE), topics.site_update_topic(RUN, SITE),
              topics.site_report_topic(RUN, SITE)]
-    values = {"run_id": [RUN], "site_id": [SITE], "kind": list(topics.SITE_KINDS), "index": [0], "topic": bases}
+    values = {"run_id": [RUN], "site_id": [SITE], "kind": list(topics.SITE_KINDS), "index": [0],
+              "topic": bases}
     for param in inspect.signature(fn).parameters:
         calls = [{**call, param: value} for call in calls for value in values[param]]
     return [fn(**call) for call in calls]
@@ -84,12 +85,13 @@ def _samples(fn) -> list[str]:
 def test_every_topic_the_topics_module_can_build_appears_in_protocol_md() -> None:
     text = _on_disk(protocol.PATH) or ""
     builders = {name: fn for name, fn in vars(topics).items() if inspect.isfunction(fn)
-                and fn.__module__ == topics.__name__ and name.endswith(("_topic", "_filter")) and name != "parse_topic"}
+                and fn.__module__ == topics.__name__ and name.endswith(("_topic", "_filter"))
+                and name != "parse_topic"}
     assert len(builders) >= 14  # the enumeration itself works: ps/site topics, chunk and filter builders
     for name, fn in builders.items():
         for topic in _samples(fn):
             shown = protocol.placeholder(topic)
-            assert f"`{shown}`" in text, f"topics.{name} builds {shown}, which {protocol.PATH} does not mention"
+            assert f"`{shown}`" in text, f"topics.{name} builds {shown}, not in {protocol.PATH}"
 
 
 def test_chunked_kinds_have_a_chunk_row() -> None:
@@ -116,7 +118,8 @@ def test_delivery_table_matches_the_acl() -> None:
 @pytest.mark.integration
 def test_qos_and_retention_as_documented(federation, paho_client) -> None:
     """What protocol.md says about QoS and retention is what a real broker delivers: a client that subscribes
-    after the PS published gets the status, the model's manifest and its chunks retained, at the documented QoS."""
+    after the PS published gets the status, the model's manifest and its chunks, retained, at the documented
+    QoS."""
     # Prepare: a PS channel that chunks anything above 1 KiB
     run = federation.run_id
     settings = federation.settings("ps").model_copy(update={"chunk_threshold_bytes": MIN_CHUNK_BYTES,
@@ -142,7 +145,8 @@ def test_qos_and_retention_as_documented(federation, paho_client) -> None:
     site.on_message = on_message
     site.subscribe([(topics.ps_status_topic(run), 2), (topics.ps_model_topic(run), 2),
                     (topics.chunk_filter(topics.ps_model_topic(run)), 2)])
-    wanted = {topics.ps_status_topic(run), topics.ps_model_topic(run), topics.chunk_topic(topics.ps_model_topic(run), 0)}
+    model_topic = topics.ps_model_topic(run)
+    wanted = {topics.ps_status_topic(run), model_topic, topics.chunk_topic(model_topic, 0)}
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not wanted <= set(got):
         time.sleep(0.05)
