@@ -330,7 +330,7 @@ def timing_table() -> str:
         for name in ("round_timeout_s", "stall_s")]
     rows += [
         (code("REMIND_S"), runner.REMIND_S,
-         "a waiting PS or site says what it waits for at least this often"),
+         "a waiting PS logs what it waits for, and who is missing, at least this often"),
         (code("STATUS_REFRESH_S"), runner.STATUS_REFRESH_S,
          "new refusal counts reach ps/status at most this often"),
     ]
@@ -524,9 +524,10 @@ update received, report received, and a clock tick. Its phases, as published in 
    and seed is never confused with an old one whose messages are still retained.
 2. **Waiting for sites.** The PS publishes `waiting_for_sites` and collects site statuses. Each site announces
    itself `online` with its row counts (and its label histogram if its config allows it to leave the site).
-   Round 1 starts once `min_sites` sites (by default all of them) are online. Until then, at least every
-   `REMIND_S` seconds, the PS logs and publishes who is online and who is still missing. With `selection =
-   "recruited"` the PS first scores the online sites and sends each a `recruitment_result` on its task topic.
+   Round 1 starts once `min_sites` sites (by default all of them) are online. Until then `ps/status` names the
+   sites online and those it waits for (`sites_online`, `waiting_for`), and is re-published as each site
+   arrives; the PS log says the same at least every `REMIND_S` seconds. With `selection = "recruited"` the PS
+   first scores the online sites and sends each a `recruitment_result` on its task topic.
 3. **A round.** The PS selects the round's sites (all online sites, a seeded fraction, or the recruited set),
    publishes the global model on `ps/model` and a `train_task` on each selected site's task topic, with the
    deadline, the training settings, and the commit rule (`accepted_round`: the round of that site's last
