@@ -1,20 +1,41 @@
-"""`fedmqtt algorithms`: the catalogue of strategies and their hyper-parameters."""
+"""`fedmqtt algorithms [NAME]`: the catalogue of strategies, or one strategy's reference section."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import typer
 
 app = typer.Typer()
 
+CENTRAL = ("Central (pooled) baseline, `fedmqtt simulate` only: one model on every site's training rows")
+
 
 @app.command("algorithms")
-def algorithms() -> None:
-    """List every algorithm with one line and its hyper-parameters (set them in the `hyper` table or with --hyper)."""
-    from fedmqtt.strategies import describe_strategies
+def algorithms(
+    name: Optional[str] = typer.Argument(
+        None, show_default=False, metavar="NAME",
+        help="A strategy's registry name (e.g. fedavg, scaffold, d-adafed): print its reference section (the "
+             "same text as docs/algorithms.md). Without it: list every strategy."),
+) -> None:
+    """List every algorithm with one line and its hyper-parameters, or explain one (set hyper-parameters in
+    the `hyper` table of a config or with --hyper name=value)."""
+    from fedmqtt.strategies import STRATEGIES, describe_strategies
 
-    for name, summary, params in describe_strategies():
-        typer.echo(f"{name:<11} {summary}")
-        for param, default, description in params:
-            typer.echo(f"{'':<13}{param} = {default!r}: {description}")
-    typer.echo(f"{'central':<11} Central (pooled) baseline, `fedmqtt simulate` only: one model on every site's "
-               "training rows")
+    if name is None:
+        for key, summary, params in describe_strategies():
+            typer.echo(f"{key:<11} {summary}")
+            for param, default, description in params:
+                typer.echo(f"{'':<13}{param} = {default!r}: {description}")
+        typer.echo(f"{'central':<11} {CENTRAL}")
+        typer.echo("\nMore on one of them: fedmqtt algorithms NAME (the same text as docs/algorithms.md).")
+        return
+    if name == "central":
+        typer.echo(f"central: {CENTRAL}.")
+        return
+    if name not in STRATEGIES:
+        raise typer.BadParameter(f"unknown algorithm {name!r}; known: {', '.join([*STRATEGIES, 'central'])}",
+                                 param_hint="NAME")
+    from fedmqtt.strategies.about import about_of, render_section
+
+    typer.echo(render_section(about_of(name)), nl=False)

@@ -1,4 +1,4 @@
-"""AdaFed, d-AdaFed, f-AdaFed (Chen et al. 2022; docs/algorithms.md 11): per-site mixes by feature similarity."""
+"""AdaFed, d-AdaFed, f-AdaFed (Chen et al. 2022; docs/algorithms.md 11): per-site mixes by similarity."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import numpy as np
 from pydantic import AliasChoices, Field, field_validator
 
+from fedmqtt.strategies.about import StrategyDoc, Subsection
 from fedmqtt.strategies.aggregate import combine, copy_weights, sample_weights, uniform_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, TensorSpec, Weights
 from fedmqtt.strategies.params import NormFamily, StrategyParams, expand_norm_types
@@ -25,7 +26,8 @@ class AdaFedParams(StrategyParams):
         description="self weight lambda = W_ii, in (0, 1] (paper: 0.5)",
     )
     norm_types: tuple[NormFamily, ...] = Field(
-        default=("batchnorm",), description="normalization layers kept local (docs/algorithms.md 11.2: BatchNorm)"
+        default=("batchnorm",),
+        description="normalization layers kept local (docs/algorithms.md 11.2: BatchNorm)",
     )
     _expand = field_validator("norm_types", mode="before")(expand_norm_types)
 
@@ -223,3 +225,117 @@ class FAdaFed(AdaFed):
 def _std(var: np.ndarray) -> np.ndarray:
     # population variances are >= 0; clip rounding noise so sqrt stays real
     return np.sqrt(np.maximum(np.asarray(var, dtype=np.float64), 0.0))
+
+
+ABOUT = StrategyDoc(
+    section="11",
+    title="AdaFed, d-AdaFed, f-AdaFed",
+    names=("adafed", "d-adafed", "f-adafed"),
+    summary=(
+        "Personalised models mixed by similarity: every site gets its own model. BatchNorm layers stay on "
+        "the site; every other tensor of site i's model is a mix of all uploads, weighted by row i of a "
+        "similarity matrix W. W is fixed once, from feature statistics the sites compute (11.1), and favours "
+        "sites whose data look alike. The variants differ only in where the statistics come from (11.3)."
+    ),
+    server="""
+psi_i^{t+1} = sum_j W_ij * psi_j^{t*}         for every participant i (psi = non-BN tensors)
+W_ii = lambda;   W_ij = (1 - lambda) * (1/d_ij) / sum_{k != i} (1/d_ik)      (11.1)
+partial participation: row i renormalised over this round's participants (11.2)
+the shared model sent to newcomers = uniform mean of the uploads; BN layers never leave the sites
+""",
+    client="""
+load psi_i (its personal non-BN tensors) and its own BN layers; train E epochs on the plain loss;
+upload the non-BN tensors; keep the BN layers (affine parameters and buffers) on disk
+""",
+    state=(
+        "Server: the site list and the distance matrix d (W follows from d and lambda). Sites: their BN "
+        "layers; their personal tensors arrive with each task."
+    ),
+    papers=("Chen, Lu, Wang, Qin, Qin (seed 001): Federated learning with adaptive batchnorm for "
+            "personalized healthcare, AAAI 2022; journal version (FedAP): Lu, Wang, Chen, Qin, Xu, "
+            "Dimitriadis, Qin: Personalized federated learning with adaptive batchnorm for healthcare, IEEE "
+            "Transactions on "
+            "Big Data (arXiv 2112.00734); the authors' code (microsoft/PersonalizedFL, `fedap`).",),
+    differences=(
+        "Population variance (divide by the count) for the statistics; the authors' code merges per-batch "
+        "unbiased variances. The difference is negligible for realistic counts.",
+        "Zero distances (identical statistics) share 1 - lambda equally and the other sites get 0: the limit "
+        "of the authors' code, which substitutes 1e14 for 1/0.",
+        "Partial participation (the paper assumes every site every round): row i is renormalised over the "
+        "participants; a lone participant keeps its own upload; stale models of absent sites are never used.",
+        "lambda = 0.5 by default (paper); the authors' run script uses 0.3 for MedMNIST.",
+        "The pretrained model must come from outside the federation (a public checkpoint, the PS's "
+        "`pretrained`); a simulation may pretrain on a stratified share of each site's training rows "
+        "(`pretrain_fraction`), as the paper does with a share of the data.",
+    ),
+    subsections=(
+        Subsection("11.1", "Setup: statistics and the similarity matrix", """
+Once, with its update of round 1 (the task asks for it), every site passes its training samples through the
+pretrained model in evaluation mode (no parameter or running-statistic changes) and, for every BatchNorm
+layer l, computes the
+per-channel mean mu_i^l and population variance r_i^l of the tensor entering the layer, over all samples and
+all non-channel positions (N, H, W for images; N, L for sequences; N for tables). It sends them with n_i.
+The server then fixes, for every pair of sites (sorted by id):
+
+    d_ij = sum_l sqrt( ||mu_i^l - mu_j^l||^2 + ||sqrt(r_i^l) - sqrt(r_j^l)||^2 )
+
+which is, per layer, the 2-Wasserstein distance between diagonal Gaussians, summed over layers (not
+squared). Row i of W: W_ii = lambda and W_ij = (1 - lambda) * (1/d_ij) / sum_{k != i} (1/d_ik). Rows sum to 1;
+W is not symmetric in general. Decision: when some d_ij = 0, those sites share 1 - lambda equally and the
+others get 0. The distances are checkpointed and never recomputed; a site that joins later, without
+statistics, gets the uniform mean and stays out of the other sites' mixes.
+"""),
+        Subsection("11.2", "Training rounds and partial participation", """
+Each task carries the site's personalised non-BN tensors psi_i (round 1: the common initial model, so every
+site starts identical; the pretrained model is used for the statistics only). The site trains with its own
+BN layers and uploads its non-BN tensors. Local: the normalization layers of `norm_types` (default
+BatchNorm only; the paper's choice), affine parameters and buffers. Shared: everything else, including
+buffers of other layers. Evaluation always uses each site's own composed model on its own data.
+
+Decision for partial participation: for a participant i,
+
+    psi_i^{t+1} = lambda * psi_i^{t*} + (1 - lambda) * sum_{j in S_t, j != i} (1/d_ij) psi_j^{t*} / D_i
+    D_i         = sum_{j in S_t, j != i} (1/d_ij)
+
+a lone participant keeps its upload, and models of absent sites are not used. W ignores n_i by design.
+"""),
+        Subsection("11.3", "Variants", """
+- `adafed`: statistics of the inputs of every BatchNorm layer, with the pretrained model.
+- `d-adafed`: statistics of one tensor only, the input of the final layer (the penultimate features, one
+  value per feature), so L = 1; works with models without BatchNorm (BatchNorm layers, if any, still stay
+  local).
+- `f-adafed`: no pretrained model. The first `warmup_rounds` rounds run FedBN over AdaFed's shared tensors
+  (p_i-weighted mean, BN local); at the end of the warm-up the sites send the running mean and variance of
+  their own BN layers, which replace mu and r in 11.1; AdaFed aggregation follows. Decision: `warmup_rounds`
+  defaults to floor(`total_rounds` / 2), half of the run, as in the paper's comparison.
+"""),
+        Subsection("11.4", "Settings", """
+lambda = 0.5 (paper). The authors' code trains with SGD at learning rate 0.01, one local epoch, batch 32,
+cross-entropy; the paper reports that about 20 rounds suffice. The pretrained model in the paper is trained
+on a random 20 % of the pooled data (the code: a class-stratified 30 %, 150 epochs); in a hospital network
+it has to come from outside the federation.
+"""),
+        Subsection("11.5", "Pitfalls", """
+- Statistics must be computed in evaluation mode: training mode would use batch statistics and overwrite the
+  pretrained model's buffers.
+- Layers with many channels or large activations dominate d_ij.
+- Feature statistics say something about a site's data: they leave the site once.
+- W is fixed: a new site needs its statistics and a recomputation.
+- With many small sites the estimate of W degrades (the paper's observation).
+- f-AdaFed needs BatchNorm layers; d-AdaFed does not.
+"""),
+        Subsection("11.6", "Worked example", """
+Three sites, two BN layers (2 channels, then 1), lambda = 0.5. Layer-1 means [0, 0], [1, 0], [0, 0] and
+variances [1, 1], [1, 1], [4, 1]; layer-2 means [0], [3], [0] and variances [1], [1], [1]. Then
+d_12 = 1 + 3 = 4, d_13 = 1 + 0 = 1, d_23 = sqrt(2) + 3 = 4.4142135624 and
+
+    W = [[0.5,          0.1,          0.4         ],
+         [0.2623069601, 0.5,          0.2376930399],
+         [0.4076504844, 0.0923495156, 0.5         ]]
+
+Scalar uploads psi* = (1, 2, 3) give personal values (1.9, 1.9753860798, 2.0923495156) and a shared mean
+of 2. With only sites 1 and 2 taking part, both get 0.5 * own + 0.5 * other = 1.5. Statistics check: one
+channel holding 1, 2, 3, 6 has mean 3 and population variance 3.5.
+"""),
+    ),
+)

@@ -114,7 +114,10 @@ def convex_combine(arrays: Iterable[np.ndarray], weights: Coefficients, like: np
 
 
 def max_combine(arrays: Iterable[np.ndarray], like: np.ndarray) -> np.ndarray:
-    """Integer buffers (BN `num_batches_tracked`): maximum over participants (docs/algorithms.md 0.2 DECISION)."""
+    """Integer buffers (BN `num_batches_tracked`): the maximum over participants.
+
+    docs/algorithms.md 0.2, Decision 2.
+    """
     out: np.ndarray | None = None
     for arr in arrays:
         out = np.array(arr, copy=True) if out is None else np.maximum(out, arr)

@@ -53,7 +53,9 @@ Manifest = Mapping[str, TensorSpec]
 def manifest_from_dict(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, TensorSpec]:
     """Build a Manifest from `fedmqtt.training.models.tensor_manifest` output (or its wire form)."""
     return {
-        name: TensorSpec(name, tuple(int(d) for d in spec["shape"]), str(spec["dtype"]), frozenset(spec["tags"]))
+        name: TensorSpec(
+            name, tuple(int(d) for d in spec["shape"]), str(spec["dtype"]), frozenset(spec["tags"])
+        )
         for name, spec in raw.items()
     }
 

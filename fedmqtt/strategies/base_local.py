@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import copy_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, TensorSpec
 from fedmqtt.strategies.rule import ServerRule
@@ -19,3 +20,30 @@ class Base(ServerRule):
     def aggregate_train(self, inp: RoundInput) -> AggregateResult:
         # Names absent from the manifest would otherwise count as shared; Base shares none at all.
         return AggregateResult(weights=copy_weights(inp.current))
+
+
+ABOUT = StrategyDoc(
+    section="13",
+    title="Base (local training only)",
+    names=("base",),
+    summary=(
+        "No federation: every site trains on its own data only, for the same number of rounds and epochs as "
+        "the federated runs, and is evaluated on its own test split. The reference point that tells whether "
+        "federating helps a site at all."
+    ),
+    server="""
+w_{t+1} = w_t: no tensor travels in either direction; rounds only pace training, evaluation and selection
+""",
+    client="""
+train its own model on the plain loss for E epochs per round; keep the whole model on disk
+""",
+    state="Sites: their whole model. Server: none.",
+    papers=("Chen et al. (seed 001) and Milasheuski et al. (seed 003) use it as the no-federation "
+            "baseline.",),
+    differences=(
+        "The best round is chosen like every other rule's, by the unweighted mean over sites of the "
+        "validation metric (17.1), and the reported number is the unweighted mean of the sites' test "
+        "metrics; seed 001's code trains Base for 100 rounds of 3 local epochs, here the run's own settings "
+        "apply.",
+    ),
+)

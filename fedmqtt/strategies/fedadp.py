@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pydantic import Field
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import Coefficients, copy_weights, sample_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
 from fedmqtt.strategies.params import StrategyParams
@@ -98,3 +99,42 @@ def _flatten(tensors: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndar
     if not names:
         return np.zeros(0)
     return np.concatenate([np.asarray(tensors[n], dtype=np.float64).ravel() for n in names])
+
+
+ABOUT = StrategyDoc(
+    section="9",
+    title="FedAdp",
+    names=("fedadp",),
+    summary=(
+        "Adaptive weighting by direction: sites whose update points the same way as the mean update get more "
+        "weight. The angle between each site's update and the weighted mean one is smoothed over the site's "
+        "participations and mapped through a Gompertz curve; weights are proportional to n_i * "
+        "exp(f(angle)). Server-only: sites train as in FedAvg."
+    ),
+    server="""
+g_i = w_t - w_i^t  (flattened TRAIN tensors);   g = sum_{i in S_t} p_i * g_i
+theta_i = arccos(clip(<g, g_i> / (||g|| * ||g_i||), -1, 1))        theta_i = pi/2 if ||g|| or ||g_i|| is 0
+t_i <- t_i + 1;   theta_bar_i = theta_i (t_i = 1), else ((t_i - 1) * theta_bar_i + theta_i) / t_i
+f(theta) = a * (1 - exp(-exp(-a * (theta - 1))))
+psi_i = n_i * exp(f(theta_bar_i)) / sum_{j in S_t} n_j * exp(f(theta_bar_j))
+w_{t+1} = sum_{i in S_t} psi_i * w_i^t;   float buffers: psi_i (never in the angle); integer buffers: max
+""",
+    client="""
+as FedAvg: plain local loss, local optimiser; send w_i^t, n_i
+""",
+    state="Server: for every site its smoothed angle theta_bar_i and its participation count t_i. Sites: "
+          "none.",
+    papers=("Wu, Wang: Fast-convergent federated learning with adaptive weighting, IEEE Transactions on "
+            "Cognitive Communications and Networking 2021 (arXiv 2012.00661).",),
+    differences=(
+        "t_i counts the rounds in which site i took part, so theta_bar_i is the mean of its own angles; the "
+        "Plato re-implementation uses the global round index. The two agree under full participation.",
+        "An update (or mean update) of norm 0 has angle pi/2; Plato uses 0, which would hand such a site the "
+        "largest weight.",
+    ),
+    example="""
+w_t = [0, 0], g_1 = [1, 0], g_2 = [0, 1], n = (1, 3): g = [0.25, 0.75], theta = (1.2490457724, 0.3217505544),
+psi = (0.0077838584, 0.9922161416), w = [-0.0077838584, -0.9922161416] (FedAvg: [-0.25, -0.75]). Second
+participation with angles 0.5 and 1.0: theta_bar = (0.8745228862, 0.6608752772).
+""",
+)

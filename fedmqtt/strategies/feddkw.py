@@ -8,6 +8,7 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 from pydantic import Field
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import copy_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate
 from fedmqtt.strategies.params import StrategyParams
@@ -98,7 +99,8 @@ class FedDkw(ServerRule):
         for u in inp.updates:
             if "label_histogram" in u.extras:
                 self.histograms[u.site_id] = as_histogram(u.extras["label_histogram"])
-        # A site whose histogram the server never got (egress policy) cannot take part (docs/algorithms.md 0.3).
+        # A site whose histogram the server never got (egress policy) cannot take part
+        # (docs/algorithms.md 0.3).
         updates = [u for u in inp.updates if sum(self.histograms.get(u.site_id, {}).values()) > 0]
         if not updates:
             return AggregateResult(weights=copy_weights(inp.current))
@@ -125,3 +127,51 @@ class FedDkw(ServerRule):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.histograms = {str(s): as_histogram(h) for s, h in state.get("histograms", {}).items()}
+
+
+ABOUT = StrategyDoc(
+    section="10",
+    title="FedDkw",
+    names=("feddkw",),
+    summary=(
+        "Weights from label distributions: each site sends the label histogram of its training set with its "
+        "update; a site whose labels look more like the global distribution (smaller Kullback-Leibler "
+        "divergence) gets more weight, 1/KL. The weights are recomputed every round because the participants "
+        "and the global distribution change."
+    ),
+    server="""
+h_i = latest label histogram of site i (class counts; 10 length-of-stay bins for regression;
+      per-label positive counts for multi-label)
+q_i = h_i / sum_c h_i(c)
+P_g = pooled: sum_i h_i / total count            (global_distribution = pooled, default)
+      mean:   (1/K) * sum_i q_i                  (global_distribution = mean)
+      over every site whose histogram the server has received so far
+KL_i = sum_c q_i(c) * ln(q_i(c) / P_g(c))          (terms with q_i(c) = 0 are 0)
+omega_i = (1 / max(KL_i, kl_floor)) / sum_{j in S_t} (1 / max(KL_j, kl_floor))
+          (multiply_by_n = true: n_i / max(KL_i, kl_floor), normalised the same way)
+w_{t+1} = sum_{i in S_t} omega_i * w_i^t;  float buffers: omega_i; integer buffers: max
+a participant without a histogram is left out of the round
+""",
+    client="""
+as FedAvg, plus the label histogram of its training split in the update (only if its egress policy allows)
+""",
+    state="Server: the latest histogram of every site that has sent one. Sites: none.",
+    papers=("Li et al.: FedDkw: federated learning with dynamic Kullback-Leibler-divergence weight, ACM "
+            "Transactions on Asian and Low-Resource Language Information Processing 2023 (the rule follows "
+            "its abstract).",
+            "Milasheuski et al. (seed 003): the heterogeneity study that uses it on health data.",),
+    differences=(
+        "The global distribution P_g is a parameter. The default pools the counts (the paper's global "
+        "distribution: a large hospital counts for its patients); seed 003's code averages the sites' "
+        "normalised distributions, every site alike: `global_distribution = \"mean\"` reproduces it. With "
+        "sites of different sizes the two give different weights.",
+        "KL is floored at `kl_floor` = 1e-6 before 1/KL, which the paper leaves undefined for a site that "
+        "matches the global distribution exactly.",
+        "n_i is not in the weight (weight proportional to 1/KL, per the abstract); `multiply_by_n = true` "
+        "adds it.",
+    ),
+    example="""
+Binary labels, h_1 = [8, 2], h_2 = [5, 5], pooled: P_g = [0.65, 0.35], KL = (0.0541883342, 0.0471553397),
+omega = (0.4653012654, 0.5346987346).
+""",
+)

@@ -1,4 +1,4 @@
-"""FedDyn (Acar et al. 2021; docs/algorithms.md section 6): dynamic regularisation with a server drift S_bar."""
+"""FedDyn (Acar et al. 2021; docs/algorithms.md section 6): dynamic regularisation, server drift S_bar."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 from pydantic import Field
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import combine, copy_weights, uniform_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Weights
 from fedmqtt.strategies.params import StrategyParams
@@ -25,8 +26,8 @@ class FedDynParams(StrategyParams):
     )
     max_grad_norm: float = Field(
         default=DEFAULT_MAX_GRAD_NORM, ge=0.0,
-        description="sites clip the local gradient (loss + FedDyn terms) to this L2 norm, as the paper's code "
-                    "does (10); 0: no clipping",
+        description="sites clip the local gradient (loss + FedDyn terms) to this L2 norm, as the paper's "
+                    "code does (10); 0: no clipping",
     )
 
 
@@ -93,3 +94,54 @@ class FedDyn(ServerRule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.s_bar = float_state(state.get("s_bar", {}))
         self.theta_avg = copy_weights(state.get("theta_avg", {}))
+
+
+ABOUT = StrategyDoc(
+    section="6",
+    title="FedDyn",
+    names=("feddyn",),
+    summary=(
+        "Dynamic regularisation: each site adds a linear and a quadratic term to its loss, built from its "
+        "accumulated drift, so that the sites' local optima line up with the global one. The server keeps "
+        "mean drift S_bar over all enrolled sites, sends theta_send = theta_avg + S_bar, and evaluates the "
+        "plain average theta_avg. Written here in model units (the paper stores the same thing as gradients, "
+        "g_i = -alpha_i * s_i and h = -alpha * S_bar)."
+    ),
+    server="""
+S_bar      <- S_bar + (1/N) * sum_{i in S_t} (theta_i^t - theta_send)       N = all enrolled sites
+theta_avg   = (1/|S_t|) * sum_{i in S_t} theta_i^t                            (unweighted, as the paper)
+theta_send <- theta_avg + S_bar                                               (next round's downlink)
+TRAIN tensors only; float buffers: plain mean over S_t, no correction; integer buffers: max
+the evaluated model is theta_avg; per-site task carries alpha_i and max_grad_norm
+alpha_i = alpha * n_bar / n_i  (n_bar = n / N; scale_alpha_by_size = false: alpha_i = alpha)
+""",
+    client="""
+R_i(theta) = F_i(theta) + alpha_i * <theta, s_i> + (alpha_i / 2) * ||theta - theta_send||^2
+gradient:    grad F_i(theta) + alpha_i * s_i + alpha_i * (theta - theta_send)      (TRAIN parameters only)
+the whole gradient (loss and both terms) is clipped to L2 norm max_grad_norm before each step
+after training: s_i <- s_i + (theta_i^t - theta_send)         (pending until the server accepts, 0.6)
+""",
+    state=(
+        "Sites: the drift s_i (shaped like the trainable tensors), committed only when the server aggregated "
+        "the update that produced it. Server: S_bar and theta_avg."
+    ),
+    papers=("Acar, Zhao, Matas, Mattina, Whatmough, Saligrama: Federated learning based on dynamic "
+            "regularization, ICLR 2021 (arXiv 2111.04263), Algorithm 1; its authors' code.",),
+    differences=(
+        "Local gradients are clipped at L2 norm `max_grad_norm` = 10 by default, as in the paper's code "
+        "(clip after the FedDyn terms are added, before the step); `max_grad_norm = 0` turns clipping off.",
+        "Both terms are written into the loss and apply to trainable parameters only. Seed 000's code "
+        "delegates the quadratic term to the optimiser's weight decay (which Adam rescales and AdamW applies "
+        "outside the gradient), anchors the linear term on the previous plain average and corrects every "
+        "state entry, BatchNorm running variances included (a route to negative variances and NaN).",
+        "alpha_i = alpha * n_bar / n_i by default, as the authors' code (smaller sites get a stronger "
+        "regulariser); the paper and seed 000 use one alpha: `scale_alpha_by_size = false`.",
+        "The plain average theta_avg is what is evaluated and reported, never theta_send.",
+    ),
+    example="""
+Toy (0.7), alpha = 0.1, equal n, N = 2, both sites every round. Round 1: sites 0.189 and 0.945, S_bar = 0.567,
+theta_avg = 0.567, theta_send = 1.134. Round 2: sites 1.1051019 and 1.8468135, S_bar = 0.9089577,
+theta_avg = 1.4759577, theta_send = 2.3849154. With N = 3 and only sites 1 and 2 in round 1:
+S_bar = 0.378, theta_avg = 0.567, theta_send = 0.945.
+""",
+)

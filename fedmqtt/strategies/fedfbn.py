@@ -1,4 +1,4 @@
-"""FedFBN (Kulkarni et al. 2023; docs/algorithms.md section 14): frozen BN, uniform mean, surgical output layer."""
+"""FedFBN (Kulkarni et al. 2023; docs/algorithms.md section 14): frozen BN, uniform mean, surgical head."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 from pydantic import Field
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import combine, copy_weights, uniform_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, TensorSpec, Weights
 from fedmqtt.strategies.params import StrategyParams
@@ -126,3 +127,50 @@ class FedFBN(ServerRule):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.label_rows = {str(k): copy_weights(r) for k, r in state.get("label_rows", {}).items()}
+
+
+ABOUT = StrategyDoc(
+    section="14",
+    title="FedFBN (frozen BatchNorm) and surgical aggregation",
+    names=("fedfbn",),
+    summary=(
+        "A pretrained backbone whose BatchNorm layers are frozen for the whole federation: they always run "
+        "in inference mode with the pretrained statistics and are not trained, so every site holds identical "
+        "BN layers and there is a usable global model. Every other tensor is averaged uniformly. With "
+        "partial labels (each site annotates only some classes), the output layer is aggregated label by "
+        "label (surgical aggregation)."
+    ),
+    server="""
+body (all non-BN tensors except the output layer):
+    w_{t+1} = (1/|S_t|) * sum_{i in S_t} w_i^t          regardless of n_i
+output layer, sites with one label set (or partial_labels = masked_loss): averaged like the body
+output layer, sites with different label sets (surgical):
+    for every label L of the union: row_L = mean of row_L over the participants that have L
+    a label no participant has keeps its previous rows; each site receives the rows of its own labels,
+    in its own order
+BN tensors: never sent (identical by construction)
+""",
+    client="""
+BN modules in eval mode after every model.train(), weight and bias frozen and out of the optimiser;
+train every other parameter on the plain loss; with surgical aggregation send its label set once
+""",
+    state="Server: the global output rows per label (surgical aggregation). Sites: none beyond the model.",
+    papers=("Kulkarni, Kanhere, Yi, Parekh (seed 004): Optimizing federated learning for medical image "
+            "classification on distributed non-iid datasets with partial labels (arXiv 2303.06180).",
+            "Kulkarni, Kanhere, Yi, Parekh: Surgical aggregation: a collaborative learning framework for "
+            "harmonizing distributed medical imaging datasets with diverse tasks (arXiv 2301.06683).",),
+    differences=(
+        "BN tensors are never transmitted; the authors' code (`FedBNplus`) sends and averages the whole "
+        "state, which gives the same result because the frozen layers are identical.",
+        "Partial participation is not covered by the sources: uniform mean over the participants.",
+        "`partial_labels = \"masked_loss\"`: every site carries the full union output layer, masks the "
+        "it does not annotate in its loss, and the output layer is averaged like the rest (the sources "
+        "report that this does worse on labels a site never sees).",
+    ),
+    example="""
+Uniform averaging: [1, 2] and [3, 0] with n = (1, 3) give [2, 1] (FedAvg: [2.5, 0.5]). Surgical: site A has
+labels (L1, L2) with rows [1, 1] (bias 0.1) and [2, 2] (0.2); site B has (L2, L3) with rows [4, 0] (0.4) and
+[5, 5] (0.5). Global rows: L1 = [1, 1], 0.1; L2 = [3, 1], 0.3; L3 = [5, 5], 0.5; A receives (L1, L2) and B
+receives (L2, L3) of these.
+""",
+)

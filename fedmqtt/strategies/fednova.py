@@ -7,6 +7,7 @@ from typing import Any, Literal, Mapping
 import numpy as np
 from pydantic import Field
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import combine, copy_weights, sample_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate
 from fedmqtt.strategies.params import StrategyParams
@@ -99,3 +100,50 @@ class FedNova(ServerRule):
 def _a_norm(update: SiteUpdate) -> float:
     """||a_i||_1 from the uplink; without it, plain SGD's tau_i (docs/algorithms.md 8, non-SGD reading)."""
     return float(update.extras.get("a_norm", update.local_steps))
+
+
+ABOUT = StrategyDoc(
+    section="8",
+    title="FedNova",
+    names=("fednova",),
+    summary=(
+        "Normalised averaging: sites that take more local steps (more data with a fixed number of epochs) "
+        "would pull FedAvg towards their own optimum. FedNova divides each site's model change by the amount "
+        "of local work it did, ||a_i||_1, averages these normalised changes and rescales the result by the "
+        "mean work tau_eff."
+    ),
+    server="""
+Delta_i = x - y_i;   d_i = Delta_i / ||a_i||_1          (a site with ||a_i||_1 = 0 contributes nothing)
+tau_eff = sum_{i in S_t} p_i * ||a_i||_1       (tau_eff = steps: sum_{i in S_t} p_i * tau_i)
+x <- x - eta_g * tau_eff * sum_{i in S_t} p_i * d_i
+optional server momentum gmf > 0:  buf <- gmf * buf + update;  x <- x - buf
+TRAIN tensors only; float buffers: p_i-weighted mean; integer buffers: max
+""",
+    client="""
+local SGD for tau_i steps with constant eta_l (momentum rho optional, buffer fresh every round)
+||a_i||_1, sent with the update, follows the optimiser actually used:
+  plain SGD:               tau_i
+  heavy ball rho:          sum_{s=1..tau_i} (1 - rho^s) / (1 - rho)
+  Nesterov rho:            sum_{s=1..tau_i} (1 + rho * (1 - rho^s) / (1 - rho))
+""",
+    state="Server: the momentum buffer when gmf > 0. Sites: none.",
+    papers=("Wang, Liu, Liang, Joshi, Poor: Tackling the objective inconsistency problem in heterogeneous "
+            "federated optimization, NeurIPS 2020 (arXiv 2007.07481); its authors' code.",),
+    differences=(
+        "Local momentum (`--hyper momentum=0.9`, the paper's setting) reaches the site's optimiser and "
+        "||a_i||_1 is computed from that same setting, so the two cannot disagree. For Nesterov momentum "
+        "the project uses the Nesterov form above; the authors' code counts Nesterov steps with the "
+        "heavy-ball formula, which understates the local work.",
+        "tau_eff = sum p_i ||a_i||_1 (the paper) by default; the authors' code uses sum p_i tau_i when a "
+        "proximal term is on: `tau_eff = \"steps\"`.",
+        "FedNova needs SGD; another local optimiser is refused up front with the fix in the message (Adam "
+        "has no a_i). There is no proximal term in this project's FedNova.",
+        "Server momentum `gmf` is applied as buf = gmf * buf + update, x -= buf; the authors' code divides "
+        "by and multiplies with eta_l, which is the same for a constant learning rate.",
+    ),
+    example="""
+Toy (0.7), equal n, but site 2 runs 4 steps: y = (0.19, 1.7195), ||a|| = (2, 4), tau_eff = 3,
+x = -3 * (0.5 * (-0.19/2) + 0.5 * (-1.7195/4)) = 0.7873125 (FedAvg: 0.95475). Work norms: momentum 0.9 for
+3 steps gives 5.61; a proximal factor eta_l * mu = 0.05 for 3 steps gives 2.8525.
+""",
+)

@@ -1,4 +1,4 @@
-"""FedOpt (Reddi et al. 2021; docs/algorithms.md section 5): FedAdam, FedAdagrad, FedYogi server optimizers."""
+"""FedOpt (Reddi et al. 2021; docs/algorithms.md section 5): FedAdam, FedAdagrad, FedYogi on the server."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 from pydantic import Field
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import combine, copy_weights, mean_delta, participant_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
 from fedmqtt.strategies.params import WeightingParams
@@ -106,3 +107,55 @@ class FedYogi(FedOpt):
 
     def second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
         return np.asarray(v - (1.0 - self.params.b2) * delta_sq * np.sign(v - delta_sq), dtype=np.float64)
+
+
+ABOUT = StrategyDoc(
+    section="5",
+    title="FedOpt: FedAdam, FedAdagrad, FedYogi",
+    names=("fedadam", "fedadagrad", "fedyogi"),
+    summary=(
+        "Adaptive server optimisers: the weighted mean of the sites' model changes is treated as a "
+        "pseudo-gradient and fed to an Adam-, Adagrad- or Yogi-style step on the server. Sites train as in "
+        "FedAvg. Only trainable tensors go through the moments; running statistics are averaged plainly."
+    ),
+    server="""
+Delta_t = sum_{i in S_t} p_i * (w_i^t - w_t)                (pseudo-gradient; TRAIN tensors only)
+m_t     = b1 * m_{t-1} + (1 - b1) * Delta_t                 m_0 = 0
+FedAdam:    v_t = b2 * v_{t-1} + (1 - b2) * Delta_t^2
+FedAdagrad: v_t = v_{t-1} + Delta_t^2
+FedYogi:    v_t = v_{t-1} - (1 - b2) * Delta_t^2 * sign(v_{t-1} - Delta_t^2)
+                                                            v_0 = tau^2 (or v_init)
+w_{t+1} = w_t + eta_g * m_t / (sqrt(v_t) + tau)             no bias correction
+float buffers: p_i-weighted mean (never through m, v); integer buffers: max
+nobody reported: w, m and v unchanged
+""",
+    client="""
+as FedAvg: plain local loss, local optimiser; send w_i^t, n_i, tau_i
+""",
+    state="Server: m and v, one float64 value per trainable element, checkpointed with the model. Sites: "
+          "none.",
+    papers=("Reddi, Charles, Zaheer, Garrett, Rush, Konecny, Kumar, McMahan: Adaptive federated "
+            "optimization, ICLR 2021 (arXiv 2003.00295), Algorithm 2.",
+            "Hwang et al. (seed 000), appendix A.2: the settings used on medical data.",),
+    differences=(
+        "No bias correction, as Reddi et al.'s Algorithm 2. Flower's FedAdam scales eta by Adam's bias "
+        "correction sqrt(1 - b2^k) / (1 - b1^k) (k the round count), so its steps differ from ours in the "
+        "first rounds by that factor and the two converge as k grows; there is no setting here that adds it.",
+        "FedAdagrad keeps first-moment momentum b1 (default 0.9), as in Reddi et al.'s algorithm; Flower's "
+        "FedAdagrad fixes b1 = 0 (m_t = Delta_t). `b1 = 0` reproduces Flower's rule.",
+        "v_0 = tau^2, the paper's requirement v_0 >= tau^2; seed 000 and Flower start from v_0 = 0: "
+        "`v_init = 0` reproduces them (the difference shows only on coordinates with tiny updates).",
+        "Sample-weighted pseudo-gradient (seed 000); Reddi et al. use the plain mean: "
+        "`weighting = \"uniform\"`.",
+        "BatchNorm running statistics are averaged with p_i and never pushed through the moments: seed 000 "
+        "(and frameworks that treat every array alike) move them with the adaptive step, which can drive a "
+        "running variance negative.",
+    ),
+    example="""
+w_t = [0, 0], site models [1, 2] and [3, -2] with equal n: Delta = [2, 0], m = [0.2, 0]; b1 = 0.9,
+b2 = 0.99, eta_g = 0.01, tau = 0.001. With v_0 = tau^2: FedAdam v = [0.04000099, 9.9e-7],
+w = [0.0099501262, 0]; FedAdagrad v = [4.000001, 1e-6], w = [0.0009995001, 0]; FedYogi v = [0.040001, 1e-6],
+w = [0.0099501250, 0]. With v_0 = 0: w = [0.0099502488, 0] for FedAdam and FedYogi, [0.0009995002, 0] for
+FedAdagrad. A BN running_mean of 1.0 and 3.0 becomes 2.0.
+""",
+)

@@ -6,6 +6,7 @@ from typing import Mapping
 
 from pydantic import Field
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.fedavg import FedAvg
 from fedmqtt.strategies.params import StrategyParams, mu_field
 
@@ -33,3 +34,38 @@ class FedProx(FedAvg):
         if self.params.prox_skip_first_round:
             hyper["prox_skip_first_round"] = 1.0  # only sent when on, so the default downlink is just mu
         return hyper
+
+
+ABOUT = StrategyDoc(
+    section="2",
+    title="FedProx",
+    names=("fedprox",),
+    summary=(
+        "FedAvg with a proximal term on the sites: each site's local objective gets a penalty on moving away "
+        "from the model it received, which limits client drift when the sites' data differ. The server is "
+        "FedAvg's; it only adds `mu` to every site's task."
+    ),
+    server="""
+as FedAvg (section 1): w_{t+1} = sum_{i in S_t} p_i * w_i^t; downlink task carries mu
+""",
+    client="""
+anchor w_t = the TRAIN tensors received this round (frozen copy)
+minimise h_i(w) = F_i(w) + (mu/2) * ||w - w_t||^2     over TRAIN parameters (buffers excluded)
+i.e. every step adds mu * (w - w_t) to the minibatch gradient, at every step of every round
+""",
+    state="None (as FedAvg).",
+    papers=("Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith: Federated optimization in heterogeneous networks, "
+            "MLSys 2020 (arXiv 1812.06127).",),
+    differences=(
+        "The penalty is the squared norm (mu/2)||w - w_t||^2 as in the paper, applied from the first step of "
+        "every round. Some published code (seed 000's, microsoft/PersonalizedFL) uses the unsquared norm or "
+        "skips the term in round 1 and on the first batch of every epoch; `prox_skip_first_round = true` "
+        "reproduces the round-1 skip only.",
+        "The term is written into the gradient explicitly, never delegated to the optimiser's weight decay, "
+        "so it means the same with SGD, Adam and AdamW (Adam still rescales it like any other gradient).",
+    ),
+    example="""
+Toy problem (0.7) with mu = 0.5: site 1 goes 0 -> 0.1 -> 0.185, site 2 goes 0 -> 0.5 -> 0.925; with equal n
+the server gives 0.555 (FedAvg: 0.57).
+""",
+)

@@ -52,12 +52,14 @@ def mu_field(default: float = 0.01) -> Any:
 LOCAL_OPTIMISER_KEYS = {
     "momentum": "local SGD momentum factor in [0, 1) (heavy ball, PyTorch form); needs optimizer sgd",
     "nesterov": "1: Nesterov momentum (needs momentum > 0 and optimizer sgd); 0: off",
-    "balance_classes": "1: class weights from the site's own training labels in the loss (imbalanced labels); 0: off",
+    "balance_classes": "1: class weights from the site's own training labels in the loss (imbalanced "
+                       "labels); 0: off",
 }
 
 
 def check_local_optimiser(hyper: Mapping[str, Any], optimizer: str) -> None:
-    """Raise ConfigError when the local optimiser keys of `hyper` are out of range or do not fit `optimizer`."""
+    """Raise ConfigError when the local optimiser keys of `hyper` are out of range or do not fit
+    `optimizer`."""
     momentum = hyper.get("momentum", 0.0)
     nesterov = hyper.get("nesterov", 0.0)
     if not 0.0 <= float(momentum) < 1.0:

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pydantic import Field
 
+from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import (
     combine,
     copy_weights,
@@ -86,3 +87,49 @@ def _delta_c(update: SiteUpdate, name: str) -> np.ndarray:
     if not isinstance(delta_c, Mapping) or name not in delta_c:
         raise ValueError(f"scaffold: extras['delta_c'] from {update.site_id!r} lacks tensor {name!r}")
     return np.asarray(delta_c[name], dtype=np.float64)
+
+
+ABOUT = StrategyDoc(
+    section="7",
+    title="SCAFFOLD",
+    names=("scaffold",),
+    summary=(
+        "Control variates correct client drift: the server keeps c, an estimate of the average gradient, and "
+        "each site keeps c_i, an estimate of its own; every local step is corrected by (c - c_i), so sites "
+        "move towards the global optimum rather than their own. Sites use option II of the paper (c_i from "
+        "the model change). Doubles the traffic (c travels down, Delta_c_i up)."
+    ),
+    server="""
+x <- x + eta_g * sum_{i in S_t} p_i * (y_i - x)              p_i over the sites that reported
+c <- c + sum_{i in S_t} pi_i * Delta_c_i                     pi_i = n_i / n over ALL enrolled sites
+keeps c = sum_{all i} pi_i * c_i at all times; weighting = uniform: p_i = 1/|S_t|, pi_i = 1/N (the paper)
+TRAIN tensors only; float buffers: p_i-weighted mean; integer buffers: max
+c goes to every site with the global model
+""",
+    client="""
+y <- x; each of the K_i steps:  y <- y - eta_l * (g(y) - c_i + c)        (plain SGD, no momentum)
+option II:  c_i_new = c_i - c + (x - y) / (K_i * eta_l)       K_i = steps really taken
+send y_i and Delta_c_i = c_i_new - c_i; keep c_i_new pending until the server accepts the update (0.6)
+""",
+    state="Sites: c_i (committed only when aggregated). Server: c, and every enrolled site's n_i.",
+    papers=("Karimireddy, Kale, Mohri, Reddi, Stich, Suresh: SCAFFOLD: stochastic controlled averaging for "
+            "federated learning, ICML 2020 (arXiv 1910.06378), Algorithm 1, option II.",),
+    differences=(
+        "Under partial participation c moves by sum_{i in S_t} pi_i * Delta_c_i with pi_i taken over every "
+        "enrolled site (the paper's (|S_t|/N) * mean(Delta_c) when uniform). Implementations that add the "
+        "plain mean of the participants' Delta_c agree with this only when every site takes part; with "
+        "sampling they move c N/|S_t| times too far and c stops being the mean of the c_i.",
+        "Sample-weighted by default (pi_i = n_i / n); `weighting = \"uniform\"` is the paper's 1/N. The "
+        "FedDyn authors' SCAFFOLD code also weights by size but rescales the local correction; not "
+        "reproduced.",
+        "SGD without momentum is required (option II estimates the mean gradient only for plain SGD); a run "
+        "configured otherwise is refused up front with the fix in the message.",
+        "A site's new c_i is committed only when the server reports that it aggregated the update (0.6), so "
+        "a lost or late update never breaks c = sum pi_i c_i.",
+    ),
+    example="""
+Toy (0.7), uniform weights, N = 2, eta_g = 1, K = 2. Round 1: y = 0.19 and 0.95, x = 0.57, c_1 = -0.95,
+c_2 = -4.75, c = -2.85. Round 3: y = 1.404727 and 1.406627, x = 1.405677, c = -1.869885: both sites now
+head for the global optimum 3. With N = 3 and only sites 1 and 2 in round 1: x = 0.57, c = -1.9.
+""",
+)
