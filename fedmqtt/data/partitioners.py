@@ -35,6 +35,9 @@ class PartitionSpec(BaseModel):
     column: str | None = Field(default=None, description=f"natural: the site column; feature_*: the feature, "
                                f"or {AUTO_MAX!r}/{AUTO_MIN!r}: largest/smallest |Pearson r| with the label")
     cap: int | None = Field(default=None, ge=1, description="at most this many items per site (applied last)")
+    labels_per_site: int | None = Field(
+        default=None, ge=1, description="partial labels (multi-label data): each site annotates only this "
+        "many of the labels, the others are unknown (NaN, masked in loss and metrics); see annotated_labels")
     seed: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
@@ -289,6 +292,24 @@ def _guess_task(y: np.ndarray) -> TaskInfo:
     return TaskInfo("binary", 1) if n_classes <= 2 else TaskInfo("multiclass", n_classes)
 
 
+def annotated_labels(n_labels: int, n_sites: int, per_site: int, seed: int) -> list[list[int]]:
+    """Partial labels (seed 004's setting): which `per_site` of the `n_labels` label columns each site
+    annotates.
+
+    The labels are shuffled (seeded, a stream of its own so the item split is unchanged) and dealt round
+    robin, `per_site` consecutive labels per site: every label is annotated somewhere whenever
+    `n_sites * per_site >= n_labels`, and the sites' sets overlap as little as that allows.
+
+    Raises:
+        DataError: `per_site` is more than the labels there are.
+    """
+    if per_site > n_labels:
+        raise DataError(f"labels_per_site = {per_site}, but the data has only {n_labels} labels")
+    order = np.random.default_rng([seed, 4]).permutation(n_labels)
+    return [sorted(int(order[(k * per_site + j) % n_labels]) for j in range(per_site))
+            for k in range(n_sites)]
+
+
 MANIFEST_VERSION: Literal["fedmqtt.partition/1"] = "fedmqtt.partition/1"
 
 
@@ -299,6 +320,7 @@ class SitePart(BaseModel):
     n: int = Field(ge=0)
     histogram: dict[str, int]
     indices: list[int]
+    annotated: list[int] | None = None  # partial labels: the label columns this site annotates (else all)
 
 
 class PartitionManifest(BaseModel):
@@ -314,11 +336,14 @@ class PartitionManifest(BaseModel):
     source: dict[str, Any] = Field(description="format, path, options and n_items of the pooled dataset")
     sites: list[SitePart]
 
-    def site_indices(self, site: str) -> np.ndarray:
+    def site_part(self, site: str) -> SitePart:
         for part in self.sites:
             if part.site == site:
-                return np.asarray(part.indices, dtype=np.int64)
+                return part
         raise DataError(f"partition has no site {site!r}; its sites: {', '.join(p.site for p in self.sites)}")
+
+    def site_indices(self, site: str) -> np.ndarray:
+        return np.asarray(self.site_part(site).indices, dtype=np.int64)
 
 
 def write_partition_manifest(path: Path, spec: PartitionSpec, parts: Sequence[np.ndarray],
@@ -329,9 +354,17 @@ def write_partition_manifest(path: Path, spec: PartitionSpec, parts: Sequence[np
     if not len(names) == len(parts) == len(histograms) or len(set(names)) != len(names):
         raise DataError(f"{len(parts)} parts, {len(histograms)} histograms and site names {names} "
                         "do not match")
+    annotated: list[list[int] | None] = [None] * len(parts)
+    if spec.labels_per_site is not None and source.get("task", "multilabel") != "multilabel":
+        raise DataError(f"labels_per_site (partial labels) needs multi-label data; this is {source['task']}")
+    if spec.labels_per_site is not None and parts:
+        annotated = list(annotated_labels(len(histograms[0]), len(parts), spec.labels_per_site, spec.seed))
+        # a site reports positives of the labels it annotates only (as its masked labels give at run time)
+        histograms = [{k: (c if int(k) in a else 0) for k, c in h.items()}
+                      for h, a in zip(histograms, annotated)]
     manifest = PartitionManifest(spec=spec, source=dict(source), sites=[
-        SitePart(site=name, n=len(p), histogram=dict(h), indices=[int(i) for i in p])
-        for name, p, h in zip(names, parts, histograms)])
+        SitePart(site=name, n=len(p), histogram=dict(h), indices=[int(i) for i in p], annotated=a)
+        for name, p, h, a in zip(names, parts, histograms, annotated)])
     doc = manifest.model_dump(mode="json")
     flat = []
     for k, site in enumerate(doc["sites"]):  # placeholders keep a 50k-index list on one line

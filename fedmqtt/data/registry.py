@@ -132,7 +132,24 @@ def _select_part(data: Dataset, spec: DataSpec, manifest: PartitionManifest) -> 
     idx = manifest.site_indices(str(spec.site))
     if idx.size and (idx.min() < 0 or idx.max() >= len(data)):
         raise DataError(f"{spec.partition}: site {spec.site!r} lists indices outside 0..{len(data) - 1}")
-    return _take(data, idx), f"partition {spec.partition} site {spec.site}: {idx.size} of {len(data)} items"
+    part = _take(data, idx)
+    note = f"partition {spec.partition} site {spec.site}: {idx.size} of {len(data)} items"
+    annotated = manifest.site_part(str(spec.site)).annotated
+    if annotated is None:
+        return part, note
+    return _mask_labels(part, annotated, str(spec.partition)), f"{note}, annotating labels {annotated}"
+
+
+def _mask_labels(data: Dataset, annotated: list[int], where: str) -> Dataset:
+    """Partial labels: the labels this site does not annotate become unknown (NaN), which the loss and the
+    metrics leave out, as if the hospital never looked for those diagnoses."""
+    if data.task.kind != "multilabel":
+        raise DataError(f"{where}: labels_per_site (partial labels) needs multi-label data; this is "
+                        f"{data.task.kind}")
+    y = np.array(data.y, dtype=np.float32, copy=True)
+    unknown = np.setdiff1d(np.arange(y.shape[1]), np.asarray(annotated, dtype=np.int64))
+    y[:, unknown] = np.nan
+    return replace(data, y=y)
 
 
 def _take(data: Dataset, idx: np.ndarray) -> Dataset:
