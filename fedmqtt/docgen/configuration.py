@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from fedmqtt.data.spec import OPTIONS, DataSpec
-from fedmqtt.docgen.tables import code, table
+from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.simulation_config import SimulationConfig
 from fedmqtt.transport.settings import BrokerSettings
 from ps_daemon.config import DaemonConfig, RecruitmentConfig
@@ -107,6 +107,8 @@ def _constraint_text(item: Any, bare: Any) -> str:
         if isinstance(item, kind):
             return f"{sign} {_number(getattr(item, attr))}"
     unit = "characters" if bare is str else "entries"
+    if isinstance(item, at.MinLen) and item.min_length == 1 and bare is str:
+        return "not empty"
     if isinstance(item, at.MinLen):
         noun = "entry" if unit == "entries" and item.min_length == 1 else unit
         return f"at least {item.min_length} {noun}"
@@ -121,16 +123,16 @@ def _constraint_text(item: Any, bare: Any) -> str:
 
 
 def _number(value: Any) -> str:
+    """Bounds as people read them: 2^63 rather than 9223372036854775808."""
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, int) and abs(value) >= 1 << 20:
-        for power in (64, 63, 53, 40, 31, 30, 20):
-            if value == 1 << power:
-                return f"2^{power}"
-            if value == -(1 << power):
-                return f"-2^{power}"
-            if value == (1 << power) - 1:
-                return f"2^{power} - 1"
+        magnitude = abs(value)
+        sign = "-" if value < 0 else ""
+        if magnitude & (magnitude - 1) == 0:
+            return f"{sign}2^{magnitude.bit_length() - 1}"
+        if value > 0 and (value + 1) & value == 0:
+            return f"2^{value.bit_length()} - 1"
         return f"{value:,}".replace(",", " ")
     return str(value)
 
@@ -148,7 +150,8 @@ def default_text(field: FieldInfo) -> str:
         return f"{len(value)} tables: " + ", ".join(code(k) for k in value)
     if value is None:
         return "unset"
-    return code(_inline(_plain(value)))
+    text = code(_inline(_plain(value)))
+    return f"{text} ({size(value)})" if size(value) != str(value) else text
 
 
 def _plain(value: Any) -> Any:
@@ -313,7 +316,7 @@ EXAMPLES = (("PS config (`fedmqtt ps start --config ps.toml`)", "ps.toml", PS_EX
              None),
             ("Credentials file (written by `fedmqtt broker init`; the `[broker]` table)", "cleveland.toml",
              CREDENTIALS_EXAMPLE, BrokerSettings, "broker"),
-            ("Simulation config (`fedmqtt simulate --config sim.toml`)", "sim.toml", SIMULATION_EXAMPLE,
+            ("Simulation config (`fedmqtt simulate sim.toml`)", "sim.toml", SIMULATION_EXAMPLE,
              SimulationConfig, None))
 
 
@@ -348,7 +351,7 @@ Roles and their files:
   credentials file;
 - every party's **credentials file** holds a `[broker]` table: how to reach the broker and as whom (`fedmqtt
   broker init` writes one per party);
-- a **simulation** (`fedmqtt simulate`) describes a whole federation in one file and runs it in one process.
+- a **simulation** (`fedmqtt simulate sim.toml`) describes a whole federation in one file and runs it in one process.
 
 @@EXAMPLES@@
 ## PS config

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from paho.mqtt.client import topic_matches_sub
 
 from broker import acl
-from fedmqtt.docgen.tables import code, table
+from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.transport import bulk, channel, mqtt, topics
 from fedmqtt.transport.settings import BrokerSettings
 from ps_daemon import admission, runner
@@ -291,11 +291,7 @@ def _setting(name: str) -> tuple[str, object, str]:
 
 
 def _size(value: object) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1024:
-        for unit, step in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-            if value % step == 0:
-                return f"{value} ({value // step} {unit})"
-    return str(value)
+    return str(value) if size(value) == str(value) else f"{value} ({size(value)})"
 
 
 def chunk_limits_table() -> str:

@@ -21,3 +21,12 @@ def code(text: object) -> str:
     """Inline code; empty text becomes an em dash so a cell is never blank."""
     text = str(text)
     return f"`{text}`" if text else "—"
+
+
+def size(value: object) -> str:
+    """A byte count with its binary unit when it is a whole number of them: 4194304 -> 4 MiB."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1024:
+        for unit, step in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if value % step == 0:
+                return f"{value // step} {unit}"
+    return str(value)
