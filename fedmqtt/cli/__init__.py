@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from fedmqtt.cli import (algorithms, broker, dashboard, demo, grid, partition, ps, recruit, report, simulate, site,
@@ -20,6 +22,30 @@ app.add_typer(topics.app, name="topics")
 for module in (demo, simulate, algorithms, grid, report, partition, recruit):
     app.registered_commands.extend(module.app.registered_commands)
 app.command("dashboard")(dashboard.dashboard)  # `fedmqtt dashboard`
+
+
+def reflow(text: str | None) -> str | None:
+    """Help text with each paragraph on one line, so the terminal wraps it.
+
+    Rich help keeps a docstring's line breaks as they are, which breaks sentences mid-line at any width.
+    Paragraphs that start with "\\b" or hold indented lines (examples) keep their layout.
+    """
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") or any(line[:1].isspace() for line in p.splitlines())
+                       else " ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def _reflow_all(typer_app: typer.Typer) -> None:
+    for info in typer_app.registered_commands:
+        info.help = reflow(info.help or inspect.getdoc(info.callback))
+        info.epilog = reflow(info.epilog)
+    for group in typer_app.registered_groups:
+        _reflow_all(group.typer_instance)
+
+
+_reflow_all(app)
 
 
 def main() -> None:

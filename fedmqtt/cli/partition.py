@@ -61,7 +61,7 @@ def partition_command(
                                           "(< 0.1 extreme, >= 10 homogeneous)."),
     column: Optional[str] = typer.Option(None, help=COLUMN_HELP),
     cap: Optional[int] = typer.Option(None, min=1, help="At most this many items per site (random "
-                                      "subsample, applied last; seed 003 uses 500)."),
+                                      "subsample, applied last; the heterogeneity study of docs/algorithms.md 16.5 uses 500)."),
     seed: Optional[int] = typer.Option(None, min=0, help="Seed of the partition's random draws (default 0)."),
     out: Path = typer.Option(..., "--out", help="Folder for partition.json (manifest) and partition.png."),
 ) -> None:

@@ -1,4 +1,5 @@
-"""`fedmqtt recruit`: preview seed 002's recruitment for given gammas, from live sites or a partition."""
+"""`fedmqtt recruit`: preview client recruitment (docs/algorithms.md 15) for given gammas, from live sites or
+a partition manifest."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from fedmqtt.recruitment_view import live_reports, manifest_reports, manifest_tr
 
 __all__ = ["app", "live_reports", "manifest_reports", "plot_recruitment", "recruit_command"]
 
-app = typer.Typer(help="Preview client recruitment (seed 002).")
+app = typer.Typer(help="Preview client recruitment (docs/algorithms.md 15).")
 
 
 @app.command("recruit")
