@@ -254,8 +254,8 @@ upload the non-BN tensors; keep the BN layers (affine parameters and buffers) on
     papers=("Chen, Lu, Wang, Qin, Qin (seed 001): Federated learning with adaptive batchnorm for "
             "personalized healthcare, AAAI 2022; journal version (FedAP): Lu, Wang, Chen, Qin, Xu, "
             "Dimitriadis, Qin: Personalized federated learning with adaptive batchnorm for healthcare, IEEE "
-            "Transactions on "
-            "Big Data (arXiv 2112.00734); the authors' code (microsoft/PersonalizedFL, `fedap`).",),
+            "Transactions on Big Data (arXiv 2112.00734); the authors' code (microsoft/PersonalizedFL, "
+            "`fedap`).",),
     differences=(
         "Population variance (divide by the count) for the statistics; the authors' code merges per-batch "
         "unbiased variances. The difference is negligible for realistic counts.",

@@ -27,9 +27,9 @@ ABOUT = StrategyDoc(
     names=("fedavg",),
     summary=(
         "Federated averaging: every participating site trains the global model on its own data, and the "
-        "replaces the global model by the average of the returned models, each site weighted by its number "
-        "of training samples. Everything is shared, BatchNorm running statistics included. The baseline "
-        "every other rule is compared with."
+        "server replaces the global model by the average of the returned models, each site weighted by its "
+        "number of training samples. Everything is shared, BatchNorm running statistics included. The "
+        "baseline every other rule is compared with."
     ),
     server="""
 w_{t+1} = sum_{i in S_t} p_i * w_i^t        p_i = n_i / n_S, renormalised over the sites that reported

@@ -102,10 +102,10 @@ ABOUT = StrategyDoc(
     names=("feddyn",),
     summary=(
         "Dynamic regularisation: each site adds a linear and a quadratic term to its loss, built from its "
-        "accumulated drift, so that the sites' local optima line up with the global one. The server keeps "
-        "mean drift S_bar over all enrolled sites, sends theta_send = theta_avg + S_bar, and evaluates the "
-        "plain average theta_avg. Written here in model units (the paper stores the same thing as gradients, "
-        "g_i = -alpha_i * s_i and h = -alpha * S_bar)."
+        "own accumulated drift, so that the sites' local optima line up with the global one. The server "
+        "keeps the mean drift S_bar over all enrolled sites, sends theta_send = theta_avg + S_bar, and "
+        "evaluates the plain average theta_avg. Written here in model units (the paper stores the same thing "
+        "as gradients, g_i = -alpha_i * s_i and h = -alpha * S_bar)."
     ),
     server="""
 S_bar      <- S_bar + (1/N) * sum_{i in S_t} (theta_i^t - theta_send)       N = all enrolled sites

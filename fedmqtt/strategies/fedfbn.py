@@ -164,8 +164,8 @@ train every other parameter on the plain loss; with surgical aggregation send it
         "state, which gives the same result because the frozen layers are identical.",
         "Partial participation is not covered by the sources: uniform mean over the participants.",
         "`partial_labels = \"masked_loss\"`: every site carries the full union output layer, masks the "
-        "it does not annotate in its loss, and the output layer is averaged like the rest (the sources "
-        "report that this does worse on labels a site never sees).",
+        "labels it does not annotate in its loss, and the output layer is averaged like the rest (the "
+        "sources report that this does worse on labels a site never sees).",
     ),
     example="""
 Uniform averaging: [1, 2] and [3, 0] with n = (1, 3) give [2, 1] (FedAvg: [2.5, 0.5]). Surgical: site A has

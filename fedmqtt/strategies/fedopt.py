@@ -138,9 +138,10 @@ as FedAvg: plain local loss, local optimiser; send w_i^t, n_i, tau_i
             "optimization, ICLR 2021 (arXiv 2003.00295), Algorithm 2.",
             "Hwang et al. (seed 000), appendix A.2: the settings used on medical data.",),
     differences=(
-        "No bias correction, as Reddi et al.'s Algorithm 2. Flower's FedAdam scales eta by Adam's bias "
-        "correction sqrt(1 - b2^k) / (1 - b1^k) (k the round count), so its steps differ from ours in the "
-        "first rounds by that factor and the two converge as k grows; there is no setting here that adds it.",
+        "No bias correction, as Reddi et al.'s Algorithm 2. Recent Flower versions scale FedAdam's eta by "
+        "Adam's bias-correction factor sqrt(1 - b2^k) / (1 - b1^k), with k growing with the round (older "
+        "versions did not), so their steps differ from ours by that factor in the first rounds and the two "
+        "agree as k grows; there is no setting here that adds it.",
         "FedAdagrad keeps first-moment momentum b1 (default 0.9), as in Reddi et al.'s algorithm; Flower's "
         "FedAdagrad fixes b1 = 0 (m_t = Delta_t). `b1 = 0` reproduces Flower's rule.",
         "v_0 = tau^2, the paper's requirement v_0 >= tau^2; seed 000 and Flower start from v_0 = 0: "

@@ -47,9 +47,9 @@ minimise h_i(w) = F_i(w) + (mu/2) * ||u - u_t||^2      normalization parameters 
             "learning in the medical domain, CHIL 2023 (arXiv 2207.03075), section 3.4 and Algorithm 2.",),
     differences=(
         "The proximal term excludes normalization parameters, as the paper describes; in the released code "
-        "seed 000 the eICU and skin modules compare the algorithm name with a misspelt string and so apply "
-        "the term to every parameter. A unit test checks that normalization parameters get exactly zero "
-        "proximal gradient here.",
+        "of seed 000 the eICU and skin modules compare the algorithm name with a misspelt string and so "
+        "apply the term to every parameter. A unit test checks that normalization parameters get exactly "
+        "zero proximal gradient here.",
         "Squared norm from the first step of every round, as FedProx (section 2).",
     ),
     example="""
