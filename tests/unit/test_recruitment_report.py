@@ -62,7 +62,8 @@ def test_pooled_accuracy_weighs_sites_by_test_size(runs: dict[str, Path]) -> Non
         assert row.site_mean.mean == pytest.approx(np.mean(list(row.per_site.values())), abs=1e-12)
 
 
-def test_cli_needs_the_sites_data_then_prints_both_side_by_side(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_cli_needs_the_sites_data_then_prints_both_side_by_side(runs: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
     cli = CliRunner()
     args = ["report", str(runs["all"]), str(runs["recruited"]), "--metric", "auroc"]
     missing = cli.invoke(app, args)
@@ -91,3 +92,35 @@ def test_conflicting_site_data_is_refused(runs: dict[str, Path]) -> None:
             held_out_sites(load_runs([runs["all"]]), other)
     finally:
         (runs["all"] / "grid_point.json").unlink()
+
+
+def test_regression_union_has_the_constant_baseline_row(tmp_path: Path) -> None:
+    """A regression run's held-out table ends with the constant predictor (the pooled training mean) on
+    the same patients: per site as the simulation's own baseline, pooled over every test patient."""
+    from fedmqtt.data.spec import DataSpec
+    from schemas.messages import ModelSpec, TrainSettings
+
+    rng = np.random.default_rng(2)
+    sites = {}
+    for k, scale in enumerate((1.0, 2.0, 4.0)):
+        a, b = rng.normal(size=60), rng.normal(size=60)
+        days = np.maximum(0.1, scale * (3 + a + 0.5 * b + 0.3 * rng.normal(size=60)))
+        path = tmp_path / f"site{k}.csv"
+        path.write_text("a,b,los\n" + "".join(f"{x},{y},{z}\n" for x, y, z in zip(a, b, days)))
+        sites[f"site-{k}"] = DataSpec(format="table", path=path, options={"spec": {
+            "label": "los", "task": "regression", "numeric": ["a", "b"]}})
+    cfg = SimulationConfig(run_id="los", rounds=1, out_dir=tmp_path / "run", sites=sites,
+                           selection_metric="mae",
+                           model=ModelSpec(name="mlp", args={"in_features": 2, "hidden": [8]}),
+                           train=TrainSettings(epochs=1, batch_size=16, lr=0.01, optimizer="adam",
+                                               loss="msle"))
+    report = run_simulation(cfg, progress=False)
+    table = union_table(load_runs([cfg.out_dir]), "mae", dict(sites))
+    model_row, constant = table.rows
+    assert constant.label.startswith("constant") and constant.per_site is not None
+    own = {s: e["metrics"]["test"]["mae"] for s, e in report["baseline"]["per_site"].items()}
+    assert constant.per_site == pytest.approx(own, abs=1e-9)
+    splits = load_test_splits(dict(sites))
+    y = np.concatenate([splits[s].y for s in sorted(splits)]).astype(np.float64)
+    assert constant.pooled == pytest.approx(float(np.mean(np.abs(y - report["baseline"]["level"]))), rel=1e-9)
+    assert model_row.pooled is not None
