@@ -99,7 +99,7 @@ def load_run(run_dir: Path) -> RunRecord:
     norm = config.get("model", {}).get("args", {}).get("norm", "none")
     labels: dict[str, Any] = {"algorithm": report.get("algorithm", "?"), "norm": str(norm),
                               "seed": int(config.get("seed", 0)), "partition": "",
-                              "selection": str(config.get("selection", "all"))}
+                              "selection": _selection(config)}
     if (run_dir / POINT_FILE).is_file():
         point = json.loads((run_dir / POINT_FILE).read_text())
         labels.update({k: point[k] for k in labels if k in point})
@@ -114,6 +114,14 @@ def load_run(run_dir: Path) -> RunRecord:
     return RunRecord(path=run_dir, sites=sites, final_test={s: _split(per_site[s], "test") for s in sites},
                      best_test=None if best is None else {s: _split(best.get(s, {}), "test") for s in sites},
                      best_round=best_round.get("round"), curve=tuple(curve), **labels)
+
+
+def _selection(config: dict[str, Any]) -> str:
+    """How the run chose its sites: "all", "fraction 0.1", "recruited", "recruited, fraction 0.1"."""
+    selection, fraction = str(config.get("selection", "all")), config.get("fraction")
+    if selection == "all" or fraction is None:
+        return selection
+    return f"fraction {fraction:g}" if selection == "fraction" else f"{selection}, fraction {fraction:g}"
 
 
 def _split(entry: dict[str, Any], split: str) -> dict[str, float | None]:
@@ -407,7 +415,6 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
     splits = load_test_splits(sites)
     names = tuple(splits)
     patients = sum(len(s.y) for s in splits.values())
-    label = algorithm_label(records)
 
     def score(preds: dict[str, np.ndarray]) -> dict[str, Any]:
         per_site = {s: _clean(task_metrics(splits[s].task, splits[s].y, preds[s])[0].get(metric))
@@ -425,7 +432,7 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
         report = json.loads((rec.path / "report.json").read_text())
         config = report.get("config", {})
         trained = _trained_on(report, len(names))
-        name = f"{label(rec)} seed {rec.seed}" + (f" ({rec.partition})" if rec.partition else "")
+        name = (rec.path.parent if rec.path.name == "ps" else rec.path).name  # the run folder, as named
         weights = rec.path / FINAL_MODEL
         if not weights.is_file():
             rows.append(UnionRow(name, trained, None, Cell(None, None, 0, len(names)), f"no {FINAL_MODEL}"))
@@ -448,12 +455,12 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
 
 def _trained_on(report: dict[str, Any], n_sites: int) -> str:
     recruitment = report.get("recruitment") or {}
-    if recruitment.get("recruited") is not None:
-        return f"{len(recruitment['recruited'])} of {n_sites} (recruited)"
     config = report.get("config", {})
-    if config.get("selection") == "fraction":
-        return f"{n_sites}, fraction {config.get('fraction')} per round"
-    return f"{len(report['final']['per_site'])} of {n_sites}"
+    fraction = config.get("fraction")
+    per_round = f", {fraction:g} of them per round" if fraction is not None else ""
+    if recruitment.get("recruited") is not None:
+        return f"{len(recruitment['recruited'])} of {n_sites} (recruited){per_round}"
+    return f"{len(report['final']['per_site'])} of {n_sites}{per_round}"
 
 
 def _union_rows(table: UnionTable) -> list[list[str]]:
