@@ -31,12 +31,13 @@ class SiteView:
     detail: str = ""
     rounds: set[int] = field(default_factory=set)
     usage: dict[str, float] = field(default_factory=dict)
+    last_compute: dict[str, float] = field(default_factory=dict)  # the last round's wall/CPU s (report only)
 
     def as_json(self, rejected: dict[str, dict[str, int]]) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "last_seen": self.last_seen, "device": self.device,
                 "n_train": self.n_train, "n_val": self.n_val, "n_test": self.n_test, "detail": self.detail,
                 "rounds_participated": len(self.rounds), "rejected": rejected.get(self.name, {}),
-                "usage": self.usage}
+                "usage": self.usage, "last_compute": self.last_compute}
 
 
 @dataclass
@@ -172,8 +173,15 @@ class RunView:
             site = view._site(str(name))
             if site is not None:
                 site.usage = {k: float(v) for k, v in total.items() if isinstance(v, (int, float))}
+        per_round = (report.get("usage") or {}).get("per_round") or {}
         for site in view.sites.values():
             site.state = "finished"
+            if site.rounds:
+                last = (per_round.get(str(max(site.rounds))) or {}).get(site.name) or {}
+                site.last_compute = {k: float(last[k]) for k in ("wall_s", "cpu_s") if isinstance(last.get(k), (int, float))}
+            missing = ((final.get("per_site") or {}).get(site.name) or {}).get("missing")
+            if missing:  # it left the run (killed, offline, past the deadline): say so, not "finished"
+                site.state, site.detail = "offline", str(missing)
         view.sites_expected = tuple(sorted(str(s) for s in (config.get("sites") or view.sites)))
         return view
 

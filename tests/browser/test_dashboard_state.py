@@ -118,7 +118,8 @@ def _report(tmp: Path) -> Path:
               "final": {"per_site": {"a": {"metrics": {"test": {"loss": 0.3}}}, "b": {"missing": "offline"}},
                         "mean": {"test": {"loss": 0.3}}},
               "best_round": {"round": 3, "score": 0.5, "metric": "val loss"}, "recruitment": None,
-              "usage": {"per_site_total": {"a": {"rounds": 3, "wall_s": 2.0, "cpu_s": 1.5, "energy_j": 0.0}}}}
+              "usage": {"per_site_total": {"a": {"rounds": 3, "wall_s": 2.0, "cpu_s": 1.5, "energy_j": 0.0}},
+                        "per_round": {"3": {"a": {"wall_s": 0.7, "cpu_s": 0.5}, "b": {"wall_s": None}}}}}
     (run / "report.json").write_text(json.dumps(report))
     return run
 
@@ -133,6 +134,9 @@ def test_http_is_read_only_with_a_strict_csp(dashboard, tmp_path: Path) -> None:
     assert run["algorithm"] == "fedprox" and [r["round"] for r in run["rounds"]] == [1, 2, 3]
     assert run["status"] == "finished" and (run["quorum"], run["min_sites"], run["sites_expected"]) == (1, 2, ["a", "b"])
     assert run["best_round"]["round"] == 3 and {s["name"]: s["usage"].get("cpu_s") for s in run["sites"]}["a"] == 1.5
+    sites = {s["name"]: s for s in run["sites"]}
+    assert sites["a"]["state"] == "finished" and sites["a"]["last_compute"] == {"wall_s": 0.7, "cpu_s": 0.5}
+    assert sites["b"]["state"] == "offline" and sites["b"]["detail"] == "offline" and sites["b"]["last_compute"] == {}
     assert "password" not in json.dumps(state)
     for method, path, code in (("POST", "api/state", 405), ("PUT", "", 405), ("GET", "static/..%2Fstate.py", 404),
                                ("GET", "static/state.py", 404)):

@@ -82,8 +82,14 @@ function sitesTable(run, now) {
     .map((h) => el("th", {}, h))));
   for (const s of run.sites) {
     const rejected = Object.entries(s.rejected || {}).map(([k, v]) => `${k} ×${v}`).join(", ") || "–";
-    const usage = Object.keys(s.usage || {}).length
-      ? `CPU ${fmtNum(s.usage.cpu_s, 1)} s` + (s.usage.energy_j ? `, GPU ${fmtNum(s.usage.energy_j, 0)} J` : "") : "–";
+    const parts = [];
+    if (Object.keys(s.usage || {}).length) {
+      parts.push(`total CPU ${fmtNum(s.usage.cpu_s, 1)} s` + (s.usage.energy_j ? `, GPU ${fmtNum(s.usage.energy_j, 0)} J` : ""));
+    }
+    if (s.last_compute && s.last_compute.wall_s != null) {
+      parts.push(`last round ${fmtNum(s.last_compute.wall_s, 1)} s (CPU ${fmtNum(s.last_compute.cpu_s, 1)} s)`);
+    }
+    const usage = parts.join("; ") || "–";
     const row = el("tr", { "data-site": s.name },
       el("td", {}, s.name),
       el("td", {}, el("span", { class: "state state-" + (/^[a-z]+$/.test(s.state) ? s.state : "unknown") }, s.state)),
