@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,14 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Experiment grids.")
 
+
+class Engine(str, Enum):
+    """Values of --engine (fedmqtt.experiments.engines)."""
+
+    serial = "serial"
+    dask = "dask"
+
+
 GRID_EPILOG = (
     "Grid TOML: a `base` table holds simulation keys (as `fedmqtt simulate FILE`: rounds, model, train, sites...); "
     "the axes are algorithms (names, or tables with name, label, hyper, train, config, norms), norms "
@@ -19,6 +28,8 @@ GRID_EPILOG = (
     "name, spec = a partition spec as `fedmqtt partition` takes it, data = the pooled dataset).\n\n"
     "Examples:\n\n"
     "  fedmqtt grid grid.toml --out runs/grid\n\n"
+    "  fedmqtt grid grid.toml --out runs/grid --engine dask --workers 2   (a local Dask cluster)\n\n"
+    "  fedmqtt grid grid.toml --out /shared/grid --engine dask --cluster tcp://head:8786   (docs/grids.md)\n\n"
     "  fedmqtt grid grid.toml --out runs/grid --list\n\n"
     "  fedmqtt grid grid.toml --out runs/grid --only fedavg-bn-s0-natural --export   (configs for MQTT)\n\n"
     "  fedmqtt report runs/grid --metric auroc --out runs/grid/report\n"
@@ -37,7 +48,16 @@ def grid_command(
                                 "simulation.toml, ps.toml and sites/<id>.toml to run points over MQTT."),
     fed_dir: Path = typer.Option(Path("fed"), "--fed-dir", help="With --export: the federation folder of "
                                  "`fedmqtt broker init` whose credentials the configs name."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
+    engine: Engine = typer.Option(Engine.serial, "--engine", help="Where the runs go: serial (one after "
+                                  "another in this process) or dask (a Dask cluster, same results bit for bit)."),
+    cluster: str | None = typer.Option(None, "--cluster", metavar="ADDRESS", help="With --engine dask: the "
+                                       "scheduler of a running cluster, e.g. tcp://head:8786 (default: start a "
+                                       "local cluster on this machine). --out must be a path every worker sees."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="With --engine dask and no --cluster: "
+                                       "worker processes of the local cluster (default: the CPU count, at "
+                                       "most one per run)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the grid's progress bar "
+                                  "(runs in a grid never draw their own); --no-progress: no bar at all."),
 ) -> None:
     """Run every point of an experiment grid (algorithms x norms x seeds x partitions) as a simulation.
 
@@ -46,14 +66,17 @@ def grid_command(
     """
     from fedmqtt.errors import FedMqttError
     from fedmqtt.experiments import grid as g
+    from fedmqtt.experiments.engines import make_engine
 
     try:
+        runner = make_engine(engine.value, address=cluster, workers=workers)
         grid = g.load_grid(spec)
         points = [p for p in g.expand(grid) if not only or p.name in only]
         if list_points or export:
             _list_or_export(grid, points, out, export=export, fed_dir=fed_dir)
             return
-        entries = g.run_grid(grid, out, resume=resume, progress=progress, only=only or None)
+        entries = g.run_grid(grid, out, resume=resume, progress=progress, only=only or None,
+                             engine=runner)
     except FedMqttError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-
 import json
+import logging
 import re
 import time
 from collections.abc import Collection
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from fedmqtt.config_io import load_toml, validate_config
 from fedmqtt.data.partitioners import AUTO_MAX, AUTO_MIN, PartitionSpec, read_partition_manifest
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.errors import ConfigError, DataError
+from fedmqtt.experiments.engines import Engine, SerialEngine
 from fedmqtt.experiments.report import GRID_FILE, POINT_FILE
 from fedmqtt.simulation import SimulationConfig
 
@@ -202,7 +203,7 @@ def point_to_simulation_config(point: GridPoint, out_dir: Path) -> SimulationCon
     `fedmqtt broker init --dir fed --run-id <run_id of ps.toml> --site <id> ...` (the ids of `sites/`),
     `fedmqtt broker start --dir fed`, `fedmqtt ps start --config ps.toml` and, at each site,
     `fedmqtt site start --config sites/<id>.toml`. Same config and seed: bit-identical final weights
-    to the simulated point on CPU (docs/design-notes.md, "One code path, two runners").
+    to the simulated point on CPU (docs/design-notes.md, "One code path: simulation = deployment").
     A point that pretrains in simulation
     (`pretrain_fraction`) is simulated once first, so that its `pretrained.safetensors` exists.
     """
@@ -268,7 +269,7 @@ def write_manifest(spec: PartitionSpec, pooled: DataSpec, path: Path) -> None:
 
 
 def run_grid(grid: GridSpec, out_dir: Path, *, resume: bool = True, progress: bool = True,
-             only: Collection[str] | None = None) -> list[dict[str, Any]]:
+             only: Collection[str] | None = None, engine: Engine | None = None) -> list[dict[str, Any]]:
     """Run every point (or those named in `only`) with `run_simulation` into `out_dir/<run name>/`.
 
     Every config is built and validated before the first run, so a bad key stops the grid at once.
@@ -276,24 +277,32 @@ def run_grid(grid: GridSpec, out_dir: Path, *, resume: bool = True, progress: bo
     ("cached"). A failing point is recorded ("failed", with the error) and the grid goes on.
     `out_dir/grid.json` (points, status, wall time, skipped combinations) is rewritten after each point.
 
+    `engine` runs the points (default: `SerialEngine`, one after another in this process); each point
+    is `run_point` on plain data, so a `DaskEngine` runs the same code on its workers and the results
+    are the same bits. A remote engine gets `out_dir` as an absolute path, which every worker must see.
+    With `progress=False` nothing draws a bar: not the grid, not a run.
+
     Returns:
         The grid.json entries of the points run (all, or those in `only`; grid.json lists every point).
     """
-    out_dir = Path(out_dir)
+    engine = engine or SerialEngine()
+    out_dir = Path(out_dir).resolve() if engine.remote else Path(out_dir)
     every = expand(grid)
     points = [p for p in every if only is None or p.name in only]
     if only is not None and (unknown := set(only) - {p.name for p in points}):
         raise ConfigError(f"no grid point named {', '.join(sorted(unknown))}; see `fedmqtt grid --list`")
-    configs = [_validated(p, out_dir) for p in points]
+    jobs = [(p.name, {"labels": p.labels(), "config": _validated(p, out_dir).model_dump(mode="json"),
+                      "resume": resume}) for p in points]
     on_disk = {p.name: "cached" if (out_dir / p.name / "report.json").is_file() else "pending" for p in every}
     entries = {p.name: {**p.labels(), "status": on_disk[p.name], "wall_s": None} for p in every}
-    bar = tqdm(total=len(points), desc="grid", unit="run", disable=not progress)
+    bar = tqdm(total=len(points), desc=f"grid ({engine.name})", unit="run", disable=not progress)
     try:
-        for point, cfg in zip(points, configs):
-            bar.set_postfix_str(point.name)
-            entries[point.name].update(_run_point(point, cfg, resume=resume))
-            _write_grid_json(out_dir, grid, list(entries.values()))
-            bar.update(1)
+        with closing(engine.run(run_point, jobs)) as outcomes:
+            for name, outcome in outcomes:
+                entries[name].update(outcome if isinstance(outcome, dict) else _engine_failure(outcome))
+                _write_grid_json(out_dir, grid, list(entries.values()))
+                bar.set_postfix_str(name)
+                bar.update(1)
     finally:
         bar.close()
     _write_grid_json(out_dir, grid, list(entries.values()))
@@ -310,11 +319,18 @@ def _validated(point: GridPoint, out_dir: Path) -> SimulationConfig:
     return cfg
 
 
-def _run_point(point: GridPoint, cfg: SimulationConfig, *, resume: bool) -> dict[str, Any]:
+def run_point(labels: dict[str, Any], config: dict[str, Any], *, resume: bool) -> dict[str, Any]:
+    """One grid point, from plain data only (its labels and its SimulationConfig as JSON), so that an
+    engine can ship it to another process or machine; returns its grid.json status and wall time.
+
+    Torch threads need no setting here: every simulated site pins them (SiteConfig.threads = 1), as
+    do the pooled baseline and pretraining, so a worker computes the same bits as this process.
+    """
     from fedmqtt.simulation import run_simulation
 
+    cfg = SimulationConfig.model_validate(config)
     run_dir = cfg.out_dir
-    meta = {**point.labels(), "config": cfg.model_dump(mode="json")}
+    meta = {**labels, "config": config}
     report, meta_path = run_dir / "report.json", run_dir / POINT_FILE
     if resume and report.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == meta:
         total = json.loads(report.read_text()).get("timings", {}).get("total_s")
@@ -328,6 +344,12 @@ def _run_point(point: GridPoint, cfg: SimulationConfig, *, resume: bool) -> dict
     except Exception as exc:  # noqa: BLE001 - one diverged or misconfigured point must not stop a sweep
         return {"status": "failed", "wall_s": time.perf_counter() - start, "error": f"{type(exc).__name__}: {exc}"}
     return {"status": "done", "wall_s": time.perf_counter() - start}
+
+
+def _engine_failure(exc: BaseException) -> dict[str, Any]:
+    """A point the engine could not run (its worker died, the worker lacks a package...): failed, as a
+    point whose own run raised."""
+    return {"status": "failed", "wall_s": None, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _write_grid_json(out_dir: Path, grid: GridSpec, entries: list[dict[str, Any]]) -> None:

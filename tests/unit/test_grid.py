@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,18 @@ def test_tiny_grid_runs_resumes_and_reports(tmp_path: Path) -> None:
     assert "fedavg" in result.output and "fedprox" in result.output and "cleveland" in result.output
     assert (out / "report" / "report.md").is_file()
     assert (out / "report" / "sites_auroc_natural.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("flag", "bars"), [("--progress", {"grid (serial)"}), ("--no-progress", set())])
+def test_no_progress_silences_every_bar_of_the_grid(tmp_path: Path, capfd: pytest.CaptureFixture[str], flag: str,
+                                                    bars: set[str]) -> None:
+    """Run alone, "central" and a federation each draw a per-round bar; in a grid only the grid's own bar may
+    show, and with --no-progress nothing draws one (not the grid, not a run)."""
+    # Prepare
+    path = grid_file(tmp_path, 'algorithms = ["central", "fedavg"]\nnorms = ["none"]')
+    # Execute
+    result = CliRunner().invoke(app, ["grid", str(path), "--out", str(tmp_path / "out"), flag])
+    written = result.stderr + result.stdout + capfd.readouterr().err
+    # Assert
+    assert result.exit_code == 0, result.output
+    assert {m.strip() for m in re.findall(r"([\w() -]+):\s+\d+%\|", written)} == bars, written
