@@ -20,6 +20,7 @@ from fedmqtt.errors import ConfigError
 Job = tuple[str, dict[str, Any]]  # (name, keyword arguments of plain data)
 Outcome = dict[str, Any] | BaseException
 ENGINES = ("serial", "dask")
+log = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
@@ -46,7 +47,8 @@ class DaskEngine:
     The local cluster has one thread per worker process, so each run has a process to itself (torch
     and numpy never share an interpreter between runs), and min(workers, jobs) processes; it is
     started for one `run` and shut down after it. With an `address` (tcp://host:8786) the
-    cluster is someone else's: it is only connected to. Tasks are not "pure": a job that was
+    cluster is someone else's: it is only connected to, and refused if a worker has more than
+    one thread. Tasks are not "pure": a job that was
     submitted twice is run twice, never taken from another client's results.
     """
 
@@ -79,6 +81,7 @@ class DaskEngine:
                 cluster.close()
             raise ConfigError(f"cannot reach the Dask scheduler at {self.address}: {exc}") from None
         try:
+            _check_workers(client, self.address)
             batch = uuid.uuid4().hex[:8]  # task keys unique per submission, readable in the scheduler
             futures = {client.submit(fn, **kwargs, key=f"fedmqtt-grid-{name}-{batch}", pure=False): name
                        for name, kwargs in jobs}
@@ -92,6 +95,18 @@ class DaskEngine:
             client.close()
             if cluster is not None:
                 cluster.close()
+
+
+def _check_workers(client: Any, address: str | None) -> None:
+    """Refuse workers that would run two points in one process: torch's global generator and thread
+    count are per process, so two runs side by side there would not give the serial grid's bits."""
+    threads = client.nthreads()
+    if crowded := sorted(w for w, n in threads.items() if n > 1):
+        raise ConfigError(f"Dask workers with more than one thread ({', '.join(crowded)}): two grid points in "
+                          "one process would share torch's random generator; start them with "
+                          "`dask worker ADDRESS --nthreads 1 --nworkers N` (docs/grids.md)")
+    if not threads:
+        log.warning("no Dask worker at %s yet: the runs wait until one joins", address)
 
 
 def make_engine(name: str, *, address: str | None = None, workers: int | None = None) -> Engine:

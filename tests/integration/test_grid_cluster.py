@@ -19,6 +19,7 @@ from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 from fedmqtt.cli import app
+from fedmqtt.errors import ConfigError
 from fedmqtt.experiments.engines import DaskEngine, SerialEngine
 from fedmqtt.experiments.grid import load_grid, run_grid
 
@@ -117,3 +118,14 @@ def test_local_cluster_engine_starts_and_stops_its_own_workers() -> None:
     outcomes = dict(engine.run(json.loads, [(str(k), {"s": str(k)}) for k in range(3)]))
     # Assert
     assert outcomes == {"0": 0, "1": 1, "2": 2}
+
+
+def test_workers_with_several_threads_are_refused() -> None:
+    """Two points in one process would share torch's global generator: such a cluster is refused, by name."""
+    # Prepare
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0",
+                                  silence_logs=logging.ERROR) as threaded:
+        engine = DaskEngine(threaded.scheduler_address)
+        # Execute / Assert
+        with pytest.raises(ConfigError, match="more than one thread.*--nthreads 1"):
+            list(engine.run(json.loads, [("a", {"s": "1"})]))
