@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import logging
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -14,8 +16,29 @@ from types import TracebackType
 
 from fedmqtt.errors import BrokerError
 
+log = logging.getLogger(__name__)
 _TAIL_LINES = 40
+# Mosquitto holds one descriptor per connection, and every site has two (control and bulk): 500 sites need
+# over 1,000, more than the common default soft limit of 1,024.
+_WANTED_OPEN_FILES = 65536
 _LOG_DEST = re.compile(r"^log_dest\s+file\s+(\S.*?)\s*$", re.MULTILINE)
+
+
+def raise_open_file_limit(wanted: int = _WANTED_OPEN_FILES) -> int:
+    """Raise this process's soft limit on open files towards `wanted`, as far as the hard limit allows (no
+    privilege needed); the broker started next inherits it. Returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d (%s): the broker can serve about "
+                        "%d sites (two connections each)", soft, target, exc, soft // 2 - 16)
+            return soft
+        log.info("open-file limit raised from %d to %d for the broker", soft, target)
+        return target
+    return soft
 
 
 def find_mosquitto() -> str:
@@ -58,12 +81,13 @@ class BrokerProcess:
         conf_path = Path(conf_path).resolve()
         cmd = [find_mosquitto(), "-c", str(conf_path)]
         _check_port_free(host, port)
-        log = _log_file_and_offset(conf_path)
+        log_at = _log_file_and_offset(conf_path)
+        raise_open_file_limit()
         # Own session: a Ctrl-C meant for our CLI must not kill the broker before the clients say goodbye.
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
-        broker = cls(proc, conf_path=conf_path, host=host, port=port, log=log)
+        broker = cls(proc, conf_path=conf_path, host=host, port=port, log=log_at)
         try:
             broker._wait_ready(timeout_s)
         except BaseException:
