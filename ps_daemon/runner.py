@@ -41,6 +41,10 @@ log = logging.getLogger("fedmqtt.ps")
 PS = "ps"
 REMIND_S = 30.0  # a waiting PS says what it waits for at least this often
 STATUS_REFRESH_S = 5.0  # new rejection counts reach ps/status at most this often (a flood must not echo)
+# Progress within one phase and round ("k/N updates") reaches ps/status at most this often: every site and
+# observer receives each status, so one per update would cost N^2 messages a round (500 sites: 250,000).
+# A change of phase or round goes out at once; the newest progress follows within this time.
+STATUS_PROGRESS_S = 1.0
 MAX_REASONS_SHOWN = 8  # per site in ps/status
 
 
@@ -119,6 +123,8 @@ class DaemonRunner:
         self._started_at = time.time()
         self._seen_connects = 0
         self._last_status: m.DaemonStatus | None = None
+        self._status_sent_at = 0.0
+        self._held_status: m.DaemonStatus | None = None  # progress held back by STATUS_PROGRESS_S
         self.usage: dict[int, dict[str, dict[str, Any]]] = {}  # round -> site -> ResourceUsage, for the report
 
     # -- setup ----------------------------------------------------------------------------------
@@ -202,6 +208,7 @@ class DaemonRunner:
         if inbound is not None:
             self._handle(inbound)
         self._apply(Tick(time.time()))
+        self._send_held_status()
         self._refresh_status()
         self._remind()
         return self.finished is not None
@@ -256,6 +263,24 @@ class DaemonRunner:
             if again:
                 log.warning("reconnected to the broker: re-publishing the status and the open round")
                 self._run_effects(self.machine.resend(self.state, "reconnected: re-published the open round"))
+
+    def _publish_status(self, msg: m.DaemonStatus) -> None:
+        """Publish a change of phase or round now; hold progress within the same phase and round back to one
+        status per STATUS_PROGRESS_S (the newest one wins, see _send_held_status)."""
+        last = self._last_status
+        progress = last is not None and (last.state, last.round) == (msg.state, msg.round)
+        if progress and time.monotonic() - self._status_sent_at < STATUS_PROGRESS_S:
+            self._held_status = msg
+            return
+        self._send_status(msg)
+
+    def _send_held_status(self) -> None:
+        if self._held_status is not None and time.monotonic() - self._status_sent_at >= STATUS_PROGRESS_S:
+            self._send_status(self._held_status)
+
+    def _send_status(self, msg: m.DaemonStatus) -> None:
+        self.channel.send(topics.ps_status_topic(self.config.run_id), msg)
+        self._last_status, self._held_status, self._status_sent_at = msg, None, time.monotonic()
 
     def _refresh_status(self) -> None:
         """Publish new rejection counts (at most every STATUS_REFRESH_S), so operators see who sends what."""
@@ -406,8 +431,7 @@ class DaemonRunner:
             msg = self._status_msg(effect.state, effect.round, waiting_for=effect.waiting_for,
                                    deadline=effect.deadline, detail=effect.detail,
                                    sites_online=tuple(sorted(self.state.online)))
-            ch.send(topics.ps_status_topic(c.run_id), msg)
-            self._last_status = msg
+            self._publish_status(msg)
         elif isinstance(effect, fx.PublishRoundMetrics):
             r = effect.record
             log.info("round %d closed: sites %s, mean val auroc %s", r.round, ",".join(r.sites), r.mean.get("auroc"))
