@@ -10,12 +10,10 @@ import logging
 import shutil
 import signal
 import time
-from typing import Any, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
-
-from fedmqtt.training.weights import initial_arrays
 
 from fedmqtt import __version__
 from fedmqtt.atomic import write_atomic
@@ -32,7 +30,9 @@ from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.store import UplinkStore
-from site_agent.trainer import Trainer, pick_device
+
+if TYPE_CHECKING:
+    from site_agent.trainer import Trainer
 
 log = logging.getLogger("fedmqtt.site")
 Task = m.TrainTask | m.EvalTask
@@ -43,10 +43,11 @@ class SiteAgent:
     def __init__(self, config: SiteConfig, *, transport_factory: Callable[..., Any] | None = None) -> None:
         self.config = config
         self._transport_factory = transport_factory or (lambda **kw: MqttTransport(config.broker_settings(), **kw))
-        torch.set_num_threads(config.threads)
         self.data = load_site_data(config.data)
-        self.device = pick_device(config.device)
-        self.trainer = Trainer(config.site_id, self.data, device=self.device, amp=config.amp)
+        # "auto" until torch is loaded: then the device it found (cuda or cpu), on every later status.
+        self.device = config.device
+        self._trainer: Trainer | None = None
+        self._loading: Future[Trainer] | None = None
         self._open_state()
         self.session = self._recorded_session()
         self.models: dict[tuple[str, str], m.GlobalModel] = {}  # (session, model hash) -> model
@@ -57,6 +58,27 @@ class SiteAgent:
         self.ps_state = "not heard from"
         self._reminded_at = time.monotonic()
         self._last_work = "no task yet"
+
+    def _load_trainer(self) -> None:
+        """Import torch and the training code on a worker thread: the agent is online (and receiving the
+        model) within a second while torch, seconds of imports, still loads."""
+        if self._loading is None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedmqtt-site-load")
+            self._loading = pool.submit(_build_trainer, self.config, self.data)
+            pool.shutdown(wait=False)
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer, waiting for the worker thread if torch is still loading (its error is raised here)."""
+        if self._trainer is None:
+            self._load_trainer()
+            assert self._loading is not None
+            self._trainer = self._loading.result()
+            from site_agent.trainer import use_threads
+
+            use_threads(self.config.threads)  # on this thread: torch's OpenMP setting is per thread
+            self.device = self._trainer.device
+        return self._trainer
 
     def _open_state(self) -> None:
         c = self.config
@@ -104,10 +126,13 @@ class SiteAgent:
                              topics.ps_task_topic(c.run_id, c.site_id)])
         log.info("site %s online: %d train / %d val / %d test rows on %s", c.site_id, self.data.n_train,
                  self.data.n_val, self.data.n_test, self.device)
+        self._load_trainer()
 
     def poll(self, timeout_s: float) -> None:
         """Handle at most one inbound message, then any task whose model has arrived."""
         self._announce_if_reconnected(self.status_topic)
+        if self._trainer is None and self._loading is not None and self._loading.done():
+            _ = self.trainer  # torch has loaded: take the trainer now (a failure, e.g. no CUDA, stops the agent)
         inbound = self.channel.receive(timeout_s)
         if inbound is not None:
             self._on_message(inbound.message)
@@ -213,6 +238,8 @@ class SiteAgent:
         missing = [n for n in names if n not in weights]
         if missing:
             log.warning("no local value for %d tensors (e.g. %s): using the round-1 initialisation", len(missing), missing[0])
+            from fedmqtt.training.weights import initial_arrays
+
             init = initial_arrays(model.model.name, dict(model.model.args), self._run_seed(task))
             weights.update({n: init[n] for n in missing})
         return weights
@@ -286,6 +313,14 @@ class SiteAgent:
         self.channel.send(topics.site_report_topic(c.run_id, c.site_id), report)
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id), self._status("online", "final model evaluated"))
         log.info("evaluated model %s: test %s", task.model_hash[:8], metrics.get("test"))
+
+
+def _build_trainer(config: SiteConfig, data: Any) -> Trainer:
+    from site_agent.trainer import Trainer, pick_device, warm_up
+
+    trainer = Trainer(config.site_id, data, device=pick_device(config.device), amp=config.amp)
+    warm_up()
+    return trainer
 
 
 def _stats_blobs(stats: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple:
