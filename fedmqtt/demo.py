@@ -140,11 +140,24 @@ def _follow(layout: FederationLayout, *, rounds: int, procs: dict[str, subproces
                 bar.set_postfix_str(f"val auroc {'n/a' if auroc is None else f'{auroc:.3f}'}")
             elif isinstance(msg, m.DaemonStatus) and msg.state == "done":
                 return
+            elif isinstance(msg, m.DaemonStatus) and (bar.n == 0 or msg.state == "waiting_for_sites"):
+                bar.set_postfix_str(_waiting(msg), refresh=True)  # before round 1: what the PS waits for
             elif procs["ps"].poll() == 0:
                 return
     finally:
         bar.close()
         transport.close()
+
+
+def _waiting(status: m.DaemonStatus) -> str:
+    """The PS's state in a few words: who is online, whom the round still waits for."""
+    online = f"{len(status.sites_online)}/{len(status.sites_expected)} sites online"
+    if status.state == "waiting_for_sites":
+        missing = sorted(set(status.sites_expected) - set(status.sites_online))
+        return f"PS waiting for sites ({online}; missing {', '.join(missing) or 'none'})"
+    if status.waiting_for:
+        return f"{status.state}: waiting for {', '.join(status.waiting_for)} ({online})"
+    return f"{status.state} ({online})"
 
 
 def _print_summary(report: dict[str, Any], work: Path, *, kept: bool, wall_s: float) -> None:
