@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--model-mb", type=float, default=None, help="model size in MB (default: the small heart MLP)")
     ap.add_argument("--bare", action="store_true", help="also time the same bytes through bare paho clients")
+    ap.add_argument("--py-spy", action="store_true",
+                    help="sample each site process with py-spy (pip install py-spy); flame graphs in <work>/logs")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="fedmqtt-many-"))
     site_ids = [f"site-{i:03d}" for i in range(args.sites)]
@@ -128,7 +131,11 @@ def main() -> None:
         for k in range(args.processes):
             chunk = [str(p) for p in site_paths[k :: args.processes]]
             log = open(work / "logs" / f"sites-{k}.log", "wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", "site_agent.multi", *chunk], stdout=log, stderr=log))
+            cmd = [sys.executable, "-m", "site_agent.multi", *chunk]
+            if args.py_spy:
+                cmd = ["py-spy", "record", "--format", "raw", "-o", str(work / "logs" / f"sites-{k}.pyspy.txt"),
+                       "--", *cmd]
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=log))
         ps_log = open(work / "logs" / "ps.log", "wb")
         ps = subprocess.Popen([sys.executable, "-m", "fedmqtt", "ps", "start", "--config", str(ps_path)],
                               stdout=ps_log, stderr=ps_log)
@@ -143,7 +150,7 @@ def main() -> None:
                 raise SystemExit(f"site process {failed[0]} failed; see {work / 'logs' / f'sites-{failed[0]}.log'}")
             time.sleep(0.2)
         for p in procs:
-            p.terminate()
+            p.send_signal(signal.SIGINT) if args.py_spy else p.terminate()  # py-spy writes its profile on SIGINT
         for p in procs:
             p.wait(30)
         bare = bare_paho(work, layout, args.sites, args.model_mb) if args.bare and args.model_mb else None
