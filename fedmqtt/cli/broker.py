@@ -89,6 +89,7 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
         _start_hospital(fed_dir)
         return
     layout = load_federation(fed_dir)
+    _stop_on_sigterm()
     with BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.listen_host) as proc:
         # add-site/remove-site/rotate read this to make the running broker reload (SIGHUP).
         layout.pid_path.write_text(f"{proc.pid}\n", encoding="ascii")
@@ -106,11 +107,24 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
         typer.echo(proc.output_tail())
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (`kill`, a service manager) stops Mosquitto as Ctrl-C does. Mosquitto runs in its own session
+    (so a terminal's Ctrl-C reaches this process first); without this, a terminated `broker start` would leave
+    it running, still holding the port."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _start_hospital(out_dir: Path) -> None:
     from broker.bridge import load_hospital
     from broker.process import BrokerProcess
 
     hospital = load_hospital(out_dir)
+    _stop_on_sigterm()
     with BrokerProcess.start(hospital.conf_path, port=hospital.port) as proc:
         typer.echo(f"hospital broker pid {proc.pid} on 127.0.0.1:{hospital.port} (plain TCP, loopback only); "
                    f"bridge state on {hospital.notification_topic}; log {out_dir / 'mosquitto.log'}; Ctrl-C stops")
