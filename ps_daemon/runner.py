@@ -126,6 +126,7 @@ class DaemonRunner:
         self._status_sent_at = 0.0
         self._held_status: m.DaemonStatus | None = None  # progress held back by STATUS_PROGRESS_S
         self.usage: dict[int, dict[str, dict[str, Any]]] = {}  # round -> site -> ResourceUsage, for the report
+        self.update_bytes: dict[int, dict[str, int]] = {}  # round -> site -> accepted update's size, for ps/metrics
 
     # -- setup ----------------------------------------------------------------------------------
     def _load_state(self) -> DaemonState:
@@ -360,6 +361,7 @@ class DaemonRunner:
                     raise ValueError(f"feature_stats lacks {exc.args[0]!r}") from None
             if msg.usage is not None:
                 self.usage.setdefault(msg.round, {})[site] = msg.usage.model_dump()
+            self.update_bytes.setdefault(msg.round, {})[site] = inbound.size
             tensors = self.spool.put(msg.round, site, msg.tensors)  # accepted: stored atomically, message dropped
             update = SiteUpdate(site, tensors, msg.n_samples, msg.local_steps, extras)
             return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
@@ -437,7 +439,11 @@ class DaemonRunner:
             log.info("round %d closed: sites %s, mean val auroc %s", r.round, ",".join(r.sites), r.mean.get("auroc"))
             msg = m.RoundMetrics(run_id=c.run_id, sender=PS, round=r.round, sites=r.sites, stragglers=r.stragglers,
                                  per_site=dict(r.per_site), mean=dict(r.mean), train_loss=r.train_loss,
-                                 duration_s=r.closed_at - r.started_at)
+                                 duration_s=r.closed_at - r.started_at,
+                                 usage={s: m.ResourceUsage(**u) for s, u in self.usage.get(r.round, {}).items()
+                                        if s in r.sites},
+                                 update_bytes={s: n for s, n in self.update_bytes.pop(r.round, {}).items()
+                                               if s in r.sites})
             ch.send(topics.ps_metrics_topic(c.run_id), msg)
         elif isinstance(effect, fx.Log):
             (log.warning if effect.level == "warning" else log.info)(effect.text)

@@ -227,6 +227,10 @@ class RoundMetrics(Header):
     train_loss: Real | None = None
     # Wall-clock difference on the PS: finite, but not asserted >= 0 (a clock step back must not stop the PS)
     duration_s: Annotated[float, Field(allow_inf_nan=False, ge=-MAX_SECONDS, le=MAX_SECONDS)] = 0.0
+    # What each accepted update cost its site and weighed on the wire, repeated here because observers may
+    # not read the updates themselves (the dashboard shows them live)
+    usage: Annotated[dict[Name, ResourceUsage], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
+    update_bytes: Annotated[dict[Name, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
 
 
 Message = Annotated[

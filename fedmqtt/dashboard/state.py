@@ -31,13 +31,15 @@ class SiteView:
     detail: str = ""
     rounds: set[int] = field(default_factory=set)
     usage: dict[str, float] = field(default_factory=dict)
-    last_compute: dict[str, float] = field(default_factory=dict)  # the last round's wall/CPU s (report only)
+    last_compute: dict[str, float] = field(default_factory=dict)  # the last round's wall/CPU s (J on a GPU)
+    last_update_bytes: int | None = None  # size of the last accepted update (live, from ps/metrics)
 
     def as_json(self, rejected: dict[str, dict[str, int]]) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "last_seen": self.last_seen, "device": self.device,
                 "n_train": self.n_train, "n_val": self.n_val, "n_test": self.n_test, "detail": self.detail,
                 "rounds_participated": len(self.rounds), "rejected": rejected.get(self.name, {}),
-                "usage": self.usage, "last_compute": self.last_compute}
+                "usage": self.usage, "last_compute": self.last_compute,
+                "last_update_bytes": self.last_update_bytes}
 
 
 @dataclass
@@ -131,6 +133,11 @@ class RunView:
             site = self._site(name)
             if site is not None:
                 site.rounds.add(msg.round)
+                if (usage := msg.usage.get(name)) is not None:
+                    site.last_compute = {k: v for k in ("wall_s", "cpu_s", "energy_j")
+                                         if (v := getattr(usage, k)) is not None}
+                if name in msg.update_bytes:
+                    site.last_update_bytes = msg.update_bytes[name]
 
     def _on_site_status(self, msg: m.SiteStatus, now: float) -> None:
         site = self._site(msg.sender)

@@ -5,6 +5,7 @@ string from a real paho client with that site's credentials is rendered as text.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,7 @@ run.querySelectorAll('dl.facts dt').forEach(dt => { facts[dt.textContent] = dt.n
 const sites = {};
 run.querySelectorAll('table.sites tr[data-site]').forEach(tr => {
   const td = tr.querySelectorAll('td');
-  sites[tr.dataset.site] = {state: td[1].textContent, rounds: Number(td[3].textContent),
+  sites[tr.dataset.site] = {state: td[1].textContent, rounds: Number(td[3].textContent), usage: td[7].textContent,
                             detail: td[8].textContent, detail_children: td[8].children.length};
 });
 return {facts, sites, plots: run.querySelectorAll('figure.plot svg polyline').length,
@@ -94,6 +95,9 @@ def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboar
     assert page["plots"] > 0 and "live" in page["facts"]["source"]
     assert page["header"] == "live" and page["facts"]["status"] == "live"
     assert page["facts"]["quorum"].startswith("1 of 4") and page["facts"]["min sites"].startswith("4 of 4")
+    # Live from ps/metrics: each site's last round's compute time and update size.
+    assert all(re.search(r"last round [0-9.]+ s \(CPU [0-9.]+ s\); update [0-9.]+ KiB", s["usage"])
+               for s in page["sites"].values() if s["rounds"] > 0), page["sites"]
     chrome.save_screenshot(str(screenshots / "02-rounds-advance.png"))
 
     # A killed site goes offline (its Last Will), and the others carry on.

@@ -96,6 +96,21 @@ def test_quorum_and_min_sites_come_from_ps_status() -> None:
     assert snap["status"] == "live"
 
 
+def test_each_sites_last_update_size_and_compute_time_come_live_from_ps_metrics() -> None:
+    """Observers may not read updates, so ps/metrics repeats what each accepted one cost and weighed."""
+    # Prepare
+    view = RunView(run_id=RUN)
+    usage = m.ResourceUsage(device="cpu", wall_s=1.5, cpu_s=1.25)
+    msg = _metrics(1, ("a", "b"), 0.7).model_copy(update={"usage": {"a": usage}, "update_bytes": {"a": 4096, "b": 10}})
+    # Execute
+    _feed(view, topics.ps_metrics_topic(RUN), msg)
+    sites = {s["name"]: s for s in view.snapshot(now=1.0)["sites"]}
+    # Assert
+    assert sites["a"]["last_compute"] == {"wall_s": 1.5, "cpu_s": 1.25}
+    assert sites["a"]["last_update_bytes"] == 4096 and sites["b"]["last_update_bytes"] == 10
+    assert sites["b"]["last_compute"] == {}
+
+
 def test_status_says_live_finished_or_offline() -> None:
     view = RunView(run_id=RUN)
     for ps_state, shown in (("waiting_for_sites", "live"), ("evaluating", "live"), ("offline", "offline"),

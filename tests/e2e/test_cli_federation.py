@@ -61,6 +61,12 @@ def test_killed_ps_resumes_to_the_same_weights(cli_federation) -> None:
     assert not any(t.startswith(("ps/model", "ps/task")) or t.endswith(("/update", "/report")) for t in topics_seen)
     metrics_lines = [line.split(" ", 1)[1] for line in observed if line.startswith("fedmqtt/v1/e2e-resume/ps/metrics ")]
     assert json.loads(metrics_lines[-1])["phase"] == "final"
+    # Each round's metrics repeat what every accepted update cost and weighed (observers cannot read updates).
+    for line in metrics_lines[:-1]:
+        record = json.loads(line)
+        assert sorted(record["usage"]) == sorted(record["update_bytes"]) == sorted(record["sites"]), record
+        assert all(n > 1000 for n in record["update_bytes"].values())
+        assert all(u["wall_s"] > 0 and u["device"] == "cpu" for u in record["usage"].values())
 
 
 def test_report_and_watch_show_a_finished_run(cli_federation) -> None:

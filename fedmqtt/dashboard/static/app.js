@@ -17,6 +17,12 @@ function svg(tag, attrs) {
   return node;
 }
 function fmtNum(x, digits = 3) { return typeof x === "number" && isFinite(x) ? x.toFixed(digits) : "–"; }
+function fmtBytes(n) {
+  if (typeof n !== "number" || !isFinite(n)) return "–";
+  if (n < 1024) return n + " B";
+  if (n < 1024 * 1024) return (n / 1024).toFixed(1) + " KiB";
+  return (n / 1024 / 1024).toFixed(1) + " MiB";
+}
 function fmtDur(s) {
   if (typeof s !== "number" || !isFinite(s)) return "–";
   if (s < 90) return s.toFixed(1) + " s";
@@ -87,7 +93,11 @@ function sitesTable(run, now) {
       parts.push(`total CPU ${fmtNum(s.usage.cpu_s, 1)} s` + (s.usage.energy_j ? `, GPU ${fmtNum(s.usage.energy_j, 0)} J` : ""));
     }
     if (s.last_compute && s.last_compute.wall_s != null) {
-      parts.push(`last round ${fmtNum(s.last_compute.wall_s, 1)} s (CPU ${fmtNum(s.last_compute.cpu_s, 1)} s)`);
+      parts.push(`last round ${fmtNum(s.last_compute.wall_s, 1)} s (CPU ${fmtNum(s.last_compute.cpu_s, 1)} s` +
+        (s.last_compute.energy_j != null ? `, ${fmtNum(s.last_compute.energy_j, 0)} J)` : ")"));
+    }
+    if (s.last_update_bytes != null) {
+      parts.push(`update ${fmtBytes(s.last_update_bytes)}`);
     }
     const usage = parts.join("; ") || "–";
     const row = el("tr", { "data-site": s.name },
