@@ -1,10 +1,10 @@
-"""The floor for one round's communication: the same bytes through the same broker with bare paho clients.
+"""The floor for one round's communication: the same bytes through a broker with the same limits, bare paho clients.
 
 One "server" client publishes `model_bytes` as QoS-2 retained messages of `chunk_bytes` to N "site" clients
 (fan-out), then every site publishes as many bytes back (fan-in). No schemas, hashing, validation, disk or
 training: only MQTT. Run it as a separate process against a running broker:
 
-    python bench/bare_paho.py --port P --user ps --password-file F --prefix fedmqtt/v1/many/bench \
+    python bench/bare_paho.py --port P [--user U --password-file F] --prefix fedmqtt/v1/many/bench \
         --sites 20 --model-mb 16
 """
 
@@ -33,7 +33,8 @@ class Counter:
 
 def _client(name: str, args: argparse.Namespace, on_message=None) -> mqtt.Client:
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5)
-    c.username_pw_set(args.user, args.password)
+    if args.user:
+        c.username_pw_set(args.user, args.password)
     c.max_inflight_messages_set(20)
     if on_message is not None:
         c.on_message = on_message
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--user", required=True)
-    ap.add_argument("--password-file", type=Path, required=True, help="a file holding the password")
+    ap.add_argument("--user", default=None, help="user name (default: anonymous, for a broker that allows it)")
+    ap.add_argument("--password-file", type=Path, default=None, help="a file holding the password")
     ap.add_argument("--prefix", required=True)
     ap.add_argument("--sites", type=int, required=True)
     ap.add_argument("--model-mb", type=float, required=True)
@@ -125,7 +126,7 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=4, help="sites sending to the server at once in the fan-in")
     ap.add_argument("--window-bytes", type=int, default=64 * 1024 * 1024, help="bytes in flight per receiver")
     args = ap.parse_args()
-    args.password = args.password_file.read_text().strip()
+    args.password = args.password_file.read_text().strip() if args.password_file else None
     print(json.dumps(run(args)))
 
 
