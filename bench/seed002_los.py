@@ -4,9 +4,11 @@ recruited clients (Federated-AC, -SC, -ARC, -SRC) and a gamma_th sweep.
     python bench/seed002_los.py --data ../shared/datasets/physionet2012 --sites 100 --rounds 15 --out runs/seed002
 
 Everything runs in simulation (`run_simulation`: the real PS and site agents over an in-memory broker).
-The held-out test set is the union of every site's own test split (recruited or not): the final model
-is evaluated on each and pooled (MAE, MAPE, MSE and MSLE are means over stays, so pooling weighs
-each site by its test size).
+The held-out test set is the union of every site's own test split (recruited or not): each run's final
+model is evaluated on all of them with `fedmqtt report`'s held-out union
+(fedmqtt.experiments.report.union_table), pooled over stays (MAE, MAPE, MSE and MSLE are means over stays, so pooling weighs each site by its test
+size) and as the unweighted per-site mean, next to the constant predictor (the pooled training mean for
+every stay) on the same stays.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedmqtt.data.partitioners import PartitionSpec, label_histograms, partition, write_partition_manifest  # noqa: E402
-from fedmqtt.data.registry import labels_digest, load_dataset, load_site_data  # noqa: E402
+from fedmqtt.data.registry import labels_digest, load_dataset  # noqa: E402
 from fedmqtt.data.spec import DataSpec  # noqa: E402
 from fedmqtt.recruitment import LOS_EDGES, los_histogram, recruit  # noqa: E402
 from fedmqtt.simulation import SimulationConfig, run_simulation  # noqa: E402
@@ -54,27 +56,32 @@ def make_sites(args: argparse.Namespace) -> tuple[dict[str, DataSpec], dict[str,
     return sites, {n: los_histogram(ds.y[p]) for n, p in zip(names, parts)}, {n: len(p) for n, p in zip(names, parts)}
 
 
-def pooled_test(out: Path, sites: dict[str, DataSpec]) -> dict[str, float]:
-    """The final model on every site's test split, pooled over stays."""
-    import torch
-    from safetensors.numpy import load_file
+METRICS = ("mae", "mape", "mse", "msle")
+CONSTANT = "constant"  # the key of the constant predictor's row in the scores
 
-    from fedmqtt.data.base import TaskInfo
-    from fedmqtt.training.evaluate import predict
-    from fedmqtt.training.models import build_model
-    from fedmqtt.training.weights import load_arrays
-    from fedmqtt.metrics import regression_metrics
 
-    model = build_model(MODEL.name, dict(MODEL.args))
-    load_arrays(model, load_file(str(out / "final_model.safetensors")))
-    ys, ps = [], []
-    for spec in sites.values():
-        d = load_site_data(spec)
-        ys.append(d.y_test)
-        ps.append(predict(model, d.x_test, TaskInfo("regression", 1), nonnegative=True))
-    torch.set_num_threads(1)
-    metrics, _ = regression_metrics(np.concatenate(ys), np.concatenate(ps))
-    return {k: float(v) for k, v in metrics.items() if v is not None}
+Scores = dict[str, dict[str, float | None]]  # run folder name or CONSTANT -> metric -> value
+
+
+def held_out_scores(runs: list[Path], sites: dict[str, DataSpec]) -> tuple[Scores, int]:
+    """Each run's final model on every site's test split (the held-out union of `fedmqtt report`), pooled
+    over stays and per-site mean, and the constant predictor (the pooled training mean, from the runs'
+    report.json `baseline`) on the same stays: ({run folder name or CONSTANT: {metric, metric_site_mean}},
+    number of test stays)."""
+    from fedmqtt.experiments.report import load_runs, union_table
+
+    records = load_runs(runs)
+    out: Scores = {}
+    patients = 0
+    for metric in METRICS:
+        table = union_table(records, metric, sites)
+        patients = table.patients
+        for row in table.rows:
+            key = CONSTANT if row.trained_on == "-" else row.label
+            entry = out.setdefault(key, {})
+            entry[metric] = row.pooled
+            entry[f"{metric}_site_mean"] = row.site_mean.mean
+    return out, patients
 
 
 def run_variant(name: str, args, sites, gamma_th: float) -> dict:  # noqa: ANN001
@@ -88,7 +95,7 @@ def run_variant(name: str, args, sites, gamma_th: float) -> dict:  # noqa: ANN00
     wall = time.time() - t0
     rec = report.get("recruitment") or {}
     return {"variant": name, "gamma_th": gamma_th, "recruited": len(rec.get("recruited", [])) or len(sites),
-            "wall_s": wall, **pooled_test(out, sites)}
+            "wall_s": wall, "run": out.name, "level": (report.get("baseline") or {}).get("level")}
 
 
 def main() -> None:
@@ -115,18 +122,38 @@ def main() -> None:
         if args.sweep_train:
             entry.update(run_variant("ARC", args, sites, th))
         sweep.append(entry)
+    trained = [e for e in rows + sweep if "run" in e]
+    runs = sorted({args.out / e["run"] for e in trained})
+    scores, n_test = held_out_scores(runs, sites) if trained else ({}, 0)
+    for e in trained:
+        e.update(scores[e["run"]])
+    constant = None
+    if CONSTANT in scores:
+        levels = {e["level"] for e in trained}
+        constant = {"variant": "constant (pooled training mean)",
+                    "level": levels.pop() if len(levels) == 1 else None, **scores[CONSTANT]}
     results = args.out / ("sweep.json" if args.skip_variants else "results.json")
-    results.write_text(json.dumps({"variants": rows, "sweep": sweep}, indent=2))
+    results.write_text(json.dumps({"variants": rows, "constant": constant, "sweep": sweep}, indent=2))
+    print(f"held-out union: every site's test split, {len(sites)} sites, {n_test} stays; pooled over stays "
+          "(per-site mean in brackets)")
     print("| variant | gamma_th | sites trained | MAE | MAPE | MSE | MSLE | wall s |")
     print("|---|---|---|---|---|---|---|---|")
+
+    def cells(e: dict) -> str:
+        def fmt(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.3f}"
+
+        return " | ".join(f"{fmt(e[m])} ({fmt(e[m + '_site_mean'])})" for m in METRICS)
+
     for r in rows:
-        print(f"| {r['variant']} | {r['gamma_th']} | {r['recruited']} | {r['mae']:.3f} | {r['mape']:.3f} | "
-              f"{r['mse']:.2f} | {r['msle']:.4f} | {r['wall_s']:.0f} |")
+        print(f"| {r['variant']} | {r['gamma_th']} | {r['recruited']} | {cells(r)} | {r['wall_s']:.0f} |")
+    if constant is not None:
+        level = "" if constant["level"] is None else f" {constant['level']:.2f} days"
+        print(f"| constant{level} | - | - | {cells(constant)} | - |")
     print("gamma_th sweep (recruited sites): " + ", ".join(f"{s['gamma_th']}: {s['recruited']}" for s in sweep))
     for s in sweep:
         if "mae" in s:
-            print(f"  ARC gamma_th={s['gamma_th']}: {s['recruited']} sites, MAE {s['mae']:.3f}, MAPE {s['mape']:.3f}, "
-                  f"MSE {s['mse']:.2f}, MSLE {s['msle']:.4f}, {s['wall_s']:.0f} s")
+            print(f"  ARC gamma_th={s['gamma_th']}: {s['recruited']} sites, {cells(s)}, {s['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":
