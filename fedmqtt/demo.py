@@ -88,7 +88,8 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM gets the same orderly teardown as Ctrl-C
 
 
-def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algorithm: str = "fedavg") -> dict[str, Any]:
+def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algorithm: str = "fedavg",
+             progress: bool = True) -> dict[str, Any]:
     """Run the demo federation; every process it started is stopped on return, error or Ctrl-C."""
     started = time.time()
     signal.signal(signal.SIGTERM, _interrupt)
@@ -109,7 +110,8 @@ def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algo
         stack.callback(stop_all, procs)  # before the broker stops (ExitStack unwinds in reverse)
         for name, proc in procs.items():
             print(f"  {name:<11} pid {proc.pid}")
-        _follow(layout, rounds=rounds, procs=procs, deadline=started + timeout_s, logs=work / "logs")
+        _follow(layout, rounds=rounds, procs=procs, deadline=started + timeout_s, logs=work / "logs",
+                progress=progress)
         if procs["ps"].wait(30) != 0:
             raise FedMqttError(f"the PS exited with {procs['ps'].returncode}; see {work / 'logs' / 'ps.log'}")
         report = json.loads((work / "ps" / "report.json").read_text())
@@ -118,13 +120,15 @@ def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algo
 
 
 def _follow(layout: FederationLayout, *, rounds: int, procs: dict[str, subprocess.Popen[bytes]],
-            deadline: float, logs: Path) -> None:
-    """Watch ps/metrics and ps/status as the observer (what any MQTT client sees) and show progress."""
+            deadline: float, logs: Path, progress: bool = True) -> None:
+    """Watch ps/metrics and ps/status as the observer (what any MQTT client sees) and show progress: a bar,
+    or with `progress` off one plain line per closed round and per change of what the PS waits for."""
     transport = MqttTransport(layout.settings("observer"), client_id=f"fedmqtt-demo-{os.getpid()}")
     transport.connect()
     channel = Channel(transport, run_id=layout.run_id, sender="observer")
     transport.subscribe([topics.ps_metrics_topic(layout.run_id), topics.ps_status_topic(layout.run_id)])
-    bar = tqdm(total=rounds, desc="rounds", unit="round", dynamic_ncols=True)
+    bar = tqdm(total=rounds, desc="rounds", unit="round", dynamic_ncols=True, disable=not progress)
+    said, closed = "", 0  # closed: rounds seen closing (the bar's own count stays 0 when it is off)
     try:
         while True:
             if time.time() > deadline:
@@ -135,13 +139,19 @@ def _follow(layout: FederationLayout, *, rounds: int, procs: dict[str, subproces
             inbound = channel.receive(0.5)
             msg = inbound.message if inbound else None
             if isinstance(msg, m.RoundMetrics) and msg.phase == "train":
-                bar.update(max(0, msg.round - bar.n))
+                bar.update(max(0, msg.round - closed))
+                closed = max(closed, msg.round)
                 auroc = msg.mean.get("auroc")
                 bar.set_postfix_str(f"val auroc {'n/a' if auroc is None else f'{auroc:.3f}'}")
+                if not progress:
+                    print(f"  round {msg.round}/{rounds}: mean val auroc {'n/a' if auroc is None else f'{auroc:.3f}'}")
             elif isinstance(msg, m.DaemonStatus) and msg.state == "done":
                 return
-            elif isinstance(msg, m.DaemonStatus) and (bar.n == 0 or msg.state == "waiting_for_sites"):
+            elif isinstance(msg, m.DaemonStatus) and (closed == 0 or msg.state == "waiting_for_sites"):
                 bar.set_postfix_str(_waiting(msg), refresh=True)  # before round 1: what the PS waits for
+                if not progress and _waiting(msg) != said:
+                    said = _waiting(msg)
+                    print(f"  {said}")
             elif procs["ps"].poll() == 0:
                 return
     finally:

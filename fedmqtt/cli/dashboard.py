@@ -19,7 +19,7 @@ def dashboard(
                                    "show runs side by side); no broker needed."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. Plain HTTP on loopback only; "
                              "any other address is served over HTTPS with a login."),
-    port: int = typer.Option(8765, "--port", min=0, max=65535),
+    port: int = typer.Option(8765, "--port", min=1, max=65535, help="TCP port to serve on."),
     seat: str = typer.Option("2", "--seat", help="Observer seat (the broker allows one connection per login; "
                              "`topics watch` takes seat 1 by default)."),
     tls: bool = typer.Option(False, "--tls", help="HTTPS and a login on loopback too (a network --host always "

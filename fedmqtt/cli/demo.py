@@ -18,6 +18,8 @@ def demo(
     timeout: float = typer.Option(900.0, help="Give up after this many seconds."),
     algorithm: str = typer.Option("fedavg", "--algorithm", "-a", help="Any of `fedmqtt algorithms` that needs "
                                   "no extra setup (SGD-only rules get SGD; AdaFed needs a pretrained model)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the rounds "
+                                  "(with --no-progress, one line per round instead)."),
 ) -> None:
     """Run a real federation on this machine with the bundled data; print per-site test metrics.
 
@@ -28,7 +30,7 @@ def demo(
     from fedmqtt.errors import FedMqttError
 
     try:
-        run_demo(out=out, rounds=rounds, seed=seed, timeout_s=timeout, algorithm=algorithm)
+        run_demo(out=out, rounds=rounds, seed=seed, timeout_s=timeout, algorithm=algorithm, progress=progress)
     except FedMqttError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1)

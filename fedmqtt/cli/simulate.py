@@ -21,6 +21,7 @@ def simulate(
     lr: Optional[float] = typer.Option(None, help="Local learning rate."),
     epochs: Optional[int] = typer.Option(None, min=1, help="Local epochs per round."),
     hyper: list[str] = typer.Option([], "--hyper", "-H", help="Algorithm hyper-parameter NAME=VALUE (repeat)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the rounds."),
 ) -> None:
     """Run the PS and every site in this process, without a broker (same code path as a deployment)."""
     from fedmqtt.simulation import load_simulation_config, run_simulation
@@ -32,7 +33,7 @@ def simulate(
         cfg = cfg.model_validate({**cfg.model_dump(), "train": {**cfg.train.model_dump(), **train},
                                   "hyper": {**cfg.hyper, **_parse_hyper(hyper)}})
     cfg.daemon_config()  # validate the algorithm and its hyper-parameters before anything starts
-    report = run_simulation(cfg)
+    report = run_simulation(cfg, progress=progress)
     typer.echo(render_table(final_table(report)))
     typer.echo(f"report: {cfg.out_dir / 'report.json'}")
 
