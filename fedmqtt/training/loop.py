@@ -119,7 +119,9 @@ def balanced_loss(name: str, y: torch.Tensor, task: TaskInfo) -> LossFn:
     annotated = ~torch.isnan(y)
     pos = torch.where(annotated, y, torch.zeros_like(y)).sum(dim=0).double()
     neg = annotated.sum(dim=0).double() - pos
-    pos_weight = torch.where(pos > 0, neg / pos.clamp(min=1), 1.0).float()  # no positive: nothing to weigh
+    # One class only (no positive, or no negative): nothing to balance, weight 1. n_neg / n_pos would be 0 for a
+    # site that holds only positives, and its loss would vanish: it would never train.
+    pos_weight = torch.where((pos > 0) & (neg > 0), neg / pos.clamp(min=1), 1.0).float()
     if y.ndim == 1:
         return lambda logits, yb: F.binary_cross_entropy_with_logits(
             logits.reshape(-1), yb, pos_weight=pos_weight.to(logits.device))

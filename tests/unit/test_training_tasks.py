@@ -198,6 +198,20 @@ def test_training_that_moves_no_weight_is_warned(caplog: pytest.LogCaptureFixtur
     assert any("moved no weight" in r.getMessage() for r in caplog.records)
 
 
+def test_balance_classes_leaves_a_single_class_site_its_plain_loss() -> None:
+    """A site whose training labels are all positive (or all negative) has nothing to balance: weight 1, so its
+    loss is the plain one and it still trains (n_neg / n_pos = 0 would make the loss identically 0)."""
+    from fedmqtt.training.loop import balanced_loss
+
+    logits = torch.tensor([[0.3], [-0.2], [0.1]])
+    for y in (torch.ones(3), torch.zeros(3)):
+        assert float(balanced_loss("bce", y, BINARY)(logits, y)) == pytest.approx(float(make_loss("bce")(logits, y)))
+    multi = torch.tensor([[1.0, 0.0], [1.0, 1.0]])  # label 0: positives only; label 1: both
+    plain = torch.nn.functional.binary_cross_entropy_with_logits(torch.zeros(2, 2), multi, reduction="none")
+    got = balanced_loss("bce", multi, TaskInfo("multilabel", 2))(torch.zeros(2, 2), multi)
+    assert float(got) == pytest.approx(float((plain * torch.tensor([1.0, 1.0])).mean()))
+
+
 def test_balance_classes_weights_the_minority_and_is_off_by_default() -> None:
     """balance_classes = 1: BCE positives weigh n_neg/n_pos, CE classes n/(C n_c); default: the plain loss."""
     from fedmqtt.training.loop import balanced_loss
