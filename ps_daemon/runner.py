@@ -207,28 +207,40 @@ class DaemonRunner:
         self._announce_if_reconnected()
         inbound = self.channel.receive(timeout_s)
         if inbound is not None:
-            self._handle(inbound)
+            site, topic = inbound.topic.site_id or "?", inbound.topic
+            event = self._event_of(inbound)
+            # An accepted update's tensors are spooled by now: drop the message (as large as the model) before
+            # the event may close the round, so aggregation, checkpoint and the next model do not sit beside it.
+            del inbound
+            if event is not None:
+                self._step(event, site, topic)
         self._apply(Tick(time.time()))
         self._send_held_status()
         self._refresh_status()
         self._remind()
         return self.finished is not None
 
-    def _handle(self, inbound: Inbound) -> None:
-        """One checked message -> at most one event. Whatever a message holds, the PS keeps serving: anything it
-        cannot use is refused with a reason; the machine is pure, so a refused event leaves the state as it was."""
-        site = inbound.topic.site_id or "?"
+    # Whatever a message holds, the PS keeps serving: anything it cannot use is refused with a reason; the machine
+    # is pure, so a refused event leaves the state as it was.
+    def _event_of(self, inbound: Inbound) -> Event | None:
+        """One checked message -> at most one event (None: nothing to do, or refused)."""
         try:
-            event = self._to_event(inbound)
-            if event is not None:
-                self.state, effects = self.machine.step(self.state, event)
-            else:
-                effects = []
+            return self._to_event(inbound)
         except (KeyError, ValueError, TypeError, ArithmeticError, OverflowError) as exc:
-            log.exception("refused a message from %s on %s", site, inbound.topic)
-            self._refuse(site, "unusable content", f"{type(exc).__name__}: {exc}")
+            self._refuse_unusable(inbound.topic.site_id or "?", inbound.topic, exc)
+            return None
+
+    def _step(self, event: Event, site: str, topic: object) -> None:
+        try:
+            self.state, effects = self.machine.step(self.state, event)
+        except (KeyError, ValueError, TypeError, ArithmeticError, OverflowError) as exc:
+            self._refuse_unusable(site, topic, exc)
             return
         self._run_effects(effects)
+
+    def _refuse_unusable(self, site: str, topic: object, exc: BaseException) -> None:
+        log.exception("refused a message from %s on %s", site, topic)
+        self._refuse(site, "unusable content", f"{type(exc).__name__}: {exc}")
 
     def close(self) -> None:
         c = self.config
