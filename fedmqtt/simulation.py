@@ -77,8 +77,9 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
 
 def finish_report(config: SimulationConfig, report: dict[str, Any]) -> dict[str, Any]:
     """What only a simulation can add to a run's report (it holds every site's data): for regression, the
-    constant-predictor baseline (`constant_baseline`). Rewrites report.json and report.md, and writes
-    per_site.csv (every site's final metrics; report.md summarises when there are many sites)."""
+    constant-predictor baseline (`constant_baseline`), and every site's data spec (`site_data`). Rewrites
+    report.json and report.md, and writes per_site.csv (every site's final metrics; report.md summarises when
+    there are many sites)."""
     import json
 
     from ps_daemon.report import per_site_csv, render_markdown
@@ -86,6 +87,8 @@ def finish_report(config: SimulationConfig, report: dict[str, Any]) -> dict[str,
     baseline = constant_baseline(config)
     if baseline is not None:
         report = {**report, "baseline": baseline}
+    # Every site's data spec, so `fedmqtt report --held-out` can score this run on any site's test split.
+    report = {**report, "site_data": {site: spec.model_dump(mode="json") for site, spec in sorted(config.sites.items())}}
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))

@@ -357,7 +357,8 @@ def trained_on_subset(run_dir: Path) -> bool:
 
 def held_out_sites(records: Sequence[RunRecord], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every site's data spec (fedmqtt.data.spec.DataSpec) the runs were configured with: from each
-    run's grid_point.json (a grid) or a report config that carries the sites' data (simulation, central),
+    run's grid_point.json (a grid), its report's `site_data` (a simulation or central run), or a report
+    config that carries the sites' data,
     plus `extra` (a simulation config's sites, `fedmqtt report --test-sites`).
 
     Raises:
@@ -369,6 +370,7 @@ def held_out_sites(records: Sequence[RunRecord], extra: dict[str, Any] | None = 
     sources = [dict(extra or {})]
     for rec in records:
         for path, pick in ((rec.path / POINT_FILE, lambda d: d.get("config", {}).get("sites")),
+                           (rec.path / "report.json", lambda d: d.get("site_data")),  # a simulation's
                            (rec.path / "report.json", lambda d: d.get("config", {}).get("sites"))):
             sites = pick(json.loads(path.read_text())) if path.is_file() else None
             if isinstance(sites, dict):  # a PS config's `sites` is a list of names: no data there

@@ -65,12 +65,23 @@ def test_pooled_accuracy_weighs_sites_by_test_size(runs: dict[str, Path]) -> Non
 def test_cli_needs_the_sites_data_then_prints_both_side_by_side(runs: dict[str, Path],
                                                                  tmp_path: Path) -> None:
     cli = CliRunner()
-    args = ["report", str(runs["all"]), str(runs["recruited"]), "--metric", "auroc"]
-    missing = cli.invoke(app, args)
+    # A run whose report does not record its sites' data (e.g. a deployment's PS): --test-sites names them.
+    bare = []
+    for name in ("all", "recruited"):
+        (tmp_path / name).mkdir()
+        report = json.loads((runs[name] / "report.json").read_text())
+        (tmp_path / name / "report.json").write_text(json.dumps({k: v for k, v in report.items() if k != "site_data"}))
+        bare.append(str(tmp_path / name))
+    missing = cli.invoke(app, ["report", *bare, "--metric", "auroc", "--held-out"])
     assert missing.exit_code == 2, missing.output
     assert "--test-sites" in missing.output
+    # Simulations record their sites' data: no --test-sites needed, and naming them agrees.
+    args = ["report", str(runs["all"]), str(runs["recruited"]), "--metric", "auroc"]
+    recorded = cli.invoke(app, args)
+    assert recorded.exit_code == 0, recorded.output
     done = cli.invoke(app, [*args, "--test-sites", str(runs["sites"]), "--out", str(tmp_path)])
     assert done.exit_code == 0, done.output
+    assert recorded.output.split("held-out union")[1] == done.output.split("held-out union")[1].split("report:")[0]
     assert "fedavg [all]" in done.output and "fedavg [recruited]" in done.output  # not two seeds of one row
     assert "held-out union" in done.output and "3 of 4 (recruited)" in done.output
     assert "held-out union" in (tmp_path / "report.md").read_text()
