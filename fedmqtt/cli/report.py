@@ -57,7 +57,12 @@ def report_command(
     chosen: rp.Which = "best" if which == "best" else "final"
     tables = rp.summary_table(records, metric, which=chosen)
     tests = rp.wilcoxon_table(records, metric, which=chosen)
-    typer.echo(rp.render_text(tables, tests))
+    shown = [rp.compact(t) for t in tables]  # many sites: min / median / max over sites, per-site table in a file
+    typer.echo(rp.render_text(shown, tests))
+    if shown != tables:
+        typer.echo(f"more than {rp.MAX_SITE_COLUMNS} sites: summarised over sites above; "
+                   + ("every site's column is in report-per-site.md" if out is not None else
+                      "--out DIR writes every site's column to DIR/report-per-site.md"))
     union = None
     if held_out if held_out is not None else any(rp.trained_on_subset(r.path) for r in records):
         union = _union(records, metric, test_sites)
@@ -66,7 +71,10 @@ def report_command(
         from fedmqtt.experiments.plots import plot_curves
 
         plots = plot_curves(records, metric, out)
-        text = rp.render_markdown(tables, tests, plots=plots)
+        text = rp.render_markdown(shown, tests, plots=plots)
+        if shown != tables:
+            (out / "report-per-site.md").write_text(rp.render_markdown(tables, tests, title="fedmqtt experiment "
+                                                                       "report: every site"))
         if union is not None:
             text += "\n" + rp.render_union_markdown(union)
         (out / "report.md").write_text(text)

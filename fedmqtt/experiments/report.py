@@ -211,6 +211,27 @@ def _mark_best(rows: list[SummaryRow], columns: Sequence[str], metric: str) -> t
                                    for c, cell in r.cells.items()}) for r in rows)
 
 
+MAX_SITE_COLUMNS = 12  # wider tables are summarised over sites on screen; the per-site table goes to a file
+
+
+def compact(table: SummaryTable) -> SummaryTable:
+    """`table` as it stays readable with many sites: per row the lowest, median and highest of the site
+    columns' means, then the MEAN column (best marked again). Unchanged up to MAX_SITE_COLUMNS sites."""
+    sites = [c for c in table.columns if c != MEAN]
+    if len(sites) <= MAX_SITE_COLUMNS:
+        return table
+    names = (f"min of {len(sites)} sites", "median site", "max site")
+    rows = []
+    for row in table.rows:
+        means = sorted(m for s in sites if (m := row.cells[s].mean) is not None)
+        runs = row.cells[MEAN].runs
+        picks = (means[0], statistics.median(means), means[-1]) if means else (None, None, None)
+        cells = {name: Cell(mean=v, std=None, n=runs if v is not None else 0, runs=runs) for name, v in zip(names, picks)}
+        rows.append(replace(row, cells={**cells, MEAN: replace(row.cells[MEAN], best=False)}))
+    columns = (*names, MEAN)
+    return replace(table, columns=columns, rows=_mark_best(rows, columns, table.metric))
+
+
 @dataclass(frozen=True)
 class WilcoxonTable:
     """Two-sided rank-sum p-values between every pair of algorithms (of one partition)."""

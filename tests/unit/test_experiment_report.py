@@ -215,3 +215,26 @@ def test_report_cli_names_the_known_metrics_for_a_typo(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--metric", "aucroc"])
     # Assert
     assert result.exit_code == 2 and "no run has test metric 'aucroc'; they have: auroc" in result.output
+
+
+def test_many_sites_print_a_summary_over_sites_and_write_every_site_to_a_file(tmp_path: Path) -> None:
+    """With more than 12 sites the table shows min / median / max over sites and the mean; every site's column
+    goes to report-per-site.md (issue 13: a 186-column table is unreadable)."""
+    # Prepare: 21 sites, two algorithms, two seeds
+    sites = [f"s{i:02d}" for i in range(21)]
+    for seed in (0, 1):
+        write_run(tmp_path / "runs", "fedavg", seed, {s: 0.5 + i / 100 for i, s in enumerate(sites)})
+        write_run(tmp_path / "runs", "fedprox", seed, {s: 0.6 + i / 100 for i, s in enumerate(sites)})
+    # Execute
+    done = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--metric", "auroc",
+                                    "--out", str(tmp_path / "out")])
+    # Assert: the screen and report.md are summaries, the per-site file has every site
+    assert done.exit_code == 0, done.output
+    header = next(line for line in done.output.splitlines() if line.startswith("algorithm"))
+    assert header.split() == ["algorithm", "seeds", "min", "of", "21", "sites", "median", "site", "max", "site",
+                              "mean"]
+    fedprox = next(line for line in done.output.splitlines() if line.startswith("fedprox"))
+    assert fedprox.split()[2:6] == ["0.600", "*", "0.700", "*"] and "0.800" in fedprox  # min, median, max
+    assert "report-per-site.md" in done.output
+    assert "s20" not in (tmp_path / "out" / "report.md").read_text()
+    assert all(s in (tmp_path / "out" / "report-per-site.md").read_text() for s in sites)
