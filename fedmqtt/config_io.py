@@ -14,15 +14,20 @@ from fedmqtt.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 
-def load_toml(path: Path, model: type[M], *, section: str | None = None) -> M:
-    """Parse `path` (optionally one table of it) into `model`, or raise ConfigError naming what is wrong."""
+def read_toml(path: Path) -> dict[str, object]:
+    """The TOML file at `path` as a dict, or ConfigError naming the file (missing, or not valid TOML)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def load_toml(path: Path, model: type[M], *, section: str | None = None) -> M:
+    """Parse `path` (optionally one table of it) into `model`, or raise ConfigError naming what is wrong."""
+    data = read_toml(path)
     if section is not None:
         if section not in data:
             raise ConfigError(f"{path}: missing [{section}] table")

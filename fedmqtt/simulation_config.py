@@ -6,13 +6,12 @@ baseline (fedmqtt.central), import the config without importing each other.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedmqtt.config_io import validate_config
+from fedmqtt.config_io import read_toml, validate_config
 from fedmqtt.data.heart_disease import SITES, bundled_path
 from fedmqtt.data.spec import DataSpec, is_spec_file, load_data_spec
 from fedmqtt.errors import ConfigError
@@ -152,12 +151,7 @@ def load_simulation_config(path: Path | None, **overrides: Any) -> SimulationCon
         base = SimulationConfig()
     else:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raw = read_toml(path)
         root = path.resolve().parent
         raw = expand_site_files(raw, root, source=str(path))
         base = validate_config(raw, SimulationConfig, source=str(path))
