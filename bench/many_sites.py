@@ -18,11 +18,13 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -121,7 +123,8 @@ def main() -> None:
     ap.add_argument("--selection", default="all", choices=["all", "fraction", "recruited"])
     ap.add_argument("--fraction", type=float, default=None)
     ap.add_argument("--gamma-th", type=float, default=0.3)
-    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=None, help="work folder, kept (default: a temporary one, removed)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary work folder (logs, reports)")
     ap.add_argument("--model-mb", type=float, default=None, help="model size in MB (default: the small heart MLP)")
     ap.add_argument("--bare", action="store_true", help="also time the same bytes through bare paho clients")
     ap.add_argument("--py-spy", action="store_true",
@@ -147,9 +150,11 @@ def main() -> None:
         ps = subprocess.Popen([sys.executable, "-m", "fedmqtt", "ps", "start", "--config", str(ps_path)],
                               stdout=ps_log, stderr=ps_log)
         peak = broker_peak = ps_cpu = broker_cpu = 0.0
+        site_peaks = [0.0] * len(procs)
         while ps.poll() is None:
             peak = max(peak, peak_rss_mb(ps.pid) or 0.0)
             broker_peak = max(broker_peak, peak_rss_mb(broker.pid) or 0.0)
+            site_peaks = [max(old, peak_rss_mb(p.pid) or 0.0) for old, p in zip(site_peaks, procs)]
             ps_cpu, broker_cpu = cpu_seconds(ps.pid) or ps_cpu, cpu_seconds(broker.pid) or broker_cpu
             failed = [k for k, p in enumerate(procs) if p.poll() not in (None, 0)]
             if failed:
@@ -180,6 +185,17 @@ def main() -> None:
     spec = model_spec(args.model_mb)
     raw = model_bytes(spec)
     print(f"model {spec['args']['hidden']}: {raw / 1e6:.1f} MB of tensors")
+    model_mb = raw / 2**20
+    print(f"PS peak / model = {peak / model_mb:.2f}; broker peak / model = {broker_peak / model_mb:.2f}")
+    print(f"site process peak RSS (MB, VmHWM): {', '.join(f'{p:.0f}' for p in site_peaks)}")
+    if args.model_mb and args.sites == args.processes:  # one agent per process: its peak is one site's
+        ps_cfg = tomllib.loads((work / "ps.toml").read_text())
+        alone = subprocess.run([sys.executable, str(Path(__file__).with_name("train_alone.py")),
+                                json.dumps(ps_cfg["model"]), json.dumps(ps_cfg["train"])],
+                               capture_output=True, text=True, check=True)
+        alone_mb = json.loads(alone.stdout.strip().splitlines()[-1])["peak_mb"]
+        print(f"the same local training alone in one process (bench/train_alone.py): peak {alone_mb:.0f} MB; "
+              f"a site's peak beyond it / model = {(max(site_peaks) - alone_mb) / model_mb:.2f}")
     usage = report.get("usage", {}).get("per_round", {})
     overheads = []
     for r in report["rounds"]:
@@ -196,7 +212,11 @@ def main() -> None:
     if bare is not None:
         print(f"bare paho, a twin broker with the same limits, same bytes: fan-out {bare['fan_out_s']:.2f} s + fan-in {bare['fan_in_s']:.2f} s "
               f"= {bare['total_s']:.2f} s ({bare['mb_per_s']:.0f} MB/s)")
-    print(f"total wall time incl. start-up {time.monotonic() - started:.1f} s; work dir {work}")
+    print(f"total wall time incl. start-up {time.monotonic() - started:.1f} s")
+    if args.work is None and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)  # a 512 MB run leaves ~8 GB of checkpoints, models and state
+    else:
+        print(f"work dir {work}")
 
 
 if __name__ == "__main__":

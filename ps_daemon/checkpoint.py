@@ -1,20 +1,29 @@
-"""Durable checkpoints: one file per round, written atomically (temp file, fsync, os.replace)."""
+"""Durable checkpoints: one file per round, written atomically (temp file, fsync, os.replace).
+
+The best round's weights (seed 000's protocol) live in a file of their own, `best-round-<r>.msgpack`, written
+once when round r becomes the best; checkpoints name it and its SHA-256. That keeps a second model out of the
+PS's memory for the rest of the run and out of every later checkpoint.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import re
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from fedmqtt.atomic import write_atomic
 from fedmqtt.errors import CheckpointError, SchemaError
 from ps_daemon.state import BestRound, DaemonState, RoundRecord
-from schemas.checkpoint import BestRoundRecord, Checkpoint
-from schemas.codec import decode_checkpoint, encode_checkpoint
+from schemas.checkpoint import BEST_FILE_PATTERN, BestRoundRecord, Checkpoint
+from schemas.codec import decode_checkpoint, encode_checkpoint, pack_pieces
 from fedmqtt.strategies.base import Manifest, manifest_from_dict
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays
 
@@ -48,11 +57,36 @@ def _manifest_to_dict(manifest: Manifest) -> dict[str, dict[str, Any]]:
     return {n: {"shape": list(t.shape), "dtype": t.dtype, "tags": sorted(t.tags)} for n, t in manifest.items()}
 
 
+@dataclass(frozen=True)
+class StoredWeights:
+    """Weights kept in a best-round file instead of memory; `load` reads them back (checked against the hash)."""
+
+    path: Path
+    sha256: str
+
+    def load(self) -> dict[str, np.ndarray]:
+        data = self.path.read_bytes() if self.path.is_file() else b""
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise CheckpointError(f"{self.path} is missing or damaged (its SHA-256 does not match the checkpoint's)")
+        try:
+            record = BestRoundRecord.model_validate(msgpack.unpackb(data, raw=False, max_ext_len=0))
+            return blobs_to_arrays(record.tensors)  # read-only views of `data`
+        except (ValueError, TypeError, msgpack.UnpackException, RecursionError, MemoryError) as exc:
+            raise CheckpointError(f"{self.path} is unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def best_weights(best: BestRound) -> dict[str, np.ndarray]:
+    """The best round's weights, from memory or from its file."""
+    return best.weights.load() if isinstance(best.weights, StoredWeights) else dict(best.weights)
+
+
 def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) -> Checkpoint:
     best = None
     if state.best is not None:
         b = state.best
-        best = BestRoundRecord(round=b.round, score=b.score, model_hash=b.model_hash, tensors=arrays_to_blobs(b.weights))
+        best = BestRoundRecord(round=b.round, score=b.score, model_hash=b.model_hash, file=b.weights.path.name,
+                               sha256=b.weights.sha256) if isinstance(b.weights, StoredWeights) else BestRoundRecord(
+            round=b.round, score=b.score, model_hash=b.model_hash, tensors=arrays_to_blobs(b.weights))
     return Checkpoint(
         run_id=run_id, config_hash=config_hash, phase=state.phase, round=state.round,
         model_hash=state.model_hash, tensors=arrays_to_blobs(state.weights), selected=state.selected,
@@ -66,12 +100,18 @@ def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) ->
     )
 
 
-def checkpoint_to_state(ckpt: Checkpoint) -> DaemonState:
+def checkpoint_to_state(ckpt: Checkpoint, folder: Path | None = None) -> DaemonState:
+    """The state a checkpoint holds; `folder` is where it lies (needed when its best weights are in a file)."""
     history = tuple(
         RoundRecord(**{**h, "sites": tuple(h["sites"]), "stragglers": tuple(h["stragglers"])}) for h in ckpt.history
     )
     best = None
-    if ckpt.best is not None:
+    if ckpt.best is not None and ckpt.best.file:
+        if folder is None:
+            raise CheckpointError(f"the checkpoint's best weights are in {ckpt.best.file}, but no folder was given")
+        stored = StoredWeights(Path(folder) / ckpt.best.file, ckpt.best.sha256)
+        best = BestRound(ckpt.best.round, ckpt.best.score, stored, ckpt.best.model_hash)
+    elif ckpt.best is not None:
         best = BestRound(ckpt.best.round, ckpt.best.score, _copy(blobs_to_arrays(ckpt.best.tensors)), ckpt.best.model_hash)
     return DaemonState(
         phase=ckpt.phase, round=ckpt.round, weights=_copy(blobs_to_arrays(ckpt.tensors)), model_hash=ckpt.model_hash,
@@ -99,7 +139,31 @@ class CheckpointStore:
         path = write_atomic(self.folder / f"round-{ckpt.round:06d}.ckpt", encode_checkpoint(ckpt))
         for old in self._files()[: -self.keep]:
             old.unlink(missing_ok=True)
+        self._drop_unreferenced_best_files()
         return path
+
+    def spill_best(self, state: DaemonState) -> DaemonState:
+        """`state` with its best weights moved to their own file (written once per best round; durable before
+        any checkpoint names it). The arrays are then free unless the current model still uses them."""
+        best = state.best
+        if best is None or isinstance(best.weights, StoredWeights):
+            return state
+        self.folder.mkdir(parents=True, exist_ok=True)
+        record = BestRoundRecord(round=best.round, score=best.score, model_hash=best.model_hash,
+                                 tensors=arrays_to_blobs(best.weights))
+        pieces = pack_pieces(record.model_dump(mode="python"))
+        digest = hashlib.sha256()
+        for piece in pieces:
+            digest.update(piece)
+        path = write_atomic(self.folder / f"best-round-{best.round:06d}.msgpack", pieces)
+        return replace(state, best=replace(best, weights=StoredWeights(path, digest.hexdigest())))
+
+    def _drop_unreferenced_best_files(self) -> None:
+        """Best-round files that no kept checkpoint names (a run keeps only the newest `keep` checkpoints)."""
+        named = {_best_file_named_by(path) for path in self._files()}
+        for path in self.folder.glob("best-round-*.msgpack"):
+            if path.name not in named:
+                path.unlink(missing_ok=True)
 
     def latest(self) -> Path | None:
         """The newest checkpoint file, if any."""
@@ -109,7 +173,7 @@ class CheckpointStore:
     def clear(self) -> int:
         """Remove every checkpoint (a forced fresh start); returns how many there were."""
         files = self._files()
-        for path in files:
+        for path in [*files, *self.folder.glob("best-round-*.msgpack")]:
             path.unlink(missing_ok=True)
         return len(files)
 
@@ -134,5 +198,31 @@ class CheckpointStore:
                     f"{path} was written with a different configuration (hash {ckpt.config_hash} != {config_hash}); "
                     "resuming would mix two experiments"
                 )
+            if ckpt.best is not None and ckpt.best.file:
+                try:  # found now, not when the run ends and the best model is written
+                    StoredWeights(self.folder / ckpt.best.file, ckpt.best.sha256).load()
+                except CheckpointError as exc:
+                    log.warning("skipping checkpoint %s: %s", path, exc)
+                    continue
             return ckpt
         raise CheckpointError(f"no readable checkpoint in {self.folder}")
+
+
+def _best_file_named_by(path: Path) -> str | None:
+    """The best-round file a checkpoint names, read from its first fields only (`best` precedes the tensors);
+    None when it names none or cannot be read (then no best file is kept on its account)."""
+    try:
+        with open(path, "rb") as fh:
+            unpacker = msgpack.Unpacker(fh, raw=False, max_buffer_size=1 << 20, max_ext_len=0)
+            for _ in range(unpacker.read_map_header()):
+                key = unpacker.unpack()
+                if key == "tensors":
+                    return None  # an older layout, or no best: nothing before the tensors named a file
+                if key == "best":
+                    best = unpacker.unpack()
+                    name = best.get("file") if isinstance(best, dict) else None
+                    return name if isinstance(name, str) and re.fullmatch(BEST_FILE_PATTERN, name) else None
+                unpacker.skip()
+    except (OSError, ValueError, msgpack.UnpackException):
+        return None
+    return None

@@ -24,7 +24,7 @@ from fedmqtt.transport.channel import BridgeState, Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
 from ps_daemon import effects as fx
 from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
-from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state, state_to_checkpoint
+from ps_daemon.checkpoint import CheckpointStore, best_weights, checkpoint_to_state, state_to_checkpoint
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.machine import Machine
@@ -136,7 +136,7 @@ class DaemonRunner:
                          "config", self.store.folder)
             else:
                 ckpt = self.store.load_latest(run_id=self.config.run_id, config_hash=self.config.config_hash())
-                state = checkpoint_to_state(ckpt)
+                state = checkpoint_to_state(ckpt, self.store.folder)
                 if not state.session:  # a checkpoint from before sessions existed
                     state = replace(state, session=secrets.token_hex(8))
                 where = (f"round {ckpt.round} of {self.config.rounds}" if ckpt.phase == "training"
@@ -402,15 +402,23 @@ class DaemonRunner:
         self._run_effects(effects)
 
     def _run_effects(self, effects: list[fx.Effect]) -> None:
-        for effect in effects:
-            self._run_effect(effect)
-        if any(isinstance(e, fx.SaveCheckpoint) for e in effects):
+        """Run and release each effect in turn: a SaveCheckpoint holds the state it saves (the previous model
+        too, as the best round's weights, until they are in their file), which must not stay alive while the
+        next model is encoded and published."""
+        saved = any(isinstance(e, fx.SaveCheckpoint) for e in effects)
+        effects.reverse()
+        while effects:
+            self._run_effect(effects.pop())
+        if saved:
             self.spool.drop_before(self.state.round)
 
     def _run_effect(self, effect: fx.Effect) -> None:
         c, ch = self.config, self.channel
         if isinstance(effect, fx.SaveCheckpoint):
-            self.store.save(state_to_checkpoint(effect.state, run_id=c.run_id, config_hash=c.config_hash()))
+            state = self.store.spill_best(effect.state)
+            if self.state.best is effect.state.best:  # keep only the file's name in memory from now on
+                self.state = replace(self.state, best=state.best)
+            self.store.save(state_to_checkpoint(state, run_id=c.run_id, config_hash=c.config_hash()))
             crash_point("after_checkpoint", effect.state.round - 1)
         elif isinstance(effect, fx.PublishModel):
             msg = m.GlobalModel(run_id=c.run_id, sender=PS, round=effect.round, model=c.model,
@@ -470,10 +478,11 @@ class DaemonRunner:
         out.mkdir(parents=True, exist_ok=True)
         models = {"final": str(out / "final_model.safetensors")}
         final = {**state.weights, **state.extras.get("eval", {})}  # FedDyn's deployed model is theta_avg
-        save_file({k: np.array(v, order="C") for k, v in final.items()}, models["final"])
+        # safetensors writes straight from each array's memory: contiguous arrays are not copied first
+        save_file({k: np.require(v, requirements="C") for k, v in final.items()}, models["final"])
         if state.best is not None:
             models["best"] = str(out / "best_model.safetensors")
-            save_file({k: np.array(v, order="C") for k, v in state.best.weights.items()}, models["best"])
+            save_file({k: np.require(v, requirements="C") for k, v in best_weights(state.best).items()}, models["best"])
         t = self.channel
         traffic = {"bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
                    "chunked_transfers": vars(t.fetcher.stats),

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from fedmqtt.strategies.base import Manifest, SiteUpdate, Weights
+
+if TYPE_CHECKING:
+    from ps_daemon.checkpoint import StoredWeights
 
 Phase = Literal["waiting_for_sites", "training", "evaluating", "done"]
 MetricMap = Mapping[str, float | None]
@@ -41,7 +44,7 @@ class BestRound:
 
     round: int
     score: float
-    weights: Weights
+    weights: Weights | StoredWeights  # in memory when chosen; in its own file after the next checkpoint
     model_hash: str
 
 

@@ -87,17 +87,25 @@ _LARGE_BIN = 1 << 16  # from here on msgpack writes bin 32: a 0xc6 byte and a 4-
 
 
 def pack(obj: Any) -> bytes:
-    """`msgpack.packb(obj, use_bin_type=True)`, byte for byte, with each large `bytes` copied exactly once.
+    """`msgpack.packb(obj, use_bin_type=True)`, byte for byte, with each large blob copied exactly once."""
+    pieces = pack_pieces(obj)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def pack_pieces(obj: Any) -> list[bytes | memoryview]:
+    """The bytes of `pack(obj)` as pieces whose concatenation is that encoding; large blobs (bytes or
+    read-only views of arrays) appear as themselves, uncopied.
 
     Why: packb appends into a buffer that keeps growing and then copies it into the result, which runs
     a 512 MB model at under 0.5 GB/s. Here the structure is packed with a short placeholder for each
-    large blob, and the result is assembled by one `join` of the pieces and the blobs themselves.
+    large blob; a file writer takes the pieces one after another (a checkpoint never exists twice in
+    memory), and `pack` joins them with one copy.
     """
-    blobs: list[bytes] = []
+    blobs: list[bytes | bytearray | memoryview] = []
     token = secrets.token_bytes(16)
 
     def swap(value: Any) -> Any:
-        if isinstance(value, (bytes, bytearray)) and len(value) >= _LARGE_BIN:
+        if isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= _LARGE_BIN:
             blobs.append(value)
             return token
         if isinstance(value, dict):
@@ -108,15 +116,15 @@ def pack(obj: Any) -> bytes:
 
     skeleton = msgpack.packb(swap(obj), use_bin_type=True)
     if not blobs:
-        return skeleton
+        return [skeleton]
     placeholder = b"\xc4\x10" + token
     pieces = skeleton.split(placeholder)
     if len(pieces) != len(blobs) + 1:  # the random token cannot occur by chance; fall back if it ever did
-        return msgpack.packb(obj, use_bin_type=True)
-    out: list[bytes] = [pieces[0]]
+        return [msgpack.packb(obj, use_bin_type=True)]
+    out: list[bytes | memoryview] = [pieces[0]]
     for blob, piece in zip(blobs, pieces[1:]):
         out += [b"\xc6" + struct.pack(">I", len(blob)), blob, piece]
-    return b"".join(out)
+    return out
 
 
 def decode(data: bytes | bytearray, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
@@ -281,8 +289,9 @@ def json_schemas() -> dict[str, Any]:
     return _ADAPTER.json_schema(mode="validation")
 
 
-def encode_checkpoint(checkpoint: Any) -> bytes:
-    return pack(checkpoint.model_dump(mode="python"))
+def encode_checkpoint(checkpoint: Any) -> list[bytes | memoryview]:
+    """A checkpoint's bytes as pieces to write one after another (see `pack_pieces`)."""
+    return pack_pieces(checkpoint.model_dump(mode="python"))
 
 
 def decode_checkpoint(data: bytes) -> Any:

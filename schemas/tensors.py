@@ -12,10 +12,10 @@ did not say.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, WrapSerializer, WrapValidator, model_validator
 from pydantic_core import PydanticCustomError
 
 from schemas.base import MAX_TENSORS, Frozen
@@ -56,13 +56,32 @@ def all_finite(data: bytes | memoryview, dtype: str) -> bool:
     return all(bool(np.isfinite(values[i:i + _FINITE_BLOCK]).all()) for i in range(0, values.size, _FINITE_BLOCK))
 
 
+def _keep_view(value: object, handler: Any) -> Any:
+    """A read-only byte view (what `from_numpy` makes) is kept as it is; anything else is validated as bytes."""
+    if isinstance(value, memoryview) and value.readonly and value.format == "B" and value.c_contiguous:
+        return value
+    return handler(value)
+
+
+def _dump_view(value: Any, handler: Any, info: Any) -> Any:
+    """In Python mode a view goes to the encoder as it is (it writes the bytes once); JSON needs real bytes."""
+    if isinstance(value, memoryview):
+        return value if info.mode == "python" else handler(bytes(value))
+    return handler(value)
+
+
+# Decoded messages hold `bytes`; blobs made here from arrays hold a read-only view of the array's memory, so
+# building a message or checkpoint of a 1 GB model does not first copy that gigabyte.
+TensorBytes = Annotated[bytes, WrapValidator(_keep_view), WrapSerializer(_dump_view)]
+
+
 class TensorBlob(Frozen):
     """One named tensor. Validation checks byte length against shape and rejects NaN/Inf in every float dtype."""
 
     name: str = Field(min_length=1, max_length=MAX_TENSOR_NAME)
     dtype: DType
     shape: Shape
-    data: bytes
+    data: TensorBytes
 
     @model_validator(mode="after")
     def _check(self) -> "TensorBlob":
@@ -96,8 +115,10 @@ class TensorBlob(Frozen):
         dtype = str(array.dtype)
         if dtype not in _ITEMSIZE:
             raise ValueError(f"tensor {name!r}: dtype {dtype} is not allowed on the wire")
-        little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-        return cls(name=name, dtype=dtype, shape=tuple(int(d) for d in array.shape), data=little.tobytes())
+        little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).view()
+        little.flags.writeable = False  # the blob aliases the array (no copy); it never writes through it
+        return cls(name=name, dtype=dtype, shape=tuple(int(d) for d in array.shape),
+                   data=memoryview(little.reshape(-1)).cast("B"))
 
     @property
     def nbytes(self) -> int:

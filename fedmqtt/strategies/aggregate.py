@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -109,8 +110,27 @@ def convex_combine(arrays: Iterable[np.ndarray], weights: Coefficients, like: np
         for w, flat in zip(factors, flats):
             np.multiply(flat[start:stop], w, out=t, dtype=np.float64)
             a += t
+            release_pages(flat, start, stop)
         flat_out[start:stop] = a  # the same cast as astype(like.dtype)
     return out
+
+
+def release_pages(flat: np.ndarray, start: int, stop: int) -> None:
+    """If `flat` maps a file (the PS's spooled updates), drop elements [start, stop) from this process's resident
+    memory: the pages stay in the kernel's page cache and fault back in if read again. Without it every
+    page read while summing stays mapped until the tensor is done, N sites' copies of a 512 MB layer at once."""
+    owner = flat
+    while owner is not None and not isinstance(owner, np.memmap):
+        owner = owner.base
+    handle = getattr(owner, "_mmap", None)  # numpy keeps the mmap.mmap it maps here
+    if handle is None or not hasattr(handle, "madvise") or flat.size == 0:
+        return
+    # Byte range within the mapping: numpy maps from the allocation boundary below the array's file offset.
+    first = owner.offset % mmap.ALLOCATIONGRANULARITY + (flat.ctypes.data - owner.ctypes.data) + start * flat.itemsize
+    begin = first - first % mmap.PAGESIZE
+    end = min(len(handle), first + (stop - start) * flat.itemsize)
+    if end > begin:
+        handle.madvise(mmap.MADV_DONTNEED, begin, end - begin)
 
 
 def max_combine(arrays: Iterable[np.ndarray], like: np.ndarray) -> np.ndarray:

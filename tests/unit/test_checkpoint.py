@@ -10,7 +10,8 @@ import pytest
 from fedmqtt.errors import CheckpointError
 from fedmqtt.strategies import FedAvg, SiteUpdate
 from ps_daemon import effects as fx
-from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state, state_to_checkpoint
+from ps_daemon.checkpoint import (CheckpointStore, StoredWeights, best_weights, checkpoint_to_state,
+                                   state_to_checkpoint)
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline, UpdateReceived
 from ps_daemon.machine import Machine
@@ -216,3 +217,76 @@ def test_save_leaves_no_temporary_file(tmp_path: Path) -> None:
     files = list((tmp_path / "nested" / "ckpt").iterdir())
     assert sorted(p.name for p in files) == ["round-000002.ckpt", "round-000003.ckpt"]
     assert not any(p.suffix == ".tmp" for p in files)
+
+
+def _spill_and_save(store: CheckpointStore, machine: Machine, state: DaemonState) -> DaemonState:
+    """What the PS does on every SaveCheckpoint effect."""
+    state = store.spill_best(state)
+    store.save(_checkpoint(machine, state))
+    return state
+
+
+def test_best_weights_live_in_one_file_that_checkpoints_name(tmp_path: Path) -> None:
+    """The best round's weights are written once to their own file; checkpoints carry its name and hash only,
+    and a resume reads them back bit-identical."""
+    machine = _machine()
+    states = _states_after_rounds(machine, 3)  # the best is round 2 from round 3 on (auroc 0.8)
+    store = CheckpointStore(tmp_path)
+    for state in states:
+        spilled = _spill_and_save(store, machine, state)
+    assert spilled.best is not None and states[-1].best is not None and spilled.best.round == 2
+    assert isinstance(spilled.best.weights, StoredWeights)
+    # round 1's file stays while the kept checkpoint of round 2 names it
+    assert sorted(p.name for p in tmp_path.glob("best-round-*")) == ["best-round-000001.msgpack",
+                                                                      "best-round-000002.msgpack"]
+    ckpt = store.load_latest(run_id=RUN, config_hash=machine.config.config_hash())
+    assert ckpt.best is not None and ckpt.best.file == "best-round-000002.msgpack" and ckpt.best.tensors == ()
+    restored = checkpoint_to_state(ckpt, tmp_path)
+    assert restored.best is not None
+    _assert_weights_identical(best_weights(restored.best), dict(states[-1].best.weights))
+    # The checkpoint file no longer holds the best model: about one model's bytes, not two
+    model_bytes = sum(a.nbytes for a in states[-1].weights.values())
+    assert store.latest().stat().st_size < 2 * model_bytes + 2000
+
+
+def test_best_files_no_kept_checkpoint_names_are_removed(tmp_path: Path) -> None:
+    """Rotation keeps the best files the kept checkpoints name, and only those."""
+    machine = _machine()
+    states = _states_after_rounds(machine, 3)  # best: round 1 at checkpoint 2, round 2 from checkpoint 3 on
+    store = CheckpointStore(tmp_path, keep=2)
+    _spill_and_save(store, machine, states[0])
+    _spill_and_save(store, machine, states[1])
+    assert sorted(p.name for p in tmp_path.glob("best-round-*")) == ["best-round-000001.msgpack",
+                                                                      "best-round-000002.msgpack"]
+    store.keep = 1
+    _spill_and_save(store, machine, states[2])
+    assert sorted(p.name for p in tmp_path.glob("best-round-*")) == ["best-round-000002.msgpack"]
+    assert store.clear() == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_best_file_skips_its_checkpoint(tmp_path: Path) -> None:
+    """A best file that does not match the hash its checkpoint recorded is found at resume, not at the run's
+    end: that checkpoint is skipped like an unreadable one."""
+    machine = _machine()
+    states = _states_after_rounds(machine, 3)
+    store = CheckpointStore(tmp_path)
+    for state in states:
+        _spill_and_save(store, machine, state)
+    best_file = tmp_path / "best-round-000002.msgpack"
+    damaged = bytearray(best_file.read_bytes())
+    damaged[-1] ^= 0xFF
+    best_file.write_bytes(bytes(damaged))
+    ckpt = store.load_latest(run_id=RUN, config_hash=machine.config.config_hash())
+    assert ckpt.round == 2  # checkpoints 4 and 3 name the damaged file; checkpoint 2 has round 1 as its best
+    assert ckpt.best is not None and ckpt.best.file == "best-round-000001.msgpack"
+    with pytest.raises(CheckpointError, match="missing or damaged"):
+        StoredWeights(best_file, "0" * 64).load()
+
+
+def test_a_checkpoint_naming_a_best_file_needs_its_folder(tmp_path: Path) -> None:
+    machine = _machine()
+    store = CheckpointStore(tmp_path)
+    for state in _states_after_rounds(machine, 2):
+        _spill_and_save(store, machine, state)
+    with pytest.raises(CheckpointError, match="no folder"):
+        checkpoint_to_state(store.load_latest(run_id=RUN, config_hash=machine.config.config_hash()))

@@ -8,11 +8,11 @@ import typing
 import msgpack
 import numpy as np
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from fedmqtt.errors import SchemaError
 from schemas import messages as m
-from schemas.codec import decode, encode, json_schemas
+from schemas.codec import decode, encode, json_schemas, pack
 from schemas.chunks import Chunk, ChunkManifest, TensorEntry, chunk_digest, root_digest
 from schemas.messages import TEXT_KINDS
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays, tensors_hash
@@ -392,7 +392,7 @@ def test_no_message_field_suggests_patient_level_data() -> None:
 
 def test_fast_pack_is_byte_identical_to_msgpack() -> None:
     """`pack` copies large blobs once instead of growing a buffer; the bytes must be exactly packb's."""
-    from schemas.codec import pack
+    from schemas.codec import pack, pack_pieces
 
     blobs = arrays_to_blobs({"big": np.arange(70_000, dtype=np.float32), "edge": np.ones(16_384, np.float32),
                              "below": np.ones(16_383, np.float32), "empty": np.zeros((0,), np.float32)})
@@ -401,4 +401,26 @@ def test_fast_pack_is_byte_identical_to_msgpack() -> None:
     for message in [*ALL, big]:
         dumped = message.model_dump(mode="python")
         assert pack(dumped) == msgpack.packb(dumped, use_bin_type=True), message.kind
+        assert b"".join(pack_pieces(dumped)) == pack(dumped), message.kind
     assert decode(encode(big)) == big
+
+
+def test_blobs_made_from_arrays_alias_them_and_encode_the_same() -> None:
+    """from_numpy keeps a read-only view of the array (a 1 GB model is not copied to build a message); the
+    encoding is the one a copy of the bytes gives, and the large blob is one of pack_pieces' pieces uncopied."""
+    from schemas.codec import pack_pieces
+
+    array = np.arange(40_000, dtype=np.float32).reshape(200, 200)
+    blob = TensorBlob.from_numpy("w", array)
+    assert isinstance(blob.data, memoryview) and blob.data.readonly
+    assert np.shares_memory(np.frombuffer(blob.data, np.uint8), array)
+    copied = TensorBlob(name="w", dtype="float32", shape=(200, 200), data=array.tobytes())
+    assert isinstance(copied.data, bytes) and copied == blob
+    assert pack(blob.model_dump(mode="python")) == pack(copied.model_dump(mode="python"))
+    pieces = pack_pieces(blob.model_dump(mode="python"))
+    assert any(piece is blob.data for piece in pieces)
+    strided = TensorBlob.from_numpy("w", array.T)  # not contiguous: the one case that copies
+    assert not np.shares_memory(np.frombuffer(strided.data, np.uint8), array)
+    assert np.array_equal(strided.to_numpy(), array.T)
+    with pytest.raises(ValidationError, match="NaN or Inf"):
+        TensorBlob.from_numpy("w", np.array([1.0, np.nan], np.float32))
