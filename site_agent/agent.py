@@ -58,6 +58,7 @@ class SiteAgent:
         self.ps_state = "not heard from"
         self._reminded_at = time.monotonic()
         self._last_work = "no task yet"
+        self._retained_update: tuple[str, int] | None = None  # (session, round) of our update at the broker
 
     def _load_trainer(self) -> None:
         """Import torch and the training code on a worker thread: the agent is online (and receiving the
@@ -189,6 +190,7 @@ class SiteAgent:
                 return
             self.models = {k: v for k, v in self.models.items() if v.session == msg.session and v.round >= msg.round - 1}
             self.models[(msg.session, msg.model_hash)] = msg
+            self._clear_answered_update(msg)
         elif isinstance(msg, m.RecruitmentResult):
             log.info("recruitment: %s", msg.detail)
             self.channel.send(self.status_topic, self._status("online", msg.detail))
@@ -201,6 +203,19 @@ class SiteAgent:
             self.ps_state = f"{msg.state}, round {msg.round}"
             if msg.detail:
                 log.info("PS: %s (round %d) %s", msg.state, msg.round, msg.detail[:300])
+
+    def _clear_answered_update(self, model: m.GlobalModel) -> None:
+        """A model of a later round means the PS closed ours and checkpointed before publishing it: our update is
+        aggregated (or came too late) and needs no retained copy at the broker, where it cost one model's worth
+        of memory per site. A PS resumed from an older checkpoint asks again; the stored copy answers."""
+        if self._retained_update is None:
+            return
+        session, round_no = self._retained_update
+        if model.session == session and model.round > round_no:
+            self.channel.clear(topics.site_update_topic(self.config.run_id, self.config.site_id))
+            self._retained_update = None
+            log.info("round %d: the PS has moved on to round %d; removed our update from the broker", round_no,
+                     model.round)
 
     def _work(self) -> None:
         task = self.task
@@ -255,6 +270,7 @@ class SiteAgent:
         if stored is not None:  # trained before a restart: re-send, never train twice
             log.info("round %d: re-publishing the stored update", task.round)
             self.channel.send(topic, decode(stored, max_bytes=self.channel.max_bytes), payload=stored)
+            self._retained_update = (task.session, task.round)
             return
         self.local.resolve(task.accepted_round, task.round)
         self.best.promote(task.best_round)
@@ -282,6 +298,7 @@ class SiteAgent:
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
         crash_point("site_before_publish", task.round)
         self.channel.send(topic, update, payload=payload)
+        self._retained_update = (task.session, task.round)
         crash_point("site_after_publish", task.round)
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))

@@ -106,3 +106,8 @@ def paho_client() -> Iterator[Callable[..., mqtt.Client]]:
     for client in clients:
         client.disconnect()
         client.loop_stop()
+        # Callbacks (e.g. an Inbox's) refer back to their holder: without them the client is freed at once, and
+        # its __del__ closes its socket pair; left to the cycle collector, the sockets may be finalised first
+        # and warn ("unclosed socket"), which fails the session at exit.
+        client.on_message = client.on_connect = client.on_subscribe = client.on_disconnect = None
+    clients.clear()

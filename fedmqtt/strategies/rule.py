@@ -85,8 +85,9 @@ class ServerRule:
         Keeping the local tensors (e.g. FedBN's round-1 NORM values) makes the result a drop-in
         replacement for `current`; they are never changed by the server.
         """
-        kept = copy_weights(inp.current)
-        return {name: aggregated.get(name, kept[name]) for name in inp.current}
+        # Copies of the kept tensors only: copying all of `current` first cost the PS a whole model per round
+        return {name: aggregated[name] if name in aggregated else np.array(inp.current[name], copy=True)
+                for name in inp.current}
 
     def average(
         self, inp: RoundInput, weights: Coefficients, updates: Sequence[SiteUpdate] | None = None

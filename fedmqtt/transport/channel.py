@@ -17,6 +17,7 @@ from typing import Any
 
 from fedmqtt.errors import SchemaError, TopicError
 from fedmqtt.transport.bulk import Completed, Failed, Fetcher, split, tensor_index as bulk_index
+from fedmqtt.transport.heap import release_free_heap
 from fedmqtt.transport.mqtt import MqttTransport, RawMessage
 from fedmqtt.transport.topics import BRIDGE, CHUNKED_KINDS, ParsedTopic, chunk_topic, parse_topic
 from schemas.chunks import MAX_CHUNK_BYTES, ChunkManifest
@@ -241,7 +242,14 @@ class Channel:
         self._clear_old_chunks(topic, manifest.count)
         head = encode(manifest, max_bytes=self.max_bytes)
         self.transport.publish(topic, head, retain=retain)  # last: its chunks are at the broker already
+        release_free_heap()
         return sent + len(head)
+
+    def clear(self, topic: str) -> None:
+        """Remove what this party left retained on `topic`: the message or manifest first (so nobody starts a
+        fetch), then the chunks this process sent under it. A receiver ignores the empty payloads."""
+        self.transport.publish(topic, b"", retain=True)
+        self._clear_old_chunks(topic, 0)
 
     def _clear_old_chunks(self, topic: str, count: int) -> None:
         """Drop retained chunks an earlier, longer transfer left behind (they would only cost broker RAM)."""
@@ -275,7 +283,9 @@ class Channel:
                          f"gave up on the {m.inner_kind} from {m.sender} (round {m.round}): {outcome.reason}")
             return None
         if isinstance(outcome, Completed):
-            return self._accept_reassembled(outcome)
+            inbound = self._accept_reassembled(outcome)
+            release_free_heap()
+            return inbound
         return None
 
     def _accept_reassembled(self, done: Completed) -> Inbound | None:

@@ -93,7 +93,10 @@ def test_report_and_watch_show_a_finished_run(cli_federation) -> None:
     assert report["traffic"]["bytes_received"] > 0 and report["traffic"]["bytes_sent"] > 0
     out = watch.stdout
     assert "ps/model" in out and "model mlp hash" in out
-    assert out.count("update:") == 4 and "site/va/report" in out
+    assert "site/va/report" in out
+    # Each site removed its retained update once the PS had moved past its round: after the run the broker
+    # holds no model-sized uplink per site (the stored copy stays in the site's state for a resumed PS)
+    assert out.count("update:") == 0
     assert "INVALID" not in out
     assert max(len(line) for line in out.splitlines()) < 300  # summaries, never tensor dumps
 

@@ -177,3 +177,33 @@ def test_control_messages_are_not_queued_behind_a_transfer(federation) -> None:
     assert ps.transport.connects == connects  # the control connection never dropped
     for ch in (site_a, site_b, ps):
         ch.close()
+
+
+def test_a_sender_clears_its_retained_chunked_message(federation, paho_client) -> None:
+    """Channel.clear removes the manifest and every chunk a site left retained (the broker held a whole model
+    for each site until its next update replaced it)."""
+    # Prepare: a 12 MB update, above the 4 MB chunking threshold, retained at the broker
+    run = federation.run_id
+    topic = topics.site_update_topic(run, "site-a")
+    update = m.ClientUpdate(run_id=run, sender="site-a", round=1, base_model_hash="h" * 64,
+                            tensors=_tensors(12 * MiB), n_samples=10, local_steps=1)
+    site = _channel(federation, "site-a")
+    site.send(topic, update)
+    before = _retained_topics(paho_client, federation, topic)
+    # Execute
+    site.clear(topic)
+    after = _retained_topics(paho_client, federation, topic)
+    # Assert: the manifest and its chunks were there, and nothing is left
+    assert topic in before and sum(t.startswith(f"{topic}/chunk/") for t in before) >= 3
+    assert after == []
+    site.close()
+
+
+def _retained_topics(paho_client, federation, topic: str) -> list[str]:
+    """Topics under `topic` (itself and its chunks) with a retained, non-empty message, as the PS can read them."""
+    reader = Inbox(paho_client(federation.settings("ps")))
+    reader.subscribe(topic, f"{topic}/chunk/#")
+    got = sorted(t for t, p in reader.drain(2.0) if p)
+    reader.client.disconnect()
+    reader.client.loop_stop()
+    return got
