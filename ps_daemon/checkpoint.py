@@ -14,7 +14,7 @@ import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import msgpack
 import numpy as np
@@ -24,6 +24,7 @@ from fedmqtt.errors import CheckpointError, SchemaError
 from ps_daemon.state import BestRound, DaemonState, RoundRecord
 from schemas.checkpoint import BEST_FILE_PATTERN, BestRoundRecord, Checkpoint
 from schemas.codec import decode_checkpoint, encode_checkpoint, pack_pieces
+from fedmqtt.strategies.aggregate import release_pages
 from fedmqtt.strategies.base import Manifest, manifest_from_dict
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays
 
@@ -70,7 +71,7 @@ class StoredWeights:
             raise CheckpointError(f"{self.path} is missing or damaged (its SHA-256 does not match the checkpoint's)")
         try:
             record = BestRoundRecord.model_validate(msgpack.unpackb(data, raw=False, max_ext_len=0))
-            return blobs_to_arrays(record.tensors)  # read-only views of `data`
+            return blobs_to_arrays(record.tensors)  # read-only views of the decoded bytes
         except (ValueError, TypeError, msgpack.UnpackException, RecursionError, MemoryError) as exc:
             raise CheckpointError(f"{self.path} is unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
 
@@ -135,12 +136,21 @@ class CheckpointStore:
         self.keep = keep
 
     def save(self, ckpt: Checkpoint) -> Path:
+        return self.save_and_map(ckpt)[0]
+
+    def save_and_map(self, ckpt: Checkpoint) -> tuple[Path, Layout]:
+        """Write `ckpt`; also say where its large model tensors lie in the file (see `open_maps`).
+
+        Why: between rounds the PS needs the current model only for its layout until the next aggregation,
+        and a map whose pages were never read is not in the PS's memory. The runner swaps maps in for the
+        arrays once the model is published (a map outlives the file's later rotation; Linux keeps it)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = write_atomic(self.folder / f"round-{ckpt.round:06d}.ckpt", encode_checkpoint(ckpt))
+        path, layout = write_mapped(self.folder / f"round-{ckpt.round:06d}.ckpt", encode_checkpoint(ckpt),
+                                    ckpt.tensors)
         for old in self._files()[: -self.keep]:
             old.unlink(missing_ok=True)
         self._drop_unreferenced_best_files()
-        return path
+        return path, layout
 
     def spill_best(self, state: DaemonState) -> DaemonState:
         """`state` with its best weights moved to their own file (written once per best round; durable before
@@ -156,6 +166,7 @@ class CheckpointStore:
         for piece in pieces:
             digest.update(piece)
         path = write_atomic(self.folder / f"best-round-{best.round:06d}.msgpack", pieces)
+        drop_read_pages(best.weights)  # maps of an earlier file were read to write this one
         return replace(state, best=replace(best, weights=StoredWeights(path, digest.hexdigest())))
 
     def _drop_unreferenced_best_files(self) -> None:
@@ -206,6 +217,37 @@ class CheckpointStore:
                     continue
             return ckpt
         raise CheckpointError(f"no readable checkpoint in {self.folder}")
+
+
+Layout = dict[str, tuple[int, str, tuple[int, ...]]]  # tensor name -> (file offset, dtype, shape)
+
+
+def write_mapped(path: Path, pieces: list[bytes | memoryview], blobs: tuple[TensorBlob, ...]) -> tuple[Path, Layout]:
+    """Write `pieces` (from `pack_pieces`) atomically and durably; return where in the file each of `blobs` that
+    is a piece of its own (the large ones) lies, for `open_maps`."""
+    offsets, position = {}, 0
+    for piece in pieces:  # all alive together, so their ids are distinct
+        offsets[id(piece)] = position
+        position += len(piece)
+    path = write_atomic(path, pieces)
+    layout = {blob.name: (offsets[id(blob.data)], blob.dtype, tuple(blob.shape)) for blob in blobs
+              if id(blob.data) in offsets and blob.dtype != "bfloat16" and blob.nbytes > 0}
+    return path, layout
+
+
+def open_maps(path: Path, layout: Layout) -> dict[str, np.ndarray]:
+    """Read-only maps of the tensors `write_mapped` placed in `path`. A map whose pages were never read is not
+    in the process's memory; fresh maps drop the pages earlier maps had read."""
+    return {name: np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=offset, shape=shape)
+            for name, (offset, dtype, shape) in layout.items()}
+
+
+def drop_read_pages(weights: Mapping[str, np.ndarray]) -> None:
+    """Take the pages read through maps among `weights` out of this process's memory now, whoever else still
+    holds the maps (they stay valid; a later read faults the pages back in from the page cache)."""
+    for array in weights.values():
+        if isinstance(array, np.memmap):
+            release_pages(array.reshape(-1), 0, array.size)
 
 
 def _best_file_named_by(path: Path) -> str | None:

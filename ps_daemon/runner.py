@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -24,7 +25,8 @@ from fedmqtt.transport.channel import BridgeState, Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
 from ps_daemon import effects as fx
 from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
-from ps_daemon.checkpoint import CheckpointStore, best_weights, checkpoint_to_state, state_to_checkpoint
+from ps_daemon.checkpoint import (CheckpointStore, Layout, best_weights, checkpoint_to_state, drop_read_pages,
+                                  open_maps, state_to_checkpoint, write_mapped)
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.machine import Machine
@@ -32,9 +34,9 @@ from ps_daemon.report import build_report, per_site_csv, render_markdown
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState
 from fedmqtt.strategies import SiteUpdate, build_strategy
-from fedmqtt.strategies.base import manifest_from_dict
+from fedmqtt.strategies.base import Weights, manifest_from_dict
 from schemas import messages as m
-from schemas.codec import encode
+from schemas.codec import encode, pack_pieces
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 
 log = logging.getLogger("fedmqtt.ps")
@@ -111,6 +113,7 @@ class DaemonRunner:
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
         self.machine = Machine(config, build_strategy(config.algorithm, config.strategy_params()), hash_weights)
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
+        self._model_file: tuple[Weights, Path, Layout] | None = None  # see _map_weights
         self.spool = UpdateSpool(config.out_dir / "spool")
         self.resume = resume
         self.force = force
@@ -160,7 +163,13 @@ class DaemonRunner:
             extras["pretrained"] = load_file(str(self.config.pretrained))
         session = secrets.token_hex(8)
         log.info("run %s: new session %s", self.config.run_id, session)
-        return self.machine.initial_state(weights, manifest_from_dict(manifest), extras, session=session)
+        state = self.machine.initial_state(weights, manifest_from_dict(manifest), extras, session=session)
+        blobs = arrays_to_blobs(state.weights)  # the initial model's file, for _map_weights (not a checkpoint)
+        (self.config.out_dir / "initial").mkdir(parents=True, exist_ok=True)
+        path, layout = write_mapped(self.config.out_dir / "initial" / "weights.msgpack",
+                                    pack_pieces({"tensors": [b.model_dump(mode="python") for b in blobs]}), blobs)
+        self._model_file = (state.weights, path, layout)
+        return state
 
     def _status_msg(self, state: str, round_no: int = 0, **kw: Any) -> m.DaemonStatus:
         c = self.config
@@ -411,6 +420,21 @@ class DaemonRunner:
             self._run_effect(effects.pop())
         if saved:
             self.spool.drop_before(self.state.round)
+        self._map_weights()
+
+    def _map_weights(self) -> None:
+        """Once the model is published, hold its large tensors as fresh read-only maps of the file that has them
+        (the newest checkpoint; before round 1 closes, the initial model's file): until the next aggregation
+        only their layout is needed, and unread pages cost the PS no memory while the next updates arrive."""
+        if self._model_file is None:
+            return
+        weights, path, layout = self._model_file
+        if self.state.weights is not weights:  # the state moved on without a file for its model (none yet)
+            return
+        drop_read_pages(weights)  # the publish read them
+        mapped = {**weights, **open_maps(path, layout)}
+        self.state = replace(self.state, weights=mapped)
+        self._model_file = (mapped, path, layout)
 
     def _run_effect(self, effect: fx.Effect) -> None:
         c, ch = self.config, self.channel
@@ -418,7 +442,9 @@ class DaemonRunner:
             state = self.store.spill_best(effect.state)
             if self.state.best is effect.state.best:  # keep only the file's name in memory from now on
                 self.state = replace(self.state, best=state.best)
-            self.store.save(state_to_checkpoint(state, run_id=c.run_id, config_hash=c.config_hash()))
+            path, layout = self.store.save_and_map(state_to_checkpoint(state, run_id=c.run_id,
+                                                                       config_hash=c.config_hash()))
+            self._model_file = (state.weights, path, layout)
             crash_point("after_checkpoint", effect.state.round - 1)
         elif isinstance(effect, fx.PublishModel):
             msg = m.GlobalModel(run_id=c.run_id, sender=PS, round=effect.round, model=c.model,
@@ -480,6 +506,7 @@ class DaemonRunner:
         final = {**state.weights, **state.extras.get("eval", {})}  # FedDyn's deployed model is theta_avg
         # safetensors writes straight from each array's memory: contiguous arrays are not copied first
         save_file({k: np.require(v, requirements="C") for k, v in final.items()}, models["final"])
+        drop_read_pages(final)  # read through maps of the newest checkpoint; the best model is loaded next
         if state.best is not None:
             models["best"] = str(out / "best_model.safetensors")
             save_file({k: np.require(v, requirements="C") for k, v in best_weights(state.best).items()}, models["best"])

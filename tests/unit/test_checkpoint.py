@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from fedmqtt.errors import CheckpointError
 from fedmqtt.strategies import FedAvg, SiteUpdate
 from ps_daemon import effects as fx
-from ps_daemon.checkpoint import (CheckpointStore, StoredWeights, best_weights, checkpoint_to_state,
+from ps_daemon.checkpoint import (CheckpointStore, StoredWeights, best_weights, checkpoint_to_state, open_maps,
                                    state_to_checkpoint)
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline, UpdateReceived
@@ -290,3 +291,21 @@ def test_a_checkpoint_naming_a_best_file_needs_its_folder(tmp_path: Path) -> Non
         _spill_and_save(store, machine, state)
     with pytest.raises(CheckpointError, match="no folder"):
         checkpoint_to_state(store.load_latest(run_id=RUN, config_hash=machine.config.config_hash()))
+
+
+def test_save_and_map_gives_read_only_maps_of_the_written_tensors(tmp_path: Path) -> None:
+    """The large tensors come back as maps of the checkpoint file at the right offsets (the PS swaps them in for
+    its arrays after publishing); small ones, packed inside the file's structure, are not mapped."""
+    machine = _machine()
+    state = _states_after_rounds(machine, 1)[-1]
+    big = {**state.weights, "big.weight": np.arange(50_000, dtype=np.float32).reshape(100, 500)}
+    state = replace(state, weights=big)
+    store = CheckpointStore(tmp_path)
+    path, layout = store.save_and_map(_checkpoint(machine, state))
+    mapped = open_maps(path, layout)
+    assert set(mapped) == {"big.weight"}
+    view = mapped["big.weight"]
+    assert isinstance(view, np.memmap) and not view.flags.writeable and Path(view.filename) == path.resolve()
+    _assert_weights_identical({"big.weight": np.asarray(view)}, {"big.weight": big["big.weight"]})
+    restored = checkpoint_to_state(store.load_latest(run_id=RUN, config_hash=machine.config.config_hash()), tmp_path)
+    _assert_weights_identical(restored.weights, big)

@@ -48,3 +48,21 @@ def test_summing_spooled_updates_is_exact_and_releases_their_pages(tmp_path: Pat
     # as it is written) and 16 MB of scratch, not the 288 MB read from the spool
     assert np.array_equal(got, expected.astype(np.float32))
     assert peak - before < 96 + 16 + 40, f"peak {peak - before:.0f} MB above the start"
+
+
+def test_dropping_read_pages_of_maps_frees_them_while_the_maps_live(tmp_path: Path) -> None:
+    """The PS holds its current model as maps of the newest checkpoint: after a publish has read them, their
+    pages leave its resident memory although the maps stay in use."""
+    from ps_daemon.checkpoint import drop_read_pages
+
+    path = tmp_path / "model.bin"
+    np.arange(30_000_000, dtype=np.float32).tofile(path)  # 120 MB
+    weights = {"w": np.memmap(path, dtype="<f4", mode="r", offset=4, shape=(29_000_000,)),
+               "small": np.ones(3, np.float32)}
+    before = _status_mb("RssFile")
+    assert float(weights["w"].sum(dtype=np.float64)) > 0  # reads every page
+    read = _status_mb("RssFile")
+    drop_read_pages(weights)
+    after = _status_mb("RssFile")
+    assert read - before > 100 and after - before < 10
+    assert weights["w"][-1] == 29_000_000  # still valid: faults back in from the page cache
