@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, replace
@@ -240,6 +242,38 @@ def open_maps(path: Path, layout: Layout) -> dict[str, np.ndarray]:
     in the process's memory; fresh maps drop the pages earlier maps had read."""
     return {name: np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=offset, shape=shape)
             for name, (offset, dtype, shape) in layout.items()}
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
+                       "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the format's own limit
+
+
+def safetensors_layout(path: Path) -> Layout | None:
+    """Where each tensor of a safetensors file lies, for `open_maps`; None when one cannot be mapped (bfloat16,
+    empty) or the header does not describe the file exactly. The safetensors library reads into new arrays
+    and has no way to map them; its format is a length, a JSON header and the raw little-endian bytes."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            length = int.from_bytes(fh.read(8), "little")
+            if not 0 < length <= min(_MAX_SAFETENSORS_HEADER, size - 8):
+                return None
+            header = json.loads(fh.read(length))
+        layout: Layout = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            dtype, shape = _SAFETENSORS_DTYPES.get(entry["dtype"]), tuple(int(d) for d in entry["shape"])
+            start, end = (int(x) for x in entry["data_offsets"])
+            if dtype is None or start < 0 or end > size - 8 - length or min(shape, default=1) < 0 \
+                    or end - start != math.prod(shape) * np.dtype(dtype).itemsize or end == start:
+                return None
+            layout[name] = (8 + length + start, dtype, shape)
+        return layout
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("%s: cannot map it (%s); loading it instead", path, exc)
+        return None
 
 
 def drop_read_pages(weights: Mapping[str, np.ndarray]) -> None:

@@ -26,7 +26,7 @@ from fedmqtt.transport.mqtt import MqttTransport
 from ps_daemon import effects as fx
 from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
 from ps_daemon.checkpoint import (CheckpointStore, Layout, best_weights, checkpoint_to_state, drop_read_pages,
-                                  open_maps, state_to_checkpoint, write_mapped)
+                                  open_maps, safetensors_layout, state_to_checkpoint)
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.machine import Machine
@@ -36,7 +36,7 @@ from ps_daemon.state import DaemonState
 from fedmqtt.strategies import SiteUpdate, build_strategy
 from fedmqtt.strategies.base import Weights, manifest_from_dict
 from schemas import messages as m
-from schemas.codec import encode, pack_pieces
+from schemas.codec import encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 
 log = logging.getLogger("fedmqtt.ps")
@@ -77,7 +77,10 @@ def initial_model(config: DaemonConfig) -> tuple[dict, dict]:
     if done.returncode != 0:
         raise SystemExit(f"could not initialise model {config.model.name!r} (needs torch: fedmqtt[site]):\n"
                          f"{done.stderr[-2000:]}")
-    return load_file(str(out / "weights.safetensors")), json.loads((out / "manifest.json").read_text())
+    path = out / "weights.safetensors"
+    layout = safetensors_layout(path)  # read-only maps: the weights take no memory until a publish reads them
+    weights = open_maps(path, layout) if layout is not None else load_file(str(path))
+    return weights, json.loads((out / "manifest.json").read_text())
 
 
 def _as_tuple(values: list[float] | None) -> tuple[float, ...] | None:
@@ -113,7 +116,7 @@ class DaemonRunner:
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
         self.machine = Machine(config, build_strategy(config.algorithm, config.strategy_params()), hash_weights)
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
-        self._model_file: tuple[Weights, Path, Layout] | None = None  # see _map_weights
+        self._model_file: tuple[Weights, Path, Layout] | None = None  # the newest checkpoint's; see _map_weights
         self.spool = UpdateSpool(config.out_dir / "spool")
         self.resume = resume
         self.force = force
@@ -164,11 +167,6 @@ class DaemonRunner:
         session = secrets.token_hex(8)
         log.info("run %s: new session %s", self.config.run_id, session)
         state = self.machine.initial_state(weights, manifest_from_dict(manifest), extras, session=session)
-        blobs = arrays_to_blobs(state.weights)  # the initial model's file, for _map_weights (not a checkpoint)
-        (self.config.out_dir / "initial").mkdir(parents=True, exist_ok=True)
-        path, layout = write_mapped(self.config.out_dir / "initial" / "weights.msgpack",
-                                    pack_pieces({"tensors": [b.model_dump(mode="python") for b in blobs]}), blobs)
-        self._model_file = (state.weights, path, layout)
         return state
 
     def _status_msg(self, state: str, round_no: int = 0, **kw: Any) -> m.DaemonStatus:
@@ -415,26 +413,25 @@ class DaemonRunner:
         too, as the best round's weights, until they are in their file), which must not stay alive while the
         next model is encoded and published."""
         saved = any(isinstance(e, fx.SaveCheckpoint) for e in effects)
+        kinds = [type(e) for e in effects]  # not the effects: each is released once it has run
         effects.reverse()
         while effects:
             self._run_effect(effects.pop())
         if saved:
             self.spool.drop_before(self.state.round)
-        self._map_weights()
+        if any(k in (fx.PublishModel, fx.SaveCheckpoint, fx.Finish) for k in kinds):
+            self._map_weights()
 
     def _map_weights(self) -> None:
-        """Once the model is published, hold its large tensors as fresh read-only maps of the file that has them
-        (the newest checkpoint; before round 1 closes, the initial model's file): until the next aggregation
-        only their layout is needed, and unread pages cost the PS no memory while the next updates arrive."""
-        if self._model_file is None:
-            return
-        weights, path, layout = self._model_file
-        if self.state.weights is not weights:  # the state moved on without a file for its model (none yet)
-            return
-        drop_read_pages(weights)  # the publish read them
-        mapped = {**weights, **open_maps(path, layout)}
-        self.state = replace(self.state, weights=mapped)
-        self._model_file = (mapped, path, layout)
+        """After a checkpoint, hold the model's large tensors as read-only maps of it; after any read of maps (a
+        publish, a checkpoint, the final save), drop the pages read. Until the next aggregation only the model's
+        layout is needed, and unread pages cost the PS no memory while the next updates arrive."""
+        if self._model_file is not None:
+            weights, path, layout = self._model_file
+            self._model_file = None
+            if all(self.state.weights.get(name) is weights.get(name) for name in layout):
+                self.state = replace(self.state, weights={**self.state.weights, **open_maps(path, layout)})
+        drop_read_pages(self.state.weights)
 
     def _run_effect(self, effect: fx.Effect) -> None:
         c, ch = self.config, self.channel

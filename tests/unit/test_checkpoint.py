@@ -309,3 +309,24 @@ def test_save_and_map_gives_read_only_maps_of_the_written_tensors(tmp_path: Path
     _assert_weights_identical({"big.weight": np.asarray(view)}, {"big.weight": big["big.weight"]})
     restored = checkpoint_to_state(store.load_latest(run_id=RUN, config_hash=machine.config.config_hash()), tmp_path)
     _assert_weights_identical(restored.weights, big)
+
+
+def test_safetensors_files_are_mapped_exactly_or_not_at_all(tmp_path: Path) -> None:
+    """The round-1 model (written by the init child process) is mapped, not loaded; a header that does not
+    describe the file, or a tensor that cannot be mapped, means loading it instead (None)."""
+    from safetensors.numpy import save_file
+
+    from ps_daemon.checkpoint import safetensors_layout
+
+    weights = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "n": np.array(7, np.int64)}
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    maps = open_maps(tmp_path / "w.safetensors", safetensors_layout(tmp_path / "w.safetensors"))
+    _assert_weights_identical({k: np.asarray(v) for k, v in maps.items()}, weights)
+    assert not any(v.flags.writeable for v in maps.values())
+    save_file({"e": np.zeros((0, 3), np.float32)}, str(tmp_path / "empty.safetensors"))
+    assert safetensors_layout(tmp_path / "empty.safetensors") is None
+    data = (tmp_path / "w.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-4])  # the header promises more bytes than there are
+    assert safetensors_layout(tmp_path / "cut.safetensors") is None
+    (tmp_path / "huge.safetensors").write_bytes((1 << 40).to_bytes(8, "little") + data[8:])
+    assert safetensors_layout(tmp_path / "huge.safetensors") is None
