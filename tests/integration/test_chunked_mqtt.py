@@ -140,13 +140,19 @@ def test_tampered_chunk_is_detected_and_the_resent_update_accepted(federation, p
 
 
 def _retained(paho_client, federation, topic: str) -> bytes:
-    reader = Inbox(paho_client(federation.settings("ps")))
-    reader.subscribe(topic)
-    got = [p for t, p in reader.drain(2.0) if t == topic]
-    reader.client.disconnect()  # free the "ps" login (client id = user name) for the PS channel opened next
-    reader.client.loop_stop()
+    got = [p for t, p in _retained_messages(paho_client, federation, topic) if t == topic]
     assert got, f"nothing retained on {topic}"
     return got[0]
+
+
+def _retained_messages(paho_client, federation, *filters: str) -> list[tuple[str, bytes]]:
+    """What is retained under `filters`, as the PS can read it."""
+    reader = Inbox(paho_client(federation.settings("ps")))
+    reader.subscribe(*filters)
+    got = reader.drain(2.0)
+    reader.client.disconnect()  # free the "ps" login (client id = user name) for the PS channel opened next
+    reader.client.loop_stop()
+    return got
 
 
 def test_control_messages_are_not_queued_behind_a_transfer(federation) -> None:
@@ -200,10 +206,5 @@ def test_a_sender_clears_its_retained_chunked_message(federation, paho_client) -
 
 
 def _retained_topics(paho_client, federation, topic: str) -> list[str]:
-    """Topics under `topic` (itself and its chunks) with a retained, non-empty message, as the PS can read them."""
-    reader = Inbox(paho_client(federation.settings("ps")))
-    reader.subscribe(topic, f"{topic}/chunk/#")
-    got = sorted(t for t, p in reader.drain(2.0) if p)
-    reader.client.disconnect()
-    reader.client.loop_stop()
-    return got
+    """Topics under `topic` (itself and its chunks) with a retained, non-empty message."""
+    return sorted(t for t, p in _retained_messages(paho_client, federation, topic, f"{topic}/chunk/#") if p)
