@@ -78,6 +78,8 @@ class DaemonConfig(BaseModel):
                                   "loss, mae, mape, mse and msle are minimised, the rest maximised")
     out_dir: Path = Field(default=Path("runs/ps"), description="where checkpoints, logs and the run report go")
     keep_checkpoints: int = Field(default=3, ge=1, description="checkpoints kept on disk (the newest ones)")
+    upload_turns: int = Field(default=2, ge=1, le=1024, description="large (chunked) updates the sites may put on "
+                              "the broker at once; the broker holds the model plus at most this many updates")
     model: ModelSpec = Field(description="the model every site trains")
     train: TrainSettings = Field(default=TrainSettings(), description="local-training settings sent with each "
                                  "task")
@@ -141,7 +143,8 @@ class DaemonConfig(BaseModel):
 
     def config_hash(self) -> str:
         """What must not change across `--resume` (the broker, credentials and out_dir may)."""
-        keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints", "pretrained"})
+        keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints", "pretrained",
+                                                      "upload_turns"})
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def broker_settings(self) -> BrokerSettings:

@@ -33,6 +33,7 @@ from ps_daemon.machine import Machine
 from ps_daemon.report import build_report, per_site_csv, render_markdown
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState
+from ps_daemon.turns import UploadTurns
 from fedmqtt.strategies import SiteUpdate, build_strategy
 from fedmqtt.strategies.base import Weights, manifest_from_dict
 from schemas import messages as m
@@ -118,6 +119,8 @@ class DaemonRunner:
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
         self._model_file: tuple[Weights, Path, Layout] | None = None  # the newest checkpoint's; see _map_weights
         self.spool = UpdateSpool(config.out_dir / "spool")
+        # Grant numbers start at this start's time in ms: a resumed PS never repeats one a site has answered.
+        self.turns = UploadTurns(config.upload_turns, first_grant=time.time_ns() // 1_000_000)
         self.resume = resume
         self.force = force
         self.rejections: dict[str, Counter[str]] = {}  # site -> reason -> count, refused by the PS itself
@@ -222,6 +225,7 @@ class DaemonRunner:
             if event is not None:
                 self._step(event, site, topic)
         self._apply(Tick(time.time()))
+        self._grant_turns()
         self._send_held_status()
         self._refresh_status()
         self._remind()
@@ -299,8 +303,25 @@ class DaemonRunner:
             self._send_status(self._held_status)
 
     def _send_status(self, msg: m.DaemonStatus) -> None:
+        msg = msg.model_copy(update={"upload_turns": self.turns.view()})
         self.channel.send(topics.ps_status_topic(self.config.run_id), msg)
         self._last_status, self._held_status, self._status_sent_at = msg, None, time.monotonic()
+
+    def _grant_turns(self) -> None:
+        """Hand free upload turns to ready sites; a change goes out on ps/status at once (sites wait for it)."""
+        s = self.state
+        wanted = [x for x in s.selected if x not in s.updates] if s.phase == "training" else []
+        run = self.config.run_id
+        fetcher = self.channel.fetcher
+        if not self.turns.update(time.time(), round_no=s.round, wanted=wanted,
+                                 uploading=lambda site: fetcher.holds(topics.site_update_topic(run, site))):
+            return
+        base = self._held_status or self._last_status
+        if base is not None:
+            self._send_status(base.model_copy(update={"sent_at": time.time()}))
+        if self.turns.granted:
+            log.info("round %d: upload turns %s; waiting for a turn: %s", s.round, ", ".join(self.turns.view()),
+                     ", ".join(self.turns.waiting()) or "nobody")
 
     def _refresh_status(self) -> None:
         """Publish new rejection counts (at most every STATUS_REFRESH_S), so operators see who sends what."""
@@ -354,7 +375,10 @@ class DaemonRunner:
             return SiteOffline(site, now)
         if isinstance(msg, m.SiteStatus):
             if msg.state == "offline":
+                self.turns.forget(site)
                 return SiteOffline(site, now)
+            if msg.state == "update_ready":
+                self.turns.announce(site, msg.round, msg.update_bytes, now)
             if msg.state == "error":
                 log.warning("site %s reports an error: %s", site, msg.detail[:500])
             if msg.label_histogram is not None and (why := histogram_rejection(msg.label_histogram)):
@@ -362,6 +386,7 @@ class DaemonRunner:
                 return None
             return SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)))
         if isinstance(msg, m.ClientUpdate):
+            self.turns.forget(site)  # accepted or refused, its turn is over
             why = update_rejection(self.machine, self.state, site, msg)
             if why is not None:  # judged before anything is stored: first wins, nothing on disk for other rounds
                 self._refuse(site, _category(why), f"update for round {msg.round}: {why}")
@@ -382,6 +407,9 @@ class DaemonRunner:
                 self.usage.setdefault(msg.round, {})[site] = msg.usage.model_dump()
             self.update_bytes.setdefault(msg.round, {})[site] = inbound.size
             tensors = self.spool.put(msg.round, site, msg.tensors)  # accepted: stored atomically, message dropped
+            if inbound.chunks:  # it came in an upload turn: the site keeps it on disk and answers a new turn
+                self.channel.clear_received(topics.site_update_topic(self.config.run_id, site), inbound.chunks)
+                crash_point("after_update_cleared", msg.round)
             update = SiteUpdate(site, tensors, msg.n_samples, msg.local_steps, extras)
             return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
                                   msg.val_metrics, msg.undefined)

@@ -184,7 +184,9 @@ class SiteStatus(Header):
     """`site/<site>/status` (retained; also the Last Will with state 'offline'). JSON on the wire."""
 
     kind: Literal["site_status"] = "site_status"
-    state: Literal["online", "training", "evaluating", "offline", "error"]
+    # update_ready: the round's update (`round` above) is stored and too large for one message; the site waits
+    # for an upload turn in ps/status before putting it on the broker (docs/protocol.md, "Upload turns").
+    state: Literal["online", "training", "update_ready", "evaluating", "offline", "error"]
     device: Label = "cpu"
     n_train: Count = 0
     n_val: Count = 0
@@ -192,6 +194,7 @@ class SiteStatus(Header):
     label_histogram: LabelHistogram | None = None
     detail: Detail = ""
     version: Annotated[str, Field(max_length=64)] = ""
+    update_bytes: Count = 0  # with update_ready: the encoded update's size
 
 
 class DaemonStatus(Header):
@@ -213,6 +216,9 @@ class DaemonStatus(Header):
     # Messages the PS refused, per sending site and reason (bounded: the top reasons per site only).
     rejected: Annotated[dict[Name, Annotated[dict[Name, Count], Field(max_length=64)]],
                         Field(max_length=MAX_SITES)] = Field(default_factory=dict)
+    # Sites whose large update of this round the PS takes now, each with its grant number: a site in
+    # update_ready uploads once per new grant number (a resumed PS grants again what it no longer holds).
+    upload_turns: Annotated[dict[SiteName, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
 
 
 class RoundMetrics(Header):

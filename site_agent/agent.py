@@ -11,6 +11,7 @@ import shutil
 import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -39,6 +40,16 @@ Task = m.TrainTask | m.EvalTask
 REMIND_S = 30.0  # a waiting site says what it waits for at least this often
 
 
+@dataclass(frozen=True)
+class ReadyUpdate:
+    """A stored update too large for one message, waiting for (or sent in) an upload turn of the PS."""
+
+    session: str
+    round: int
+    model_hash: str
+    nbytes: int
+
+
 class SiteAgent:
     def __init__(self, config: SiteConfig, *, transport_factory: Callable[..., Any] | None = None) -> None:
         self.config = config
@@ -59,6 +70,9 @@ class SiteAgent:
         self._reminded_at = time.monotonic()
         self._last_work = "no task yet"
         self._retained_update: tuple[str, int] | None = None  # (session, round) of our update at the broker
+        self._ready: ReadyUpdate | None = None  # announced as update_ready; see _take_turn
+        self._answered_grant: int | None = None  # the upload turn we last used
+        self._ps_status: m.DaemonStatus | None = None
 
     def _load_trainer(self) -> None:
         """Import torch and the training code on a worker thread: the agent is online (and receiving the
@@ -108,12 +122,20 @@ class SiteAgent:
         self.session = session
         log.info("joined run %s, session %s", c.run_id, session)
 
-    def _status(self, state: str, detail: str = "") -> m.SiteStatus:
+    def _status(self, state: str, detail: str = "", *, round_no: int = 0, update_bytes: int = 0) -> m.SiteStatus:
         c, d = self.config, self.data
         hist = label_histogram(d.task.kind, d.y_train, d.task.n_outputs) if c.share_label_histogram else None
-        return m.SiteStatus(run_id=c.run_id, sender=c.site_id, round=0, state=state, device=self.device,
+        return m.SiteStatus(run_id=c.run_id, sender=c.site_id, round=round_no, state=state, device=self.device,
                             n_train=d.n_train, n_val=d.n_val, n_test=d.n_test, label_histogram=hist,
-                            detail=detail, version=__version__)
+                            detail=detail, version=__version__, update_bytes=update_bytes)
+
+    def _current_status(self) -> m.SiteStatus:
+        """What this site is now: waiting to upload (or uploaded) a large update, else online."""
+        ready = self._ready
+        if ready is None:
+            return self._status("online")
+        return self._status("update_ready", f"round {ready.round}: update of {ready.nbytes} bytes stored",
+                            round_no=ready.round, update_bytes=ready.nbytes)
 
     def start(self) -> None:
         """Connect (with an 'offline' Last Will), subscribe to the model, our task and the PS status."""
@@ -149,6 +171,10 @@ class SiteAgent:
         if not self.channel.transport.connected:
             s = self.channel.transport.settings
             log.info("waiting for the broker at %s:%s (reconnecting by itself)", s.host, s.port)
+        elif self._ready is not None and self._answered_grant is None:
+            turns = self._ps_status.upload_turns if self._ps_status is not None else {}
+            log.info("round %d: update stored; waiting for an upload turn from the PS (now uploading: %s)",
+                     self._ready.round, ", ".join(turns) or "nobody")
         elif self.task is not None:
             log.info("round %d %s received; waiting for its model %s from the PS (PS: %s)", self.task.round,
                      self.task.kind, self.task.model_hash[:12], self.ps_state)
@@ -180,7 +206,7 @@ class SiteAgent:
         # After a network loss the broker published our Will ("offline"); say we are back.
         if self.channel.transport.connects != self._seen_connects:
             self._seen_connects = self.channel.transport.connects
-            self.channel.send(status_topic, self._status("online"))
+            self.channel.send(status_topic, self._current_status())
 
     def _on_message(self, msg: object) -> None:
         if isinstance(msg, m.GlobalModel):
@@ -191,6 +217,8 @@ class SiteAgent:
             self.models = {k: v for k, v in self.models.items() if v.session == msg.session and v.round >= msg.round - 1}
             self.models[(msg.session, msg.model_hash)] = msg
             self._clear_answered_update(msg)
+            if self._ready is not None and (msg.session != self._ready.session or msg.round > self._ready.round):
+                self._ready = None  # the PS closed that round
         elif isinstance(msg, m.RecruitmentResult):
             log.info("recruitment: %s", msg.detail)
             self.channel.send(self.status_topic, self._status("online", msg.detail))
@@ -203,6 +231,8 @@ class SiteAgent:
             self.ps_state = f"{msg.state}, round {msg.round}"
             if msg.detail:
                 log.info("PS: %s (round %d) %s", msg.state, msg.round, msg.detail[:300])
+            self._ps_status = msg
+            self._take_turn()
 
     def _clear_answered_update(self, model: m.GlobalModel) -> None:
         """A model of a later round means the PS closed ours and checkpointed before publishing it: our update is
@@ -265,12 +295,10 @@ class SiteAgent:
 
     def _train(self, task: m.TrainTask, model: m.GlobalModel) -> None:
         c = self.config
-        topic = topics.site_update_topic(c.run_id, c.site_id)
         stored = self.store.load("update", task.round, task.model_hash)
         if stored is not None:  # trained before a restart: re-send, never train twice
             log.info("round %d: re-publishing the stored update", task.round)
-            self.channel.send(topic, decode(stored, max_bytes=self.channel.max_bytes), payload=stored)
-            self._retained_update = (task.session, task.round)
+            self._offer_update(task, stored, None)
             return
         self.local.resolve(task.accepted_round, task.round)
         self.best.promote(task.best_round)
@@ -296,12 +324,47 @@ class SiteAgent:
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
-        crash_point("site_before_publish", task.round)
-        self.channel.send(topic, update, payload=payload)
-        self._retained_update = (task.session, task.round)
-        crash_point("site_after_publish", task.round)
+        self._offer_update(task, payload, update)
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
+
+    def _offer_update(self, task: m.TrainTask, payload: bytes, update: m.ClientUpdate | None) -> None:
+        """Publish a small update now; announce a large (chunked) one and send it in the PS's upload turn, so the
+        broker never holds more large updates than the PS has turns (ps_daemon/turns.py)."""
+        if len(payload) <= self.channel.transport.settings.chunk_threshold_bytes:
+            self._publish_update(task.session, task.round, payload, update)
+            return
+        self._ready = ReadyUpdate(task.session, task.round, task.model_hash, len(payload))
+        self._answered_grant = None
+        self.channel.send(self.status_topic, self._current_status())
+        log.info("round %d: update of %.1f MB stored; waiting for an upload turn from the PS", task.round,
+                 len(payload) / 1e6)
+        self._take_turn()
+
+    def _take_turn(self) -> None:
+        """Upload the ready update when the newest ps/status grants this site a turn it has not used yet."""
+        ready, status = self._ready, self._ps_status
+        if ready is None or status is None or (status.session, status.round) != (ready.session, ready.round):
+            return
+        grant = status.upload_turns.get(self.config.site_id)
+        if grant is None or grant == self._answered_grant:
+            return
+        payload = self.store.load("update", ready.round, ready.model_hash)
+        if payload is None:
+            log.warning("round %d: upload turn, but the stored update is gone; the PS will ask again", ready.round)
+            self._ready = None
+            return
+        self._answered_grant = grant
+        log.info("round %d: upload turn %d: sending the update", ready.round, grant)
+        self._publish_update(ready.session, ready.round, payload, None)
+
+    def _publish_update(self, session: str, round_no: int, payload: bytes, update: m.ClientUpdate | None) -> None:
+        c = self.config
+        message = update if update is not None else decode(payload, max_bytes=self.channel.max_bytes)
+        crash_point("site_before_publish", round_no)
+        self.channel.send(topics.site_update_topic(c.run_id, c.site_id), message, payload=payload)
+        self._retained_update = (session, round_no)
+        crash_point("site_after_publish", round_no)
 
     def _histogram(self, task: m.TrainTask) -> dict[str, int] | None:
         """Label counts leave the site only if its egress policy allows it; FedDkw cannot run without."""

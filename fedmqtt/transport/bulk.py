@@ -178,6 +178,10 @@ class Fetcher:
             self._start_next()
         return None
 
+    def holds(self, topic: str) -> bool:
+        """A transfer for `topic` is queued or under way."""
+        return topic in self.pending or (self.active is not None and self.active.topic == topic)
+
     @property
     def busy(self) -> bool:
         return self.active is not None or bool(self.pending)

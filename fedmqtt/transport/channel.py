@@ -98,6 +98,7 @@ class Inbound:
     message: object
     size: int
     retained: bool
+    chunks: int = 0  # the chunks it came in (0: one message); a receiver that clears it needs the count
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,12 @@ class Channel:
         self.transport.publish(topic, b"", retain=True)
         self._clear_old_chunks(topic, 0)
 
+    def clear_received(self, topic: str, chunks: int) -> None:
+        """Remove another party's chunked message from the broker once we hold it (the PS, for an accepted update:
+        it needs the sender's topics writable, which the ACL grants the PS for the whole run)."""
+        self.transport.publish(topic, b"", retain=True)
+        self.bulk.publish_many((chunk_topic(topic, i), b"") for i in range(chunks))
+
     def _clear_old_chunks(self, topic: str, count: int) -> None:
         """Drop retained chunks an earlier, longer transfer left behind (they would only cost broker RAM)."""
         before = self._chunks_sent.get(topic, 0)
@@ -302,7 +309,7 @@ class Channel:
             category = MISMATCH if rejection_category(exc) == WRONG_TOPIC else rejection_category(exc)
             self._reject(done.topic, category, f"chunked message: {exc}")
             return None
-        return self._deliver(parsed, message, len(done.payload), False)
+        return self._deliver(parsed, message, len(done.payload), False, chunks=m.count)
 
     def _bridge_state(self, raw: RawMessage) -> Inbound | None:
         site = topic_owner(raw.topic)
@@ -369,11 +376,12 @@ class Channel:
                 return
         self._report(self.fetcher.offer(topic, manifest))
 
-    def _deliver(self, parsed: ParsedTopic, message: Any, size: int, retained: bool) -> Inbound | None:
+    def _deliver(self, parsed: ParsedTopic, message: Any, size: int, retained: bool, *,
+                 chunks: int = 0) -> Inbound | None:
         if getattr(message, "kind") in _STATE_KINDS:
             # Statuses are idempotent state, and a Last Will re-fires with the same bytes (and id)
             # after every network loss: de-duplicating them would hide the second outage.
-            return Inbound(parsed, message, size, retained)
+            return Inbound(parsed, message, size, retained, chunks)
         owner = PS_SENDER if parsed.role == "ps" else str(parsed.site_id)
         seen = self._seen.get(owner)
         if seen is None:
@@ -386,4 +394,4 @@ class Channel:
         seen[message.msg_id] = None
         if len(seen) > self._dedupe_window:
             seen.popitem(last=False)
-        return Inbound(parsed, message, size, retained)
+        return Inbound(parsed, message, size, retained, chunks)

@@ -1,0 +1,71 @@
+"""UploadTurns: at most `slots` large uploads at once, oldest announcement first, unused turns taken back."""
+
+from __future__ import annotations
+
+from ps_daemon.turns import UploadTurns
+
+SITES = ("a", "b", "c", "d")
+
+
+def _update(turns: UploadTurns, now: float, *, wanted=SITES, round_no: int = 1, uploading=()) -> bool:
+    return turns.update(now, round_no=round_no, wanted=wanted, uploading=lambda site: site in uploading)
+
+
+def test_turns_go_to_the_oldest_announcements_and_never_exceed_the_slots() -> None:
+    turns = UploadTurns(2, first_grant=100)
+    for t, site in enumerate(("c", "a", "d")):
+        turns.announce(site, 1, 10, float(t))
+    assert _update(turns, 5.0)
+    assert turns.view() == {"a": 101, "c": 100}
+    assert turns.waiting() == ["d"]
+    assert not _update(turns, 6.0)  # nothing changed: ps/status need not be sent again
+    turns.forget("c")  # its update arrived
+    assert _update(turns, 7.0)
+    assert turns.view() == {"a": 101, "d": 102}
+
+
+def test_a_repeated_announcement_keeps_its_place_and_its_turn() -> None:
+    turns = UploadTurns(1)
+    turns.announce("a", 1, 10, 0.0)
+    turns.announce("b", 1, 10, 1.0)
+    _update(turns, 2.0)
+    turns.announce("a", 1, 10, 3.0)
+    assert not _update(turns, 3.0)
+    assert turns.view() == {"a": 1}
+
+
+def test_what_the_round_no_longer_needs_is_dropped() -> None:
+    turns = UploadTurns(4)
+    turns.announce("a", 1, 10, 0.0)
+    turns.announce("b", 0, 10, 0.0)  # a round that has closed
+    turns.announce("c", 1, 10, 0.0)  # not selected, or its update arrived
+    _update(turns, 1.0, wanted=("a", "b"))
+    assert turns.view() == {"a": 1}
+    assert turns.waiting() == []
+    _update(turns, 2.0, round_no=2, wanted=("a", "b"))  # round 1 closed without a's update
+    assert turns.view() == {}
+
+
+def test_an_unused_turn_is_taken_back_after_the_grace_and_the_site_waits_behind_the_others() -> None:
+    turns = UploadTurns(1, grace_s=10.0)
+    turns.announce("a", 1, 10, 0.0)
+    turns.announce("b", 1, 10, 1.0)
+    _update(turns, 2.0)
+    assert turns.view() == {"a": 1}
+    assert not _update(turns, 30.0, uploading=("a",))  # its transfer is under way: no grace applies
+    assert _update(turns, 31.0)  # not uploading and past the grace
+    assert turns.view() == {"b": 2}
+    assert turns.waiting() == ["a"]
+    turns.forget("b")
+    _update(turns, 32.0)
+    assert turns.view() == {"a": 3}  # a new grant number: the site answers it
+
+
+def test_a_new_announcement_for_another_round_ends_the_old_turn() -> None:
+    turns = UploadTurns(1)
+    turns.announce("a", 1, 10, 0.0)
+    _update(turns, 1.0)
+    turns.announce("a", 2, 10, 2.0)
+    assert turns.view() == {}
+    _update(turns, 3.0, round_no=2)
+    assert turns.view() == {"a": 2}
