@@ -94,7 +94,7 @@ def bare_paho(work: Path, layout, sites: int, model_mb: float) -> dict:  # noqa:
 def write_configs(work: Path, layout, args) -> tuple[Path, list[Path]]:  # noqa: ANN001
     ps = {"run_id": layout.run_id, "rounds": args.rounds, "sites": list(layout.site_ids), "quorum": 1,
           "round_timeout_s": 600.0, "seed": 0, "out_dir": str(work / "ps"), "credentials": str(layout.credentials["ps"]),
-          "selection": args.selection, "model": model_spec(args.model_mb),
+          "selection": args.selection, "model": model_spec(args.model_mb), "upload_turns": args.upload_turns,
           "train": {"epochs": 1, "batch_size": 32, "lr": 0.001, "optimizer": "adam"}}
     if args.model_mb:
         ps["train"] = {"epochs": 1, "batch_size": 16, "steps_per_epoch": 1, "lr": 0.001, "optimizer": "sgd"}
@@ -126,6 +126,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="work folder, kept (default: a temporary one, removed)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary work folder (logs, reports)")
     ap.add_argument("--model-mb", type=float, default=None, help="model size in MB (default: the small heart MLP)")
+    ap.add_argument("--upload-turns", type=int, default=2, help="the PS's upload_turns (large updates at the "
+                    "broker at once)")
     ap.add_argument("--bare", action="store_true", help="also time the same bytes through bare paho clients")
     ap.add_argument("--py-spy", action="store_true",
                     help="sample each site process with py-spy (pip install py-spy); flame graphs in <work>/logs")

@@ -355,6 +355,9 @@ class DaemonRunner:
         log.info("%s: %d/%d answers; waiting for %s (not online: %s); deadline in %s", what, len(answered),
                  len(s.selected), ", ".join(missing) or "nobody", ", ".join(m for m in missing if m not in s.online)
                  or "none", left)
+        if self.turns.ready:
+            log.info("upload turns: %s; waiting for a turn: %s", ", ".join(self.turns.view()) or "none",
+                     ", ".join(self.turns.waiting()) or "nobody")
 
     def _request_stop(self, signum: int, frame: object) -> None:
         log.info("signal %d: stopping after the current step", signum)

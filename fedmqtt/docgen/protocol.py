@@ -26,7 +26,7 @@ from broker import acl
 from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.transport import bulk, channel, mqtt, topics
 from fedmqtt.transport.settings import BrokerSettings
-from ps_daemon import admission, runner
+from ps_daemon import admission, runner, turns
 from ps_daemon.config import DaemonConfig
 from schemas import chunks, codec
 from schemas.checkpoint import Checkpoint
@@ -508,6 +508,30 @@ fewer chunks, the sender clears the surplus retained chunks so they do not sit i
 is sized by what a manifest declares: the buffer grows only with verified chunks.
 
 @@CHUNK_LIMITS@@
+## Upload turns
+
+A chunked update stays retained at the broker until the PS has fetched it, so N sites that finish a round
+together would make the broker hold N updates beside the model. Large updates therefore go up in turns:
+
+1. A site whose encoded update is larger than `chunk_threshold_bytes` stores it (as every update, before it
+   leaves) and publishes its status `update_ready`, with the round in `round` and the size in `update_bytes`.
+   The status is retained, so a PS that starts later still learns who is ready. A smaller update is published
+   at once, as before.
+2. The PS grants at most `upload_turns` turns at once (PS config, default 2), to the sites of the open round
+   whose update it does not hold yet, the oldest announcement first. `ps/status` names them in `upload_turns`,
+   each with a grant number; a change of turns is published at once.
+3. A site named there with a grant number it has not answered yet publishes its stored update (chunks first,
+   then the manifest, as above).
+4. Once the PS has accepted a chunked update, it clears the manifest and the chunks at the broker (empty
+   retained messages; the ACL lets the PS write the whole run) and the turn passes on. A refused update ends
+   the turn as well. A site that has not started its upload @@TURN_GRACE@@ s after the grant loses the
+   turn and waits behind the others; a site that goes offline loses it at once.
+
+So the broker holds the model plus at most `upload_turns` updates, whatever the number of sites. Nothing of it
+has to survive the PS: a resumed PS learns again from the retained `update_ready` statuses who is ready and
+grants new turns for the updates it no longer holds; grant numbers start from the PS's start time, so a site
+answers each new grant once. A site that reconnects announces `update_ready` again rather than `online`.
+
 ## Lifecycle of a run
 
 The PS is a pure state machine (`ps_daemon/machine.py`) driven by events: started, site online, site offline,
@@ -582,6 +606,7 @@ def render_protocol() -> str:
         "CATEGORIES": categories_table(),
         "PS_CATEGORIES": ps_categories_table(),
         "CHUNK_LIMITS": chunk_limits_table(),
+        "TURN_GRACE": f"{turns.TURN_GRACE_S:g}",
         "PS_STATES": _states(DaemonStatus),
         "SITE_STATES": _states(SiteStatus),
         "TIMING": timing_table(),
