@@ -37,7 +37,8 @@ def summarize(msg: object) -> str:
         return f"site {msg.state} on {msg.device}: {msg.n_train}/{msg.n_val}/{msg.n_test} rows {msg.detail}".rstrip()
     if isinstance(msg, m.DaemonStatus):
         waiting = f", waiting for {','.join(msg.waiting_for)}" if msg.waiting_for else ""
-        return f"PS {msg.state} round {msg.round}/{msg.rounds_total} {msg.algorithm}{waiting}: {msg.detail}"
+        turns = f", upload turns {','.join(msg.upload_turns)}" if msg.upload_turns else ""
+        return f"PS {msg.state} round {msg.round}/{msg.rounds_total} {msg.algorithm}{waiting}{turns}: {msg.detail}"
     if isinstance(msg, m.RoundMetrics):
         return f"{msg.phase} metrics: mean {_metrics(msg.mean)} over {','.join(msg.sites)}"
     if isinstance(msg, ChunkManifest):

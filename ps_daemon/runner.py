@@ -433,7 +433,10 @@ class DaemonRunner:
 
     def _admit_manifest(self, parsed: Any, manifest: Any) -> str | None:
         """The channel asks before fetching a chunked message; a reason refuses it (counted by the channel)."""
-        return manifest_rejection(self.machine, self.state, parsed.site_id, parsed.kind, manifest)
+        why = manifest_rejection(self.machine, self.state, parsed.site_id, parsed.kind, manifest)
+        if why is not None and parsed.kind == "update":
+            self.turns.forget(parsed.site_id)  # a refused upload ends its turn, as a refused update does
+        return why
 
     def _apply(self, event: Event) -> None:
         self.state, effects = self.machine.step(self.state, event)

@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 TURN_GRACE_S = 60.0  # a granted site that has not started its upload by then loses the turn to the next one
+# ... plus its update's size at this rate: a site publishes every chunk before the manifest the PS sees, so a
+# large update over a hospital's uplink needs that long before the PS knows the upload is under way.
+TURN_MIN_RATE_BYTES_PER_S = 1_000_000
 
 
 @dataclass
@@ -63,7 +66,8 @@ class UploadTurns:
         for site in [s for s, r in self.ready.items() if r.round != round_no or s not in wanted]:
             self.forget(site)
         for site, turn in list(self.granted.items()):
-            if not uploading(site) and now - turn.since > self.grace_s:
+            grace = self.grace_s + self.ready[site].nbytes / TURN_MIN_RATE_BYTES_PER_S
+            if not uploading(site) and now - turn.since > grace:
                 del self.granted[site]  # to the back of the queue: a site that is slow to start waits for the others
                 self.ready[site].since = now
         queue = sorted((r.since, site) for site, r in self.ready.items() if site not in self.granted)
@@ -81,4 +85,4 @@ class UploadTurns:
         return [site for _, site in sorted((r.since, s) for s, r in self.ready.items() if s not in self.granted)]
 
 
-__all__ = ["TURN_GRACE_S", "UploadTurns"]
+__all__ = ["TURN_GRACE_S", "TURN_MIN_RATE_BYTES_PER_S", "UploadTurns"]

@@ -57,6 +57,7 @@ class RunView:
     sites_expected: tuple[str, ...] = ()
     sites_online: tuple[str, ...] = ()
     waiting_for: tuple[str, ...] = ()
+    upload_turns: tuple[str, ...] = ()  # sites whose large update the PS takes now
     deadline: float | None = None
     quorum: int = 0
     min_sites: int = 0
@@ -114,6 +115,7 @@ class RunView:
         self.round, self.rounds_total = min(msg.round, msg.rounds_total or msg.round), msg.rounds_total
         self.sites_expected, self.sites_online = tuple(msg.sites_expected), tuple(msg.sites_online)
         self.waiting_for, self.deadline = tuple(msg.waiting_for), msg.deadline
+        self.upload_turns = tuple(msg.upload_turns)
         self.quorum, self.min_sites = msg.quorum, msg.min_sites
         self.rejected = {s: dict(r) for s, r in msg.rejected.items()}
         self.ps_last_seen = now
@@ -221,7 +223,8 @@ class RunView:
             "ps": {"state": self.ps_state, "detail": self.ps_detail, "last_seen": self.ps_last_seen},
             "algorithm": self.algorithm, "round": self.round, "rounds_total": self.rounds_total,
             "sites_expected": list(self.sites_expected), "sites_online": list(self.sites_online),
-            "waiting_for": list(self.waiting_for), "deadline": self.deadline,
+            "waiting_for": list(self.waiting_for), "upload_turns": list(self.upload_turns),
+            "deadline": self.deadline,
             "quorum": self.quorum, "min_sites": self.min_sites,
             "seconds_per_round": per_round, "eta_s": eta,
             "history_missing_before": missing_before,

@@ -524,8 +524,9 @@ together would make the broker hold N updates beside the model. Large updates th
    then the manifest, as above).
 4. Once the PS has accepted a chunked update, it clears the manifest and the chunks at the broker (empty
    retained messages; the ACL lets the PS write the whole run) and the turn passes on. A refused update ends
-   the turn as well. A site that has not started its upload @@TURN_GRACE@@ s after the grant loses the
-   turn and waits behind the others; a site that goes offline loses it at once.
+   the turn as well. A site that has not started its upload @@TURN_GRACE@@ s after the grant (plus
+   @@TURN_PER_MB@@ s per MB of its update: its chunks go up before the manifest the PS sees) loses the turn and
+   waits behind the others; a site that goes offline loses it at once.
 
 So the broker holds the model plus at most `upload_turns` updates, whatever the number of sites. Nothing of it
 has to survive the PS: a resumed PS learns again from the retained `update_ready` statuses who is ready and
@@ -607,6 +608,7 @@ def render_protocol() -> str:
         "PS_CATEGORIES": ps_categories_table(),
         "CHUNK_LIMITS": chunk_limits_table(),
         "TURN_GRACE": f"{turns.TURN_GRACE_S:g}",
+        "TURN_PER_MB": f"{1e6 / turns.TURN_MIN_RATE_BYTES_PER_S:g}",
         "PS_STATES": _states(DaemonStatus),
         "SITE_STATES": _states(SiteStatus),
         "TIMING": timing_table(),

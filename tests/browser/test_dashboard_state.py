@@ -35,7 +35,8 @@ def test_live_view_accumulates_rounds_and_says_history_is_missing() -> None:
     view = RunView(run_id=RUN)
     _feed(view, topics.ps_status_topic(RUN), m.DaemonStatus(
         run_id=RUN, sender="ps", round=3, state="training", algorithm="fedavg", rounds_total=10,
-        sites_expected=("a", "b"), sites_online=("a", "b"), waiting_for=("b",), rejected={"b": {"schema": 2}}))
+        sites_expected=("a", "b"), sites_online=("a", "b"), waiting_for=("b",), rejected={"b": {"schema": 2}},
+        upload_turns={"b": 7}))
     _feed(view, topics.site_status_topic(RUN, "a"), m.SiteStatus(run_id=RUN, sender="a", round=3, state="training",
                                                                    n_train=50, detail="<b>x</b>"), now=123.0)
     _feed(view, topics.ps_metrics_topic(RUN), _metrics(3, ("a", "b"), 0.7))  # the retained one: round 3 only
@@ -49,6 +50,7 @@ def test_live_view_accumulates_rounds_and_says_history_is_missing() -> None:
     assert sites["a"]["rounds_participated"] == 2 and sites["b"]["rounds_participated"] == 1
     assert sites["b"]["rejected"] == {"schema": 2} and sites["b"]["state"] == "unknown"
     assert snap["best_round"]["round"] == 4
+    assert snap["upload_turns"] == ["b"]
     json.dumps(snap)  # what the server sends
 
 

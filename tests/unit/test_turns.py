@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ps_daemon.turns import UploadTurns
+from ps_daemon.turns import TURN_MIN_RATE_BYTES_PER_S, UploadTurns
 
 SITES = ("a", "b", "c", "d")
 
@@ -69,3 +69,24 @@ def test_a_new_announcement_for_another_round_ends_the_old_turn() -> None:
     assert turns.view() == {}
     _update(turns, 3.0, round_no=2)
     assert turns.view() == {"a": 2}
+
+
+def test_a_large_update_gets_time_to_publish_its_chunks_before_its_turn_is_taken_back() -> None:
+    turns = UploadTurns(1, grace_s=10.0)
+    turns.announce("a", 1, 100 * TURN_MIN_RATE_BYTES_PER_S, 0.0)  # 100 s of chunks at the slowest rate allowed
+    turns.announce("b", 1, 10, 0.0)
+    _update(turns, 1.0)
+    assert not _update(turns, 100.0)
+    assert _update(turns, 112.0)
+    assert turns.view() == {"b": 2}
+
+
+def test_topics_watch_names_the_sites_that_upload_now() -> None:
+    from fedmqtt.summary import summarize
+    from schemas import messages as m
+
+    status = m.DaemonStatus(run_id="r", sender="ps", round=2, state="training", rounds_total=5,
+                            waiting_for=("a", "b"), upload_turns={"a": 3})
+    assert "waiting for a,b, upload turns a" in summarize(status)
+    ready = m.SiteStatus(run_id="r", sender="b", round=2, state="update_ready", update_bytes=5_000_000)
+    assert summarize(ready).startswith("site update_ready")

@@ -64,6 +64,7 @@ function runFacts(run, now) {
   if (run.source === "live") {
     pairs.push(["sites online", `${run.sites_online.length} of ${run.sites_expected.length}`]);
     pairs.push(["waiting for", run.waiting_for.length ? run.waiting_for.join(", ") : "–"]);
+    if ((run.upload_turns || []).length) pairs.push(["uploading now", run.upload_turns.join(", ")]);
     pairs.push(["deadline", run.deadline ? new Date(run.deadline * 1000).toLocaleTimeString() +
                 ` (in ${fmtDur(run.deadline - now)})` : "–"]);
     pairs.push(["PS last seen", fmtAgo(run.ps.last_seen, now)]);
