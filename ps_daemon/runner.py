@@ -381,7 +381,8 @@ class DaemonRunner:
                 self.turns.forget(site)
                 return SiteOffline(site, now)
             if msg.state == "update_ready":
-                self.turns.announce(site, msg.round, msg.update_bytes, now)
+                # the size only lengthens the grace of an unused turn: never beyond the largest update we take
+                self.turns.announce(site, msg.round, min(msg.update_bytes, self.channel.max_bytes), now)
             if msg.state == "error":
                 log.warning("site %s reports an error: %s", site, msg.detail[:500])
             if msg.label_histogram is not None and (why := histogram_rejection(msg.label_histogram)):
