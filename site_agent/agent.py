@@ -11,7 +11,6 @@ import shutil
 import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -19,18 +18,18 @@ import numpy as np
 from fedmqtt import __version__
 from fedmqtt.atomic import write_atomic
 from fedmqtt.errors import BrokerError
-from fedmqtt.faults import crash_point
 from fedmqtt.recruitment import label_histogram
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
 from schemas import messages as m
-from schemas.codec import decode, encode
+from schemas.codec import encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.store import UplinkStore
+from site_agent.uplink import Uplink
 
 if TYPE_CHECKING:
     from site_agent.trainer import Trainer
@@ -38,16 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedmqtt.site")
 Task = m.TrainTask | m.EvalTask
 REMIND_S = 30.0  # a waiting site says what it waits for at least this often
-
-
-@dataclass(frozen=True)
-class ReadyUpdate:
-    """A stored update too large for one message, waiting for (or sent in) an upload turn of the PS."""
-
-    session: str
-    round: int
-    model_hash: str
-    nbytes: int
 
 
 class SiteAgent:
@@ -69,10 +58,6 @@ class SiteAgent:
         self.ps_state = "not heard from"
         self._reminded_at = time.monotonic()
         self._last_work = "no task yet"
-        self._retained_update: tuple[str, int] | None = None  # (session, round) of our update at the broker
-        self._ready: ReadyUpdate | None = None  # announced as update_ready; see _take_turn
-        self._answered_grant: int | None = None  # the upload turn we last used
-        self._ps_status: m.DaemonStatus | None = None
 
     def _load_trainer(self) -> None:
         """Import torch and the training code on a worker thread: the agent is online (and receiving the
@@ -131,7 +116,7 @@ class SiteAgent:
 
     def _current_status(self) -> m.SiteStatus:
         """What this site is now: waiting to upload (or uploaded) a large update, else online."""
-        ready = self._ready
+        ready = self.uplink.ready
         if ready is None:
             return self._status("online")
         return self._status("update_ready", f"round {ready.round}: update of {ready.nbytes} bytes stored",
@@ -144,6 +129,7 @@ class SiteAgent:
         will = (self.status_topic, encode(self._status("offline", "connection lost")))
         self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}",
                                     will=will, run_id=c.run_id, sender=c.site_id)
+        self.uplink = Uplink(self.channel, lambda: self.store, run_id=c.run_id, site_id=c.site_id)
         self.channel.connect(timeout_s=None)
         self.channel.transport.subscribe([topics.ps_status_topic(c.run_id), topics.ps_model_topic(c.run_id),
                              topics.ps_task_topic(c.run_id, c.site_id)])
@@ -171,10 +157,8 @@ class SiteAgent:
         if not self.channel.transport.connected:
             s = self.channel.transport.settings
             log.info("waiting for the broker at %s:%s (reconnecting by itself)", s.host, s.port)
-        elif self._ready is not None and self._answered_grant is None:
-            turns = self._ps_status.upload_turns if self._ps_status is not None else {}
-            log.info("round %d: update stored; waiting for an upload turn from the PS (now uploading: %s)",
-                     self._ready.round, ", ".join(turns) or "nobody")
+        elif (note := self.uplink.waiting_note()) is not None:
+            log.info("%s", note)
         elif self.task is not None:
             log.info("round %d %s received; waiting for its model %s from the PS (PS: %s)", self.task.round,
                      self.task.kind, self.task.model_hash[:12], self.ps_state)
@@ -216,9 +200,7 @@ class SiteAgent:
                 return
             self.models = {k: v for k, v in self.models.items() if v.session == msg.session and v.round >= msg.round - 1}
             self.models[(msg.session, msg.model_hash)] = msg
-            self._clear_answered_update(msg)
-            if self._ready is not None and (msg.session != self._ready.session or msg.round > self._ready.round):
-                self._ready = None  # the PS closed that round
+            self.uplink.on_model(msg)
         elif isinstance(msg, m.RecruitmentResult):
             log.info("recruitment: %s", msg.detail)
             self.channel.send(self.status_topic, self._status("online", msg.detail))
@@ -231,21 +213,7 @@ class SiteAgent:
             self.ps_state = f"{msg.state}, round {msg.round}"
             if msg.detail:
                 log.info("PS: %s (round %d) %s", msg.state, msg.round, msg.detail[:300])
-            self._ps_status = msg
-            self._take_turn()
-
-    def _clear_answered_update(self, model: m.GlobalModel) -> None:
-        """A model of a later round means the PS closed ours and checkpointed before publishing it: our update is
-        aggregated (or came too late) and needs no retained copy at the broker, where it cost one model's worth
-        of memory per site. A PS resumed from an older checkpoint asks again; the stored copy answers."""
-        if self._retained_update is None:
-            return
-        session, round_no = self._retained_update
-        if model.session == session and model.round > round_no:
-            self.channel.clear(topics.site_update_topic(self.config.run_id, self.config.site_id))
-            self._retained_update = None
-            log.info("round %d: the PS has moved on to round %d; removed our update from the broker", round_no,
-                     model.round)
+            self.uplink.on_ps_status(msg)
 
     def _work(self) -> None:
         task = self.task
@@ -329,42 +297,9 @@ class SiteAgent:
                  result.val_metrics.get("auroc"))
 
     def _offer_update(self, task: m.TrainTask, payload: bytes, update: m.ClientUpdate | None) -> None:
-        """Publish a small update now; announce a large (chunked) one and send it in the PS's upload turn, so the
-        broker never holds more large updates than the PS has turns (ps_daemon/turns.py)."""
-        if len(payload) <= self.channel.transport.settings.chunk_threshold_bytes:
-            self._publish_update(task.session, task.round, payload, update)
-            return
-        self._ready = ReadyUpdate(task.session, task.round, task.model_hash, len(payload))
-        self._answered_grant = None
-        self.channel.send(self.status_topic, self._current_status())
-        log.info("round %d: update of %.1f MB stored; waiting for an upload turn from the PS", task.round,
-                 len(payload) / 1e6)
-        self._take_turn()
-
-    def _take_turn(self) -> None:
-        """Upload the ready update when the newest ps/status grants this site a turn it has not used yet."""
-        ready, status = self._ready, self._ps_status
-        if ready is None or status is None or (status.session, status.round) != (ready.session, ready.round):
-            return
-        grant = status.upload_turns.get(self.config.site_id)
-        if grant is None or grant == self._answered_grant:
-            return
-        payload = self.store.load("update", ready.round, ready.model_hash)
-        if payload is None:
-            log.warning("round %d: upload turn, but the stored update is gone; the PS will ask again", ready.round)
-            self._ready = None
-            return
-        self._answered_grant = grant
-        log.info("round %d: upload turn %d: sending the update", ready.round, grant)
-        self._publish_update(ready.session, ready.round, payload, None)
-
-    def _publish_update(self, session: str, round_no: int, payload: bytes, update: m.ClientUpdate | None) -> None:
-        c = self.config
-        message = update if update is not None else decode(payload, max_bytes=self.channel.max_bytes)
-        crash_point("site_before_publish", round_no)
-        self.channel.send(topics.site_update_topic(c.run_id, c.site_id), message, payload=payload)
-        self._retained_update = (session, round_no)
-        crash_point("site_after_publish", round_no)
+        if self.uplink.offer(task, payload, update):  # large: announce it, send it in the PS's upload turn
+            self.channel.send(self.status_topic, self._current_status())
+            self.uplink.take_turn()
 
     def _histogram(self, task: m.TrainTask) -> dict[str, int] | None:
         """Label counts leave the site only if its egress policy allows it; FedDkw cannot run without."""
