@@ -220,6 +220,7 @@ def _bridge_lines(
         f"topic {topics.chunk_filter(ps_model)} in 2",
         f"topic {ps_task} in 2",
         f"topic {topics.chunk_filter(ps_task)} in 2",
+        f"topic {topics.ps_turn_topic(run_id, site)} in 2",
     ]
     return lines
 

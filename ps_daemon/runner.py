@@ -308,17 +308,23 @@ class DaemonRunner:
         self._last_status, self._held_status, self._status_sent_at = msg, None, time.monotonic()
 
     def _grant_turns(self) -> None:
-        """Hand free upload turns to ready sites; a change goes out on ps/status at once (sites wait for it)."""
-        s = self.state
+        """Hand free upload turns to ready sites: each new one at once on that site's ps/turn/<site> (one small
+        message to one site: a turn on ps/status would reach every site, N^2 messages a round); ps/status lists
+        them for observers at its own pace."""
+        s, c = self.state, self.config
         wanted = [x for x in s.selected if x not in s.updates] if s.phase == "training" else []
-        run = self.config.run_id
         fetcher = self.channel.fetcher
+        before = self.turns.view()
         if not self.turns.update(time.time(), round_no=s.round, wanted=wanted,
-                                 uploading=lambda site: fetcher.holds(topics.site_update_topic(run, site))):
+                                 uploading=lambda site: fetcher.holds(topics.site_update_topic(c.run_id, site))):
             return
+        for site, grant in self.turns.view().items():
+            if before.get(site) != grant:
+                self.channel.send(topics.ps_turn_topic(c.run_id, site), m.UploadTurn(
+                    run_id=c.run_id, sender=PS, round=s.round, session=s.session, site_id=site, grant=grant))
         base = self._held_status or self._last_status
         if base is not None:
-            self._send_status(base.model_copy(update={"sent_at": time.time()}))
+            self._publish_status(base.model_copy(update={"sent_at": time.time()}))
         if self.turns.granted:
             log.info("round %d: upload turns %s; waiting for a turn: %s", s.round, ", ".join(self.turns.view()),
                      ", ".join(self.turns.waiting()) or "nobody")

@@ -3,7 +3,7 @@
 Why (docs/design-notes.md, "Broker memory"): a chunked update stays retained at the broker until the PS has
 fetched it, and N sites that finish a round together would otherwise make the broker hold N models beside the
 one it serves them. A site whose update is too large for one message announces it (`update_ready`, retained on
-its status topic) and uploads only when ps/status names it in `upload_turns`; the PS grants at most `slots`
+its status topic) and uploads only when the PS grants it a turn (on ps/turn/<site>); the PS grants at most `slots`
 turns at once and removes each update from the broker as soon as it has accepted it. The broker then holds the
 model plus at most `slots` updates, whatever the number of sites.
 
@@ -60,7 +60,7 @@ class UploadTurns:
     def update(self, now: float, *, round_no: int, wanted: Iterable[str], uploading: Callable[[str], bool]) -> bool:
         """Drop what the open round no longer needs, take back turns not used within `grace_s`, and grant free
         turns, oldest announcement first. `uploading(site)`: its transfer is queued or under way at the PS.
-        True when the granted turns changed (ps/status must say so now)."""
+        True when the granted turns changed (the new ones go out now)."""
         wanted = set(wanted)
         before = {site: turn.grant for site, turn in self.granted.items()}
         for site in [s for s, r in self.ready.items() if r.round != round_no or s not in wanted]:
@@ -77,7 +77,7 @@ class UploadTurns:
         return before != {site: turn.grant for site, turn in self.granted.items()}
 
     def view(self) -> dict[str, int]:
-        """What ps/status publishes: site -> grant number."""
+        """The turns now: site -> grant number (ps/status lists them for observers)."""
         return {site: turn.grant for site, turn in sorted(self.granted.items())}
 
     def waiting(self) -> list[str]:

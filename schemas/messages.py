@@ -185,7 +185,7 @@ class SiteStatus(Header):
 
     kind: Literal["site_status"] = "site_status"
     # update_ready: the round's update (`round` above) is stored and too large for one message; the site waits
-    # for an upload turn in ps/status before putting it on the broker (docs/protocol.md, "Upload turns").
+    # for an upload turn on ps/turn/<site> before putting it on the broker (docs/protocol.md, "Upload turns").
     state: Literal["online", "training", "update_ready", "evaluating", "offline", "error"]
     device: Label = "cpu"
     n_train: Count = 0
@@ -216,8 +216,8 @@ class DaemonStatus(Header):
     # Messages the PS refused, per sending site and reason (bounded: the top reasons per site only).
     rejected: Annotated[dict[Name, Annotated[dict[Name, Count], Field(max_length=64)]],
                         Field(max_length=MAX_SITES)] = Field(default_factory=dict)
-    # Sites whose large update of this round the PS takes now, each with its grant number: a site in
-    # update_ready uploads once per new grant number (a resumed PS grants again what it no longer holds).
+    # Sites whose large update of this round the PS takes now, each with its grant number (for observers: each site
+    # learns of its own turn on ps/turn/<site>).
     upload_turns: Annotated[dict[SiteName, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
 
 
@@ -238,10 +238,19 @@ class RoundMetrics(Header):
     usage: Annotated[dict[Name, ResourceUsage], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     update_bytes: Annotated[dict[Name, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
 
+class UploadTurn(Header):
+    """`ps/turn/<site>` (retained): this site may now upload its large update of `round` (docs/protocol.md,
+    "Upload turns"). A site uploads once per grant number; a resumed PS grants again with a new one."""
+
+    kind: Literal["upload_turn"] = "upload_turn"
+    session: Session = ""
+    site_id: str = Field(pattern=ID_PATTERN)
+    grant: Count
+
 
 Message = Annotated[
-    Union[GlobalModel, TrainTask, EvalTask, RecruitmentResult, ClientUpdate, EvalReport, SiteStatus, DaemonStatus,
-          RoundMetrics, ChunkManifest, Chunk],
+    Union[GlobalModel, TrainTask, EvalTask, RecruitmentResult, UploadTurn, ClientUpdate, EvalReport, SiteStatus,
+          DaemonStatus, RoundMetrics, ChunkManifest, Chunk],
     Field(discriminator="kind"),
 ]
 

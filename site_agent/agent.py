@@ -132,7 +132,7 @@ class SiteAgent:
         self.uplink = Uplink(self.channel, lambda: self.store, run_id=c.run_id, site_id=c.site_id)
         self.channel.connect(timeout_s=None)
         self.channel.transport.subscribe([topics.ps_status_topic(c.run_id), topics.ps_model_topic(c.run_id),
-                             topics.ps_task_topic(c.run_id, c.site_id)])
+                             topics.ps_task_topic(c.run_id, c.site_id), topics.ps_turn_topic(c.run_id, c.site_id)])
         log.info("site %s online: %d train / %d val / %d test rows on %s", c.site_id, self.data.n_train,
                  self.data.n_val, self.data.n_test, self.device)
         self._load_trainer()
@@ -201,6 +201,8 @@ class SiteAgent:
             self.models = {k: v for k, v in self.models.items() if v.session == msg.session and v.round >= msg.round - 1}
             self.models[(msg.session, msg.model_hash)] = msg
             self.uplink.on_model(msg)
+        elif isinstance(msg, m.UploadTurn):
+            self.uplink.on_turn(msg)
         elif isinstance(msg, m.RecruitmentResult):
             log.info("recruitment: %s", msg.detail)
             self.channel.send(self.status_topic, self._status("online", msg.detail))

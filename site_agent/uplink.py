@@ -41,7 +41,8 @@ class Uplink:
         self.ready: ReadyUpdate | None = None  # announced as update_ready
         self._held: tuple[bytes, m.ClientUpdate] | None = None  # its bytes and message, until the first turn
         self._answered_grant: int | None = None  # the upload turn we last used
-        self.ps_status: m.DaemonStatus | None = None
+        self.turn: m.UploadTurn | None = None  # the newest on ps/turn/<site>
+        self.ps_status: m.DaemonStatus | None = None  # for who else uploads now
         self._retained: tuple[str, int] | None = None  # (session, round) of our update at the broker
 
     def waiting_note(self) -> str | None:
@@ -68,15 +69,18 @@ class Uplink:
 
     def on_ps_status(self, status: m.DaemonStatus) -> None:
         self.ps_status = status
+
+    def on_turn(self, turn: m.UploadTurn) -> None:
+        self.turn = turn
         self.take_turn()
 
     def take_turn(self) -> None:
-        """Upload the ready update when the newest ps/status grants this site a turn it has not used yet."""
-        ready, status = self.ready, self.ps_status
-        if ready is None or status is None or (status.session, status.round) != (ready.session, ready.round):
+        """Upload the ready update when the newest turn of the PS is for it and has not been used yet."""
+        ready, turn = self.ready, self.turn
+        if ready is None or turn is None or (turn.session, turn.round) != (ready.session, ready.round):
             return
-        grant = status.upload_turns.get(self.site_id)
-        if grant is None or grant == self._answered_grant:
+        grant = turn.grant
+        if grant == self._answered_grant:
             return
         held, self._held = self._held, None
         payload, update = held if held is not None else (self.store().load("update", ready.round, ready.model_hash),

@@ -80,6 +80,8 @@ CATALOGUE = (
              "PS", "observers (dashboard, `fedmqtt topics watch`)"),
     TopicDoc("ps_task_topic", "this site's work: train, evaluate, or the recruitment result",
              "PS", "the addressed site only"),
+    TopicDoc("ps_turn_topic", "this site's turn to upload its large update of the open round",
+             "PS", "the addressed site only"),
     TopicDoc("site_status_topic", "a site's state, its row counts and (if allowed) its label histogram",
              "site agent; its Last Will (`offline`) on network loss", "PS; observers"),
     TopicDoc("site_update_topic", "a site's trained tensors for one round", "site agent", "PS"),
@@ -518,10 +520,12 @@ together would make the broker hold N updates beside the model. Large updates th
    The status is retained, so a PS that starts later still learns who is ready. A smaller update is published
    at once, as before.
 2. The PS grants at most `upload_turns` turns at once (PS config, default 2), to the sites of the open round
-   whose update it does not hold yet, the oldest announcement first. `ps/status` names them in `upload_turns`,
-   each with a grant number; a change of turns is published at once.
-3. A site named there with a grant number it has not answered yet publishes its stored update (chunks first,
-   then the manifest, as above).
+   whose update it does not hold yet, the oldest announcement first. Each grant goes at once to that site
+   alone, as an `upload_turn` (round, session, grant number) retained on `ps/turn/<site>`: one small message
+   per turn, where a turn announced on `ps/status` would reach every site. `ps/status` lists the current turns
+   in `upload_turns` for observers, at its own pace.
+3. A site with a ready update of that round and session, and a grant number it has not answered yet,
+   publishes its stored update (chunks first, then the manifest, as above).
 4. Once the PS has accepted a chunked update, it clears the manifest and the chunks at the broker (empty
    retained messages; the ACL lets the PS write the whole run) and the turn passes on. A refused update ends
    the turn as well. A site that has not started its upload @@TURN_GRACE@@ s after the grant (plus

@@ -31,6 +31,7 @@ _KINDS_BY_TOPIC = {
     ("ps", "model"): {"global_model"},
     ("ps", "metrics"): {"round_metrics"},
     ("ps", "task"): {"train_task", "eval_task", "recruitment_result"},
+    ("ps", "turn"): {"upload_turn"},
     ("site", "status"): {"site_status"},
     ("site", "update"): {"client_update"},
     ("site", "report"): {"eval_report"},
@@ -152,7 +153,7 @@ def check_message(topic: str, payload: bytes, *, run_id: str, max_bytes: int) ->
                                       f"topic ({expected_sender!r})")
     task_site = getattr(message, "site_id", None)
     whole = parsed.chunk is None and message.kind != "chunk_manifest"
-    if whole and parsed.kind == "task" and task_site != parsed.site_id:
+    if whole and parsed.kind in ("task", "turn") and task_site != parsed.site_id:
         raise WireError(WRONG_ADDRESS, f"{topic}: task addressed to {task_site!r} on {parsed.site_id!r}'s topic")
     return parsed, message
 

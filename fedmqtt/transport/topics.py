@@ -61,6 +61,11 @@ def ps_task_topic(run_id: str, site_id: str) -> str:
     return f"{run_prefix(run_id)}/ps/task/{validate_id(site_id, what='site id')}"
 
 
+def ps_turn_topic(run_id: str, site_id: str) -> str:
+    """`ps/turn/<site>`: this site's upload turn (ps_daemon/turns.py)."""
+    return f"{run_prefix(run_id)}/ps/turn/{validate_id(site_id, what='site id')}"
+
+
 def site_topic(run_id: str, site_id: str, kind: str) -> str:
     if kind not in SITE_KINDS:
         raise TopicError(f"unknown site topic kind {kind!r}; expected one of {SITE_KINDS}")
@@ -121,7 +126,7 @@ class ParsedTopic:
 
     run_id: str
     role: str  # "ps" or "site"
-    kind: str  # status | model | metrics | task | update | report
+    kind: str  # status | model | metrics | task | turn | update | report
     site_id: str | None = None
     chunk: int | None = None  # set on `<topic>/chunk/<index>`
 
@@ -147,8 +152,8 @@ def parse_topic(topic: str) -> ParsedTopic:
         return ParsedTopic(base.run_id, base.role, base.kind, base.site_id, int(index))
     if rest[0] == "ps" and len(rest) == 2 and rest[1] in ("status", "model", "metrics"):
         return ParsedTopic(run_id, "ps", rest[1])
-    if rest[0] == "ps" and len(rest) == 3 and rest[1] == "task":
-        return ParsedTopic(run_id, "ps", "task", validate_id(rest[2], what="site id"))
+    if rest[0] == "ps" and len(rest) == 3 and rest[1] in ("task", "turn"):
+        return ParsedTopic(run_id, "ps", rest[1], validate_id(rest[2], what="site id"))
     if rest[0] == "site" and len(rest) == 3 and rest[2] in SITE_KINDS:
         return ParsedTopic(run_id, "site", rest[2], validate_id(rest[1], what="site id"))
     raise TopicError(f"unknown fedmqtt topic: {topic!r}")

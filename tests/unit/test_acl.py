@@ -39,12 +39,14 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
         ("site-a", "read", f"{P}/ps/task/site-a"),
         ("site-a", "read", f"{P}/ps/model/chunk/+"),
         ("site-a", "read", f"{P}/ps/task/site-a/chunk/+"),
+        ("site-a", "read", f"{P}/ps/turn/site-a"),
         ("site-b", "write", f"{P}/site/site-b/#"),
         ("site-b", "read", f"{P}/ps/status"),
         ("site-b", "read", f"{P}/ps/model"),
         ("site-b", "read", f"{P}/ps/task/site-b"),
         ("site-b", "read", f"{P}/ps/model/chunk/+"),
         ("site-b", "read", f"{P}/ps/task/site-b/chunk/+"),
+        ("site-b", "read", f"{P}/ps/turn/site-b"),
     }
 
     # Execute
@@ -97,6 +99,7 @@ def test_acl_topics_all_come_from_the_topic_builders() -> None:
         *(topics.site_all_filter(RUN, s) for s in sites),
         topics.chunk_filter(topics.ps_model_topic(RUN)),
         *(topics.chunk_filter(topics.ps_task_topic(RUN, s)) for s in sites),
+        *(topics.ps_turn_topic(RUN, s) for s in sites),
     }
 
     # Execute

@@ -180,9 +180,12 @@ def test_rejects_a_topic_outside_the_table() -> None:
     (t.site_update_topic("r2", "site-a"), _update(), "wrong run"),
     (t.site_update_topic(RUN, "site-a"), _update(run_id="r2"), "wrong run"),
     (t.ps_task_topic(RUN, "site-a"), _task(site_id="site-b"), "wrong address"),
+    (t.ps_turn_topic(RUN, "site-a"), m.UploadTurn(run_id=RUN, sender="ps", round=1, site_id="site-b", grant=1),
+     "wrong address"),
+    (t.ps_turn_topic(RUN, "site-a"), _task(site_id="site-a"), "wrong topic"),
     (t.ps_model_topic(RUN), _model(sender="site-a"), "wrong sender"),
     ("fedmqtt/v1/r1/site/site-a/secrets", _update(), "bad topic"),
-], ids=["kind", "run-in-topic", "run-in-payload", "address", "sender", "topic"])
+], ids=["kind", "run-in-topic", "run-in-payload", "address", "turn-address", "turn-kind", "sender", "topic"])
 def test_each_refusal_has_a_stable_category(topic: str, message: object, category: str) -> None:
     """Counters key on these short categories (the PS publishes them per site), never on free text."""
     from fedmqtt.transport.channel import rejection_category

@@ -75,6 +75,7 @@ def _examples() -> list[BaseModel]:
                    best_round=1),
         m.RecruitmentResult(run_id=RUN, sender="ps", round=0, site_id="site-a", recruited=True, score=0.7, rank=1,
                             candidates=4, detail="top 3 of 4"),
+        m.UploadTurn(run_id=RUN, sender="ps", round=3, site_id="site-a", grant=7),
         m.ClientUpdate(run_id=RUN, sender="site-a", round=3, base_model_hash="h" * 64, tensors=b, n_samples=120,
                        local_steps=8, train_loss=0.42, val_metrics={"auroc": 0.8, "auprc": None},
                        undefined={"auprc": "only one class"}, control_variates=b, scalars={"a_norm": 3.0},
