@@ -101,6 +101,12 @@ _CATEGORIES = (("stale or future round", "wrong round"), ("not selected", "not s
                ("histogram", "bad histogram"), ("a_norm", "out of range"), ("training sample", "out of range"))
 
 
+def _few(sites: list[str], shown: int = 8) -> str:
+    """A bounded list of site names for a log line (hundreds of sites may wait)."""
+    more = f" and {len(sites) - shown} more" if len(sites) > shown else ""
+    return (", ".join(sites[:shown]) or "nobody") + more
+
+
 def _category(reason: str) -> str:
     """A short, stable counter key for a refusal reason (the log line keeps the whole reason)."""
     return next((label for text, label in _CATEGORIES if text in reason), "refused")
@@ -327,7 +333,7 @@ class DaemonRunner:
             self._publish_status(base.model_copy(update={"sent_at": time.time()}))
         if self.turns.granted:
             log.info("round %d: upload turns %s; waiting for a turn: %s", s.round, ", ".join(self.turns.view()),
-                     ", ".join(self.turns.waiting()) or "nobody")
+                     _few(self.turns.waiting()))
 
     def _refresh_status(self) -> None:
         """Publish new rejection counts (at most every STATUS_REFRESH_S), so operators see who sends what."""
@@ -363,7 +369,7 @@ class DaemonRunner:
                  or "none", left)
         if self.turns.ready:
             log.info("upload turns: %s; waiting for a turn: %s", ", ".join(self.turns.view()) or "none",
-                     ", ".join(self.turns.waiting()) or "nobody")
+                     _few(self.turns.waiting()))
 
     def _request_stop(self, signum: int, frame: object) -> None:
         log.info("signal %d: stopping after the current step", signum)
@@ -396,7 +402,8 @@ class DaemonRunner:
                 return None
             return SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)))
         if isinstance(msg, m.ClientUpdate):
-            self.turns.forget(site)  # accepted or refused, its turn is over
+            if msg.round == self.state.round:
+                self.turns.forget(site)  # accepted or refused, its turn is over (an old round's copy changes nothing)
             why = update_rejection(self.machine, self.state, site, msg)
             if why is not None:  # judged before anything is stored: first wins, nothing on disk for other rounds
                 self._refuse(site, _category(why), f"update for round {msg.round}: {why}")
@@ -441,7 +448,7 @@ class DaemonRunner:
     def _admit_manifest(self, parsed: Any, manifest: Any) -> str | None:
         """The channel asks before fetching a chunked message; a reason refuses it (counted by the channel)."""
         why = manifest_rejection(self.machine, self.state, parsed.site_id, parsed.kind, manifest)
-        if why is not None and parsed.kind == "update":
+        if why is not None and parsed.kind == "update" and manifest.round == self.state.round:
             self.turns.forget(parsed.site_id)  # a refused upload ends its turn, as a refused update does
         return why
 
