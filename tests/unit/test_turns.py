@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings, strategies as st
+
 from ps_daemon.turns import TURN_MIN_RATE_BYTES_PER_S, UploadTurns
 
 SITES = ("a", "b", "c", "d")
@@ -90,3 +92,38 @@ def test_topics_watch_names_the_sites_that_upload_now() -> None:
     assert "waiting for a,b, upload turns a" in summarize(status)
     ready = m.SiteStatus(run_id="r", sender="b", round=2, state="update_ready", update_bytes=5_000_000)
     assert summarize(ready).startswith("site update_ready")
+
+
+SITE = st.sampled_from(SITES)
+ACTION = st.one_of(
+    st.tuples(st.just("announce"), SITE, st.integers(1, 2), st.integers(0, 10**9)),
+    st.tuples(st.just("forget"), SITE),
+    st.tuples(st.just("update"), st.integers(1, 2), st.frozensets(SITE, min_size=2), st.frozensets(SITE)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(slots=st.integers(1, 3), actions=st.lists(st.tuples(ACTION, st.floats(0, 100)), max_size=40))
+def test_turns_never_exceed_the_slots_and_each_grant_is_new(slots: int, actions: list) -> None:
+    """Whatever sites announce, forget and the round asks for: at most `slots` turns, only to sites the open round
+    still wants with an announcement of that round, and a grant number never given before."""
+    turns = UploadTurns(slots, grace_s=5.0)
+    now, given_out = 0.0, set()
+    for action, dt in actions:
+        now += dt
+        if action[0] == "announce":
+            turns.announce(action[1], action[2], action[3], now)
+        elif action[0] == "forget":
+            turns.forget(action[1])
+        else:
+            _, round_no, wanted, uploading = action
+            before = turns.view()
+            _update(turns, now, wanted=wanted, round_no=round_no, uploading=uploading)
+            view = turns.view()
+            assert len(view) <= slots
+            assert all(site in wanted and turns.ready[site].round == round_no for site in view)
+            fresh = [g for site, g in view.items() if before.get(site) != g]
+            assert len(set(fresh)) == len(fresh) and not set(fresh) & given_out
+            given_out |= set(fresh)
+            if len(view) < slots:  # a free turn is never left while someone waits
+                assert not turns.waiting()
