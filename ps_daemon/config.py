@@ -143,8 +143,8 @@ class DaemonConfig(BaseModel):
 
     def config_hash(self) -> str:
         """What must not change across `--resume` (the broker, credentials and out_dir may)."""
-        keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints", "pretrained",
-                                                      "upload_turns"})
+        keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints",
+                                                      "pretrained", "upload_turns"})
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def broker_settings(self) -> BrokerSettings:

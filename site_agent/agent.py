@@ -123,7 +123,7 @@ class SiteAgent:
                             round_no=ready.round, update_bytes=ready.nbytes)
 
     def start(self) -> None:
-        """Connect (with an 'offline' Last Will), subscribe to the model, our task and the PS status."""
+        """Connect (with an 'offline' Last Will); subscribe to the model, our task and turn, and the PS status."""
         c = self.config
         self.status_topic = topics.site_status_topic(c.run_id, c.site_id)
         will = (self.status_topic, encode(self._status("offline", "connection lost")))

@@ -127,3 +127,14 @@ def test_turns_never_exceed_the_slots_and_each_grant_is_new(slots: int, actions:
             given_out |= set(fresh)
             if len(view) < slots:  # a free turn is never left while someone waits
                 assert not turns.waiting()
+
+
+def test_upload_turns_may_change_across_a_resume_but_the_rounds_may_not() -> None:
+    from ps_daemon.config import DaemonConfig
+
+    def config_hash(**extra: object) -> str:
+        raw = {"run_id": "r", "sites": ["a", "b"], "model": {"name": "mlp", "args": {}}, "credentials": "c.toml"}
+        return DaemonConfig.model_validate({**raw, **extra}).config_hash()
+
+    assert config_hash(upload_turns=1) == config_hash(upload_turns=4) == config_hash()
+    assert config_hash(rounds=3) != config_hash(rounds=4)
