@@ -331,9 +331,9 @@ class DaemonRunner:
         base = self._held_status or self._last_status
         if base is not None:
             self._publish_status(base.model_copy(update={"sent_at": time.time()}))
-        if self.turns.granted:
-            log.info("round %d: upload turns %s; waiting for a turn: %s", s.round, ", ".join(self.turns.view()),
-                     _few(self.turns.waiting()))
+        if self.turns.granted:  # debug: one line per turn; the reminder says it at info every REMIND_S
+            log.debug("round %d: upload turns %s; waiting for a turn: %s", s.round, ", ".join(self.turns.view()),
+                      _few(self.turns.waiting()))
 
     def _refresh_status(self) -> None:
         """Publish new rejection counts (at most every STATUS_REFRESH_S), so operators see who sends what."""
