@@ -127,6 +127,7 @@ class DaemonRunner:
         self.spool = UpdateSpool(config.out_dir / "spool")
         # Grant numbers start at this start's time in ms: a resumed PS never repeats one a site has answered.
         self.turns = UploadTurns(config.upload_turns, first_grant=time.time_ns() // 1_000_000)
+        self._turns_out: dict[str, int] = {}  # what ps/turn/<site> holds now (site -> grant)
         self.resume = resume
         self.force = force
         self.rejections: dict[str, Counter[str]] = {}  # site -> reason -> count, refused by the PS itself
@@ -216,6 +217,8 @@ class DaemonRunner:
             self.channel.transport.subscribe([topics.any_site_filter(c.run_id, kind)])
         # A hospital behind its own bridged broker: the bridge's Will "0" says its broker or link is down.
         self.channel.transport.subscribe([topics.any_bridge_filter(c.run_id)])
+        if self.resume:  # turns the previous PS process granted are void: it is gone, and so is its count of them
+            self.channel.bulk.publish_many((topics.ps_turn_topic(c.run_id, site), b"") for site in c.sorted_sites)
         self._apply(Started(time.time()))
 
     def poll(self, timeout_s: float) -> bool:
@@ -316,18 +319,23 @@ class DaemonRunner:
     def _grant_turns(self) -> None:
         """Hand free upload turns to ready sites: each new one at once on that site's ps/turn/<site> (one small
         message to one site: a turn on ps/status would reach every site, N^2 messages a round); ps/status lists
-        them for observers at its own pace."""
+        them for observers at its own pace. A turn that ended (update in, site offline, taken back) is removed
+        from the broker, so a site that restarts never mistakes it for a turn it still has."""
         s, c = self.state, self.config
         wanted = [x for x in s.selected if x not in s.updates] if s.phase == "training" else []
         fetcher = self.channel.fetcher
-        before = self.turns.view()
-        if not self.turns.update(time.time(), round_no=s.round, wanted=wanted,
-                                 uploading=lambda site: fetcher.holds(topics.site_update_topic(c.run_id, site))):
+        self.turns.update(time.time(), round_no=s.round, wanted=wanted,
+                          uploading=lambda site: fetcher.holds(topics.site_update_topic(c.run_id, site)))
+        now = self.turns.view()
+        if now == self._turns_out:
             return
-        for site, grant in self.turns.view().items():
-            if before.get(site) != grant:
+        for site in self._turns_out.keys() - now.keys():
+            self.channel.clear(topics.ps_turn_topic(c.run_id, site))
+        for site, grant in now.items():
+            if self._turns_out.get(site) != grant:
                 self.channel.send(topics.ps_turn_topic(c.run_id, site), m.UploadTurn(
                     run_id=c.run_id, sender=PS, round=s.round, session=s.session, site_id=site, grant=grant))
+        self._turns_out = now
         base = self._held_status or self._last_status
         if base is not None:
             self._publish_status(base.model_copy(update={"sent_at": time.time()}))

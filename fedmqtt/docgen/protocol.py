@@ -530,12 +530,14 @@ together would make the broker hold N updates beside the model. Large updates th
    retained messages; the ACL lets the PS write the whole run) and the turn passes on. A refused update ends
    the turn as well. A site that has not started its upload @@TURN_GRACE@@ s after the grant (plus
    @@TURN_PER_MB@@ s per MB of its update: its chunks go up before the manifest the PS sees) loses the turn and
-   waits behind the others; a site that goes offline loses it at once.
+   waits behind the others; a site that goes offline loses it at once. A turn that ended, for any of these
+   reasons, is removed from `ps/turn/<site>` (an empty retained message), so a site that restarts never
+   uploads on a turn the PS no longer counts.
 
 So the broker holds the model plus at most `upload_turns` updates, whatever the number of sites. Nothing of it
 has to survive the PS: a resumed PS learns again from the retained `update_ready` statuses who is ready and
-grants new turns for the updates it no longer holds; grant numbers start from the PS's start time, so a site
-answers each new grant once. A site that reconnects announces `update_ready` again rather than `online`.
+grants new turns for the updates it no longer holds (it first removes every turn the process before it left
+at the broker); grant numbers start from the PS's start time, so a site answers each new grant once. A site that reconnects announces `update_ready` again rather than `online`.
 
 ## Lifecycle of a run
 

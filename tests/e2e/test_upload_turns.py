@@ -89,3 +89,30 @@ def test_one_upload_turn_bounds_the_broker_and_survives_a_ps_kill(cli_federation
     sites_log = "".join(fed.tail(site, 400) for site in SITES)
     assert "waiting for an upload turn" in sites_log and "upload turn" in sites_log
     assert "resuming from checkpoint of round 1" in fed.tail("ps", 400)
+
+
+def test_a_site_killed_in_its_turn_gets_a_new_one_after_its_restart(cli_federation, tmp_path: Path) -> None:
+    # Prepare: one turn, every update chunked; one site dies in its round-2 turn, before its chunks go up. A quorum
+    # of all sites keeps round 2 open for it (else the PS closes the round without a site that went offline).
+    run_id = "e2e-turn-site"
+    expected = _simulated(tmp_path, run_id)
+    fed = cli_federation("turn-site", run_id=run_id, rounds=ROUNDS, sites=SITES,
+                         ps_extra={"upload_turns": 1, "quorum": len(SITES)}, broker_extra=SMALL_CHUNKS)
+    killed = SITES[1]
+    fed.start_broker()
+    fed.start_ps()
+    for site in SITES:
+        fed.start_site(site, fault="site_before_publish:2" if site == killed else None)
+
+    # Execute: the PS sees it offline (its Will) and frees the turn; the restarted site announces its stored update
+    assert fed.procs[killed].wait(180) == -signal.SIGKILL, fed.tail(killed)
+    fed.start_site(killed)
+    fed.wait_ps_done(240)
+
+    # Assert: the simulation's weights; the site used a turn before its death and a new one after its restart
+    got = fed.final_weights()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    log = fed.tail(killed, 400)
+    assert "round 2: re-publishing the stored update" in log
+    assert log.count("round 2: upload turn") == 2, log
