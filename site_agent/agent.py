@@ -333,11 +333,9 @@ class SiteAgent:
 
 
 def _build_trainer(config: SiteConfig, data: Any) -> Trainer:
-    from site_agent.trainer import Trainer, pick_device, warm_up
+    from site_agent.trainer import Trainer, pick_device
 
-    trainer = Trainer(config.site_id, data, device=pick_device(config.device), amp=config.amp)
-    warm_up()
-    return trainer
+    return Trainer(config.site_id, data, device=pick_device(config.device), amp=config.amp)
 
 
 def _stats_blobs(stats: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple:

@@ -25,12 +25,6 @@ def use_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def warm_up() -> None:
-    """Pay torch's one-off lazy imports (the optimizers load torch._dynamo on first use, seconds of CPU) while
-    the agent waits for its first task, not inside round 1's training."""
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-
-
 def pick_device(choice: str) -> str:
     """`auto` takes CUDA when there is one (a hospital GPU), else the CPU."""
     if choice == "auto":

@@ -19,6 +19,7 @@ from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.errors import ConfigError
 from fedmqtt.strategies.params import check_local_optimiser
 from fedmqtt.training.client_rules import GradTerms
+from fedmqtt.training.optimisers import LocalOptimiser
 from schemas.messages import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def train_local(
         for _ in range(settings.epochs):
             for idx in itertools.islice(_batches(xt.shape[0], settings.batch_size, shuffle), settings.steps_per_epoch):
                 xb, yb = _batch(xt, yt, idx, dev)
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
                 with autocast:
                     loss = loss_fn(model(xb).float(), yb)
                 loss.backward()
@@ -260,22 +261,19 @@ def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[to
         yield idx
 
 
-def _make_optimizer(params: list[nn.Parameter], settings: TrainSettings) -> torch.optim.Optimizer:
+def _make_optimizer(params: list[nn.Parameter], settings: TrainSettings) -> LocalOptimiser:
     """The local optimiser: lr and weight_decay from `settings`, SGD momentum/nesterov from `settings.hyper`
     (strategies.params.LOCAL_OPTIMISER_KEYS; a setting that does not fit the optimiser is refused, never
-    silently ignored)."""
+    silently ignored). torch.optim's update rules; fedmqtt.training.optimisers says why not its classes."""
     try:
         check_local_optimiser(settings.hyper, settings.optimizer)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     if settings.optimizer == "sgd":
-        momentum = float(settings.hyper.get("momentum", 0.0))
-        nesterov = bool(settings.hyper.get("nesterov", 0.0))
-        return torch.optim.SGD(params, lr=settings.lr, momentum=momentum, nesterov=nesterov,
-                               weight_decay=settings.weight_decay)
-    if settings.optimizer == "adam":
-        return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+        return LocalOptimiser(params, "sgd", lr=settings.lr, weight_decay=settings.weight_decay,
+                              momentum=float(settings.hyper.get("momentum", 0.0)),
+                              nesterov=bool(settings.hyper.get("nesterov", 0.0)))
+    return LocalOptimiser(params, settings.optimizer, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
 def _gradient_terms(model: nn.Module, terms: GradTerms, dev: torch.device) -> Callable[[], None] | None:

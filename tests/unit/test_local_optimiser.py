@@ -19,6 +19,7 @@ from fedmqtt.strategies import build_strategy  # noqa: E402
 from fedmqtt.strategies.fednova import a_norm_momentum  # noqa: E402
 from fedmqtt.training import client_rules, loop  # noqa: E402
 from fedmqtt.training.client_rules import GradTerms, fednova_a_norm, plan_terms  # noqa: E402
+from fedmqtt.training.optimisers import LocalOptimiser  # noqa: E402
 from schemas.messages import TrainSettings  # noqa: E402
 
 
@@ -28,9 +29,9 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[tu
     norms: list[tuple[Any, ...]] = []
     make, a_norm = loop._make_optimizer, client_rules.fednova_a_norm
 
-    def record_optimiser(params: Any, settings: TrainSettings) -> torch.optim.Optimizer:
+    def record_optimiser(params: Any, settings: TrainSettings) -> LocalOptimiser:
         opt = make(params, settings)
-        optimisers.append({"type": type(opt).__name__, **opt.defaults})
+        optimisers.append({"type": opt.name, **opt.defaults})
         return opt
 
     def record_norm(steps: int, **kw: Any) -> float:
@@ -45,7 +46,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[tu
 
 def test_fednova_paper_momentum_reaches_every_site_and_its_a_norm(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--hyper momentum=0.9` (FedNova's paper setting) and train.weight_decay arrive in torch.optim.SGD;
+    """`--hyper momentum=0.9` (FedNova's paper setting) and train.weight_decay arrive in the site's SGD;
     the a_norm each site sends is the heavy-ball ||a_i||_1 for the momentum its optimiser used."""
     optimisers, norms = _spy(monkeypatch)
     train = SGD_TRAIN.model_copy(update={"weight_decay": 5e-4, "lr": 0.02})
@@ -72,9 +73,9 @@ def test_train_hyper_survives_the_ps_merge(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("rho,nesterov", [(0.0, False), (0.9, False), (0.5, True), (0.9, True)])
 def test_a_norm_is_the_displacement_of_torch_sgd_under_a_constant_gradient(rho: float, nesterov: bool) -> None:
-    """With every gradient equal to 1, torch's SGD moves by exactly lr * ||a||_1 after tau steps."""
+    """With every gradient equal to 1, the site's SGD moves by exactly lr * ||a||_1 after tau steps."""
     w = torch.zeros(1, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.SGD([w], lr=0.1, momentum=rho, nesterov=nesterov)
+    opt = LocalOptimiser([w], "sgd", lr=0.1, momentum=rho, nesterov=nesterov)
     for _ in range(7):
         opt.zero_grad()
         w.sum().backward()
