@@ -106,7 +106,11 @@ def run_in_process(config: dict) -> dict:
         metrics, counts, _ = trainer.evaluate(spec, weights, ("val", "test"))
         correct += metrics["test"]["accuracy"] * counts["test"]
         count += counts["test"]
-    return {"test_accuracy": correct / count, "round_s": round_s, "inner_s": time.perf_counter() - started}
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"test_accuracy": correct / count, "round_s": round_s, "inner_s": time.perf_counter() - started,
+            "cpu_s": ru.ru_utime + ru.ru_stime, "hwm_mib": ru.ru_maxrss / 1024}
 
 
 def in_process(work: Path, config: dict) -> dict:
@@ -170,7 +174,9 @@ def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Pat
         for site in site_ids:
             procs[site] = spawn(site, "site", "start", "--config", str(work / f"{site}.toml"), "--exit-when-done")
         online: dict[str, float] = {}
+        usage = Usage({**procs, "broker": broker})
         while procs["ps"].poll() is None:
+            usage.sample()
             inbound = watch.receive(0.1)
             if inbound is not None and getattr(inbound.message, "state", "") == "online":
                 online.setdefault(inbound.message.sender, time.monotonic() - t0)
@@ -178,8 +184,12 @@ def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Pat
             if dead:
                 raise SystemExit(f"{dead[0]} failed; see {logs / (dead[0] + '.log')}")
         wall = time.monotonic() - t0
+        end = time.monotonic() + 30
+        while any(p.poll() is None for p in procs.values()) and time.monotonic() < end:
+            usage.sample()
+            time.sleep(0.05)
         for p in procs.values():
-            p.wait(30)
+            p.wait(1)
     finally:
         observer.close()
         broker.terminate()
@@ -192,7 +202,44 @@ def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Pat
         correct += site["metrics"]["test"]["accuracy"] * site["n_samples"]["test"]
         count += site["n_samples"]["test"]
     return {"wall_s": wall, "test_accuracy": correct / count, "round_s": [r["duration_s"] for r in report["rounds"]],
-            "all_online_s": max(online.values()) if len(online) == len(site_ids) else None}
+            "all_online_s": max(online.values()) if len(online) == len(site_ids) else None, "usage": usage.summary()}
+
+
+class Usage:
+    """CPU seconds (user + system) and peak RSS of each process, read from /proc every ~0.1 s until it exits
+    (the last reading before exit, so up to one interval of CPU is missed)."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+        self.procs = procs
+        self.cpu: dict[str, float] = {}
+        self.hwm_mib: dict[str, float] = {}
+
+    def sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        for name, p in self.procs.items():
+            try:
+                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                status = Path(f"/proc/{p.pid}/status").read_text()
+            except OSError:
+                continue  # exited
+            if fields[0] == "Z":
+                continue
+            self.cpu[name] = (int(fields[11]) + int(fields[12])) / tick
+            hwm = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
+            if hwm:
+                self.hwm_mib[name] = int(hwm[0]) / 1024
+
+    def summary(self) -> dict[str, float]:
+        sites = [n for n in self.cpu if n.startswith("site-")]
+        return {"site_cpu_s": sum(self.cpu[n] for n in sites) / max(1, len(sites)),
+                "site_hwm_mib": max((self.hwm_mib.get(n, 0.0) for n in sites), default=0.0),
+                "ps_cpu_s": self.cpu.get("ps", 0.0), "broker_cpu_s": self.cpu.get("broker", 0.0),
+                "total_cpu_s": sum(self.cpu.values())}
+
+
+def _usage_line(u: dict[str, float]) -> str:
+    return (f"CPU s: {u['total_cpu_s']:.1f} in all, {u['site_cpu_s']:.2f} per site (peak RSS "
+            f"{u['site_hwm_mib']:.0f} MiB), PS {u['ps_cpu_s']:.2f}, broker {u['broker_cpu_s']:.2f}")
 
 
 def _wait_for_port(port: int, timeout_s: float = 15.0) -> None:
@@ -247,12 +294,14 @@ def main() -> None:
                 print(f"  baseline tree {args.baseline_tree}: deployed {old['wall_s']:.1f} s (ratio "
                       f"{old['wall_s'] / local['wall_s']:.2f}), all online {old['all_online_s'] or float('nan'):.1f} s, "
                       f"rounds {', '.join(f'{s:.2f}' for s in old['round_s'])}, test accuracy "
-                      f"{old['test_accuracy']:.4f}; load {uptime()}")
+                      f"{old['test_accuracy']:.4f}; {_usage_line(old['usage'])}; load {uptime()}")
             print(f"  rounds deployed (PS's duration_s): {', '.join(f'{s:.2f}' for s in mqtt['round_s'])}; "
                   f"in process: {', '.join(f'{s:.2f}' for s in local['round_s'])}; in-process start-up + final "
                   f"evaluation {local['wall_s'] - sum(local['round_s']):.1f} s; all {args.sites} sites online "
                   f"{mqtt['all_online_s']:.1f} s after launch" if mqtt["all_online_s"] is not None else
                   "  (not every site was seen online)")
+            print(f"  deployed {_usage_line(mqtt['usage'])}; in process CPU s: {local['cpu_s']:.1f} "
+                  f"(peak RSS {local['hwm_mib']:.0f} MiB)")
 
 
 if __name__ == "__main__":
