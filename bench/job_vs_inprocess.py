@@ -206,35 +206,55 @@ def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Pat
 
 
 class Usage:
-    """CPU seconds (user + system) and peak RSS of each process, read from /proc every ~0.1 s until it exits
-    (the last reading before exit, so up to one interval of CPU is missed)."""
+    """CPU seconds (user + system) and peak RSS of each process and its children, read from /proc every ~0.1 s
+    until it exits (the last reading before exit, so up to one interval of CPU is missed)."""
 
     def __init__(self, procs: dict[str, subprocess.Popen[bytes]]) -> None:
         self.procs = procs
-        self.cpu: dict[str, float] = {}
-        self.hwm_mib: dict[str, float] = {}
+        self.seen: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in procs}
 
     def sample(self) -> None:
-        tick = os.sysconf("SC_CLK_TCK")
         for name, p in self.procs.items():
-            try:
-                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                status = Path(f"/proc/{p.pid}/status").read_text()
-            except OSError:
-                continue  # exited
-            if fields[0] == "Z":
-                continue
-            self.cpu[name] = (int(fields[11]) + int(fields[12])) / tick
-            hwm = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
-            if hwm:
-                self.hwm_mib[name] = int(hwm[0]) / 1024
+            for pid in (p.pid, *_children(p.pid)):  # `fedmqtt broker start` runs mosquitto as its child
+                reading = _cpu_and_hwm(pid)
+                if reading is not None:
+                    self.seen[name][pid] = reading
+
+    @property
+    def cpu(self) -> dict[str, float]:
+        return {name: sum(r[0] for r in pids.values()) for name, pids in self.seen.items() if pids}
+
+    @property
+    def hwm_mib(self) -> dict[str, float]:
+        return {name: max(r[1] for r in pids.values()) for name, pids in self.seen.items() if pids}
 
     def summary(self) -> dict[str, float]:
-        sites = [n for n in self.cpu if n.startswith("site-")]
-        return {"site_cpu_s": sum(self.cpu[n] for n in sites) / max(1, len(sites)),
-                "site_hwm_mib": max((self.hwm_mib.get(n, 0.0) for n in sites), default=0.0),
-                "ps_cpu_s": self.cpu.get("ps", 0.0), "broker_cpu_s": self.cpu.get("broker", 0.0),
-                "total_cpu_s": sum(self.cpu.values())}
+        cpu, hwm = self.cpu, self.hwm_mib
+        sites = [n for n in cpu if n.startswith("site-")]
+        return {"site_cpu_s": sum(cpu[n] for n in sites) / max(1, len(sites)),
+                "site_hwm_mib": max((hwm.get(n, 0.0) for n in sites), default=0.0),
+                "ps_cpu_s": cpu.get("ps", 0.0), "broker_cpu_s": cpu.get("broker", 0.0),
+                "total_cpu_s": sum(cpu.values())}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _cpu_and_hwm(pid: int) -> tuple[float, float] | None:
+    """(user + system CPU seconds, peak RSS in MiB) of a live process; None once it has exited."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    if fields[0] == "Z":
+        return None
+    hwm = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(hwm[0]) / 1024 if hwm else 0.0
 
 
 def _usage_line(u: dict[str, float]) -> str:
