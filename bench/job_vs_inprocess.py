@@ -217,8 +217,9 @@ class Usage:
         for name, p in self.procs.items():
             for pid in (p.pid, *_children(p.pid)):  # `fedmqtt broker start` runs mosquitto as its child
                 reading = _cpu_and_hwm(pid)
-                if reading is not None:
-                    self.seen[name][pid] = reading
+                if reading is not None:  # both only grow; an exiting process shows no VmHWM any more
+                    cpu, hwm = self.seen[name].get(pid, (0.0, 0.0))
+                    self.seen[name][pid] = (max(cpu, reading[0]), max(hwm, reading[1]))
 
     @property
     def cpu(self) -> dict[str, float]:
