@@ -87,6 +87,9 @@ def run_in_process(config: dict) -> dict:
     from schemas.messages import ModelSpec, TrainSettings
     from site_agent.trainer import Trainer
 
+    from fedmqtt.transport.heap import tune_heap
+
+    tune_heap()  # what every `fedmqtt` process does first: the same heap settings as the sites'
     torch.set_num_threads(1)  # what every site process uses (site config threads = 1)
     spec = ModelSpec.model_validate(config["model"])
     settings = TrainSettings.model_validate({**config["train"], "seed": SEED})

@@ -45,5 +45,8 @@ def run_agents(config_paths: list[Path], *, exit_when_done: bool = True) -> None
 
 
 if __name__ == "__main__":  # python -m site_agent.multi CONFIG...
+    from fedmqtt.transport.heap import tune_heap
+
+    tune_heap()  # as every `fedmqtt` command does
     setup_logging()
     run_agents([Path(p) for p in sys.argv[1:]])

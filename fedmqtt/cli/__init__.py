@@ -51,7 +51,9 @@ _reflow_all(app)
 def main() -> None:
     """Console entry point: a FedMqttError (bad config, broker unreachable...) is one clear line, exit 2."""
     from fedmqtt.errors import FedMqttError
+    from fedmqtt.transport.heap import tune_heap
 
+    tune_heap()  # every PS, site and simulation process reuses its model-sized buffers (see heap.py)
     try:
         app()
     except FedMqttError as exc:

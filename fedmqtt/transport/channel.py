@@ -244,7 +244,7 @@ class Channel:
         self._clear_old_chunks(topic, manifest.count)
         head = encode(manifest, max_bytes=self.max_bytes)
         self.transport.publish(topic, head, retain=retain)  # last: its chunks are at the broker already
-        release_free_heap()
+        release_free_heap(len(data))
         return sent + len(head)
 
     def clear(self, topic: str) -> None:
@@ -292,7 +292,7 @@ class Channel:
             return None
         if isinstance(outcome, Completed):
             inbound = self._accept_reassembled(outcome)
-            release_free_heap()
+            release_free_heap(outcome.manifest.total_bytes)
             return inbound
         return None
 
