@@ -82,6 +82,7 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
 
     from broker.federation import load_federation
     from broker.process import BrokerProcess
+    from fedmqtt.atomic import write_atomic
 
     from broker.bridge import HOSPITAL_FILE
 
@@ -91,8 +92,9 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
     layout = load_federation(fed_dir)
     _stop_on_sigterm()
     with BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.listen_host) as proc:
-        # add-site/remove-site/rotate read this to make the running broker reload (SIGHUP).
-        layout.pid_path.write_text(f"{proc.pid}\n", encoding="ascii")
+        # add-site/remove-site/rotate read this to make the running broker reload (SIGHUP). Written whole or
+        # not at all: a reader that came at the wrong moment saw an empty file (an e2e test did).
+        write_atomic(layout.pid_path, f"{proc.pid}\n".encode("ascii"), durable=False)
         typer.echo(f"mosquitto pid {proc.pid}; log {layout.log_path}; Ctrl-C stops")
         _echo_listeners(layout)
         try:

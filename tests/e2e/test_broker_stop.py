@@ -26,6 +26,7 @@ def test_sigterm_stops_the_broker_it_started(tmp_path: Path) -> None:
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fedmqtt", "broker", "start", "--dir", str(fed)],
                                 stdout=out, stderr=subprocess.STDOUT)
+    mosquitto = None
     try:
         wait_until(lambda: _port_open(layout.host, layout.port) and layout.pid_path.is_file(), 15, "broker up")
         mosquitto = int(layout.pid_path.read_text().strip())
@@ -42,6 +43,9 @@ def test_sigterm_stops_the_broker_it_started(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait(10)
+        if mosquitto is not None and _alive(mosquitto):
+            os.kill(mosquitto, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
