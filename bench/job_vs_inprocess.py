@@ -217,12 +217,15 @@ class Usage:
         self.seen: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in procs}
 
     def sample(self) -> None:
+        # Here, not at the top: the in-process run loads this module too and must not pay for many_sites.
+        from many_sites import cpu_seconds, peak_rss_mb  # bench/ is this script's folder
+
         for name, p in self.procs.items():
             for pid in (p.pid, *_children(p.pid)):  # `fedmqtt broker start` runs mosquitto as its child
-                reading = _cpu_and_hwm(pid)
-                if reading is not None:  # both only grow; an exiting process shows no VmHWM any more
-                    cpu, hwm = self.seen[name].get(pid, (0.0, 0.0))
-                    self.seen[name][pid] = (max(cpu, reading[0]), max(hwm, reading[1]))
+                cpu, hwm = cpu_seconds(pid), peak_rss_mb(pid)
+                if cpu is not None:  # both only grow; an exiting process shows no VmHWM any more
+                    was_cpu, was_hwm = self.seen[name].get(pid, (0.0, 0.0))
+                    self.seen[name][pid] = (max(was_cpu, cpu), max(was_hwm, hwm or 0.0))
 
     @property
     def cpu(self) -> dict[str, float]:
@@ -246,19 +249,6 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def _cpu_and_hwm(pid: int) -> tuple[float, float] | None:
-    """(user + system CPU seconds, peak RSS in MiB) of a live process; None once it has exited."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    if fields[0] == "Z":
-        return None
-    hwm = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(hwm[0]) / 1024 if hwm else 0.0
 
 
 def _usage_line(u: dict[str, float]) -> str:
