@@ -10,7 +10,7 @@ process from 1.8 million faults to 0.6 million.
 KEEP_FREE_BYTES unused at its top; larger blocks (the tensors of a 512 MB model) are still mapped and
 unmapped, so they never stay behind.
 
-After a chunked transfer larger than REUSE_BELOW_BYTES, `release_free_heap` hands the heap's free memory
+After a chunked transfer of REUSE_BELOW_BYTES or more, `release_free_heap` hands the heap's free memory
 back (`malloc_trim`): such a transfer frees thousands of chunk-sized buffers, and a PS that had just
 published a 512 MB model otherwise held some 250 MB more for the rest of the run. Elsewhere than glibc
 (macOS, musl) both do nothing.
@@ -49,7 +49,7 @@ def tune_heap() -> bool:
 
 
 def release_free_heap(transfer_bytes: int) -> bool:
-    """After a chunked transfer of `transfer_bytes`: return the heap's free memory if the transfer was large.
+    """After a chunked transfer of `transfer_bytes`: return the heap's free memory if it was REUSE_BELOW_BYTES or more.
     True if memory was returned to the system."""
     if _LIBC is None or transfer_bytes < REUSE_BELOW_BYTES:
         return False
