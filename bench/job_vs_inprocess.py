@@ -306,7 +306,8 @@ def main() -> None:
             if args.baseline_tree is not None:
                 old = deployed(work / f"old-{mb}-{rep}", tables, model, args.rounds, tree=args.baseline_tree)
                 print(f"  baseline tree {args.baseline_tree}: deployed {old['wall_s']:.1f} s (ratio "
-                      f"{old['wall_s'] / local['wall_s']:.2f}), all online {old['all_online_s'] or float('nan'):.1f} s, "
+                      f"{old['wall_s'] / local['wall_s']:.2f}), "
+                      f"all online {old['all_online_s'] or float('nan'):.1f} s, "
                       f"rounds {', '.join(f'{s:.2f}' for s in old['round_s'])}, test accuracy "
                       f"{old['test_accuracy']:.4f}; {_usage_line(old['usage'])}; load {uptime()}")
             print(f"  rounds deployed (PS's duration_s): {', '.join(f'{s:.2f}' for s in mqtt['round_s'])}; "
