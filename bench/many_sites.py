@@ -130,7 +130,8 @@ def main() -> None:
                     "broker at once)")
     ap.add_argument("--bare", action="store_true", help="also time the same bytes through bare paho clients")
     ap.add_argument("--py-spy", action="store_true",
-                    help="sample each site process with py-spy (pip install py-spy); flame graphs in <work>/logs")
+                    help="sample the PS and each site process with py-spy (pip install py-spy); raw stacks in "
+                    "<work>/logs (the PS's peak memory and CPU are then py-spy's)")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="fedmqtt-many-"))
     site_ids = [f"site-{i:03d}" for i in range(args.sites)]
@@ -149,8 +150,10 @@ def main() -> None:
                        "--", *cmd]
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=log))
         ps_log = open(work / "logs" / "ps.log", "wb")
-        ps = subprocess.Popen([sys.executable, "-m", "fedmqtt", "ps", "start", "--config", str(ps_path)],
-                              stdout=ps_log, stderr=ps_log)
+        ps_cmd = [sys.executable, "-m", "fedmqtt", "ps", "start", "--config", str(ps_path)]
+        if args.py_spy:
+            ps_cmd = ["py-spy", "record", "--format", "raw", "-o", str(work / "logs" / "ps.pyspy.txt"), "--", *ps_cmd]
+        ps = subprocess.Popen(ps_cmd, stdout=ps_log, stderr=ps_log)
         peak = broker_peak = ps_cpu = broker_cpu = 0.0
         site_peaks = [0.0] * len(procs)
         while ps.poll() is None:

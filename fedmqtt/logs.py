@@ -8,6 +8,8 @@ import logging
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        # Milliseconds: a round's steps (model out, updates in, turns) take tens of ms; merged PS and site logs
+        # then sort into the order in which they happened.
+        format="%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s",
         datefmt="%Y-%m-%dT%H:%M:%S",
     )

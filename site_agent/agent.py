@@ -139,14 +139,23 @@ class SiteAgent:
 
     def poll(self, timeout_s: float) -> None:
         """Handle at most one inbound message, then any task whose model has arrived."""
+        self.receive(timeout_s)
+        self.work()
+
+    def receive(self, timeout_s: float) -> None:
+        """Handle at most one inbound message (a model chunk, a task, an upload turn...); never trains."""
         self._announce_if_reconnected(self.status_topic)
         if self._trainer is None and self._loading is not None and self._loading.done():
             _ = self.trainer  # torch has loaded: take the trainer now (a failure, e.g. no CUDA, stops the agent)
         inbound = self.channel.receive(timeout_s)
         if inbound is not None:
             self._on_message(inbound.message)
-        self._work()
+
+    def work(self) -> bool:
+        """Train or evaluate the task whose model has arrived, if there is one (True if so)."""
+        worked = self._work()
         self._remind()
+        return worked
 
     def _remind(self) -> None:
         """Nothing waits in silence: every REMIND_S say what this site waits for."""
@@ -217,10 +226,10 @@ class SiteAgent:
                 log.info("PS: %s (round %d) %s", msg.state, msg.round, msg.detail[:300])
             self.uplink.on_ps_status(msg)
 
-    def _work(self) -> None:
+    def _work(self) -> bool:
         task = self.task
         if task is None or (task.session, task.model_hash) not in self.models:
-            return  # the model this task names has not arrived yet
+            return False  # the model this task names has not arrived yet
         self.task = None
         self._join(task.session)
         model = self.models[(task.session, task.model_hash)]
@@ -238,6 +247,7 @@ class SiteAgent:
             log.exception("round %d %s failed", task.round, task.kind)
             status = self._status("error", f"round {task.round} {task.kind} failed: {exc}"[:500])
             self.channel.send(topics.site_status_topic(self.config.run_id, self.config.site_id), status)
+        return True
 
     def _compose(self, model: m.GlobalModel, task: Task, *, evaluate: bool = False) -> dict[str, np.ndarray]:
         """The model this site uses: received shared tensors, then its personalised tensors, then its
