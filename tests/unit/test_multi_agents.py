@@ -35,8 +35,8 @@ class RecordingAgent:
 
 
 def run(agents: list[RecordingAgent], log: list, until_len: int) -> None:
-    passes = iter(range(10_000))
-    serve(agents, until=lambda: len(log) >= until_len or next(passes) == 9_999)  # type: ignore[arg-type]
+    passes = iter(range(1_000))  # bounded: an idle pass sleeps 10 ms, so a scheduler that stalls fails in ~10 s
+    serve(agents, until=lambda: len(log) >= until_len or next(passes) == 999)  # type: ignore[arg-type]
 
 
 def test_an_upload_turn_is_answered_before_the_next_agents_work() -> None:
