@@ -23,11 +23,11 @@ import torch
 # Runnable as a plain script from the repository root (bench/ is not a package).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import ps_daemon.runner  # noqa: E402,F401  (imported here so the first run's wall time excludes it)
+import site_agent.agent  # noqa: E402,F401
 from fedmqtt.simulation import DEFAULT_MODEL, DEFAULT_TRAIN, SimulationConfig, run_simulation  # noqa: E402
 from fedmqtt.strategies import STRATEGIES  # noqa: E402
 from schemas.messages import ModelSpec, TrainSettings  # noqa: E402
-import ps_daemon.runner  # noqa: E402,F401  (imported here so the first run's wall time excludes it)
-import site_agent.agent  # noqa: E402,F401
 
 # SCAFFOLD option II and FedNova's ||a_i||_1 are defined for plain SGD; FedDyn
 # prefers SGD. Everything else uses the simulation's default settings.

@@ -84,10 +84,9 @@ def run_in_process(config: dict) -> dict:
     from fedmqtt.data.registry import load_site_data
     from fedmqtt.data.spec import DataSpec
     from fedmqtt.training.weights import initial_arrays
+    from fedmqtt.transport.heap import tune_heap
     from schemas.messages import ModelSpec, TrainSettings
     from site_agent.trainer import Trainer
-
-    from fedmqtt.transport.heap import tune_heap
 
     tune_heap()  # what every `fedmqtt` process does first: the same heap settings as the sites'
     torch.set_num_threads(1)  # what every site process uses (site config threads = 1)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.acl import login_names, render_acl
 from broker import certs
+from broker.acl import login_names, render_acl
 from broker.config import Listener, TlsFiles, free_port, render_broker_config
 from broker.passwords import generate_password, write_password_file
 from fedmqtt.config_io import dump_toml, load_toml

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fedmqtt.simulation_config import SimulationConfig
 
 
-def run_central(config: "SimulationConfig", *, progress: bool = True) -> dict[str, Any]:
+def run_central(config: SimulationConfig, *, progress: bool = True) -> dict[str, Any]:
     """Train on the pooled training splits for `rounds` x `epochs` epochs; evaluate every site each round."""
     import torch
     from tqdm import tqdm

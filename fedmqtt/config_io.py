@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 from typing import TypeVar
 
+import tomllib
 from pydantic import BaseModel, ValidationError
 
 from fedmqtt.errors import ConfigError

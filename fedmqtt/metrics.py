@@ -22,7 +22,12 @@ from sklearn.metrics import (
 
 # Re-exported: the PS imports these from fedmqtt.means, without scikit-learn.
 from fedmqtt.means import (  # noqa: F401
-    LOWER_IS_BETTER, Direction, best_round, direction_of, mean_defined, round_score,
+    LOWER_IS_BETTER,
+    Direction,
+    best_round,
+    direction_of,
+    mean_defined,
+    round_score,
 )
 
 if TYPE_CHECKING:

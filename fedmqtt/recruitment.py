@@ -7,8 +7,8 @@ seed and the round, so a resumed PS draws the same sites.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -41,9 +41,10 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
         from fedmqtt.central import run_central
 
         return finish_report(config, run_central(config, progress=progress))
+    import json
+
     from ps_daemon.runner import DaemonRunner
     from site_agent.agent import SiteAgent
-    import json
 
     if config.pretrain_fraction is not None and config.pretrained is None:
         config = config.model_copy(update={"pretrained": pretrain_pooled(config)})

@@ -14,20 +14,21 @@ import logging
 import math
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import msgpack
 import numpy as np
 
 from fedmqtt.atomic import write_atomic
 from fedmqtt.errors import CheckpointError, SchemaError
+from fedmqtt.strategies.aggregate import release_pages
+from fedmqtt.strategies.base import Manifest, manifest_from_dict
 from ps_daemon.state import BestRound, DaemonState, RoundRecord
 from schemas.checkpoint import BEST_FILE_PATTERN, BestRoundRecord, Checkpoint
 from schemas.codec import decode_checkpoint, encode_checkpoint, pack_pieces
-from fedmqtt.strategies.aggregate import release_pages
-from fedmqtt.strategies.base import Manifest, manifest_from_dict
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays
 
 log = logging.getLogger(__name__)

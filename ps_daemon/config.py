@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import json
+import re
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedmqtt.config_io import load_toml, validate_config
 from fedmqtt.errors import ConfigError
+from fedmqtt.strategies import STRATEGIES, build_strategy
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
 from fedmqtt.training.client_rules import optimiser_problem
-from fedmqtt.strategies import STRATEGIES, build_strategy
 
 # Rules whose formulas hold for plain SGD only (docs/algorithms.md 7 and 8).
 NEEDS_PRETRAINED = ("adafed", "d-adafed")
@@ -87,7 +86,7 @@ class DaemonConfig(BaseModel):
     pretrained: Path | None = Field(default=None, description="safetensors model for AdaFed's statistics")
 
     @model_validator(mode="after")
-    def _check(self) -> "DaemonConfig":
+    def _check(self) -> DaemonConfig:
         for site in self.sites:
             if not re.fullmatch(ID_PATTERN, site):
                 raise ValueError(f"site id {site!r} must match {ID_PATTERN}")

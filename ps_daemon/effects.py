@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Union
+from typing import TYPE_CHECKING, Union
 
 from fedmqtt.strategies.base import Weights
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SaveCheckpoint:
-    state: "DaemonState"
+    state: DaemonState
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class PublishStatus:
 
 @dataclass(frozen=True)
 class PublishRoundMetrics:
-    record: "RoundRecord"
+    record: RoundRecord
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Log:
 
 @dataclass(frozen=True)
 class Finish:
-    state: "DaemonState"
+    state: DaemonState
 
 
 Effect = Union[SaveCheckpoint, PublishModel, PublishTrainTask, PublishEvalTask, PublishRecruitment, PublishStatus,

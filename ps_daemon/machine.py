@@ -8,8 +8,8 @@ stragglers are named in the status (never a silent hang).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 
@@ -20,7 +20,13 @@ from ps_daemon import effects as fx
 from ps_daemon import selection
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import (
-    Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived,
+    Event,
+    ReportReceived,
+    SiteOffline,
+    SiteOnline,
+    Started,
+    Tick,
+    UpdateReceived,
 )
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
 

@@ -11,22 +11,33 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from fedmqtt.errors import BrokerError, CheckpointError
 from fedmqtt.faults import crash_point
 from fedmqtt.recruitment import histogram_vector
+from fedmqtt.strategies import SiteUpdate, build_strategy
+from fedmqtt.strategies.base import Weights, manifest_from_dict
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import BridgeState, Channel, Inbound
 from fedmqtt.transport.mqtt import MqttTransport
 from ps_daemon import effects as fx
 from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
-from ps_daemon.checkpoint import (CheckpointStore, Layout, best_weights, checkpoint_to_state, drop_read_pages,
-                                  open_maps, safetensors_layout, state_to_checkpoint)
+from ps_daemon.checkpoint import (
+    CheckpointStore,
+    Layout,
+    best_weights,
+    checkpoint_to_state,
+    drop_read_pages,
+    open_maps,
+    safetensors_layout,
+    state_to_checkpoint,
+)
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.machine import Machine
@@ -34,8 +45,6 @@ from ps_daemon.report import build_report, per_site_csv, render_markdown
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState
 from ps_daemon.turns import UploadTurns
-from fedmqtt.strategies import SiteUpdate, build_strategy
-from fedmqtt.strategies.base import Weights, manifest_from_dict
 from schemas import messages as m
 from schemas.codec import encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash

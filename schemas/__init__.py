@@ -12,7 +12,7 @@ from schemas.messages import (
     SiteStatus,
     TrainTask,
 )
-from schemas.tensors import TensorBlob, blobs_to_arrays, arrays_to_blobs
+from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -8,8 +8,26 @@ from pydantic import Field
 
 # FiniteFloat is imported for callers that used it from here before it moved to schemas.base.
 from schemas.base import (  # noqa: F401
-    ID_PATTERN, MAX_COUNT, MAX_MAP_ENTRIES, MAX_ROUND, MAX_SECONDS, MAX_SITES, MAX_TENSORS, Count, Detail,
-    FiniteFloat, Frozen, Header, Label, Name, NonNegativeSeconds, Real, RoundNo, Session, SiteName, Timestamp,
+    ID_PATTERN,
+    MAX_COUNT,
+    MAX_MAP_ENTRIES,
+    MAX_ROUND,
+    MAX_SECONDS,
+    MAX_SITES,
+    MAX_TENSORS,
+    Count,
+    Detail,
+    FiniteFloat,
+    Frozen,
+    Header,
+    Label,
+    Name,
+    NonNegativeSeconds,
+    Real,
+    RoundNo,
+    Session,
+    SiteName,
+    Timestamp,
 )
 from schemas.chunks import Chunk, ChunkManifest
 from schemas.tensors import Tensors
@@ -249,8 +267,7 @@ class UploadTurn(Header):
 
 
 Message = Annotated[
-    Union[GlobalModel, TrainTask, EvalTask, RecruitmentResult, UploadTurn, ClientUpdate, EvalReport, SiteStatus,
-          DaemonStatus, RoundMetrics, ChunkManifest, Chunk],
+    GlobalModel | TrainTask | EvalTask | RecruitmentResult | UploadTurn | ClientUpdate | EvalReport | SiteStatus | DaemonStatus | RoundMetrics | ChunkManifest | Chunk,
     Field(discriminator="kind"),
 ]
 

@@ -12,7 +12,8 @@ did not say.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field, WrapSerializer, WrapValidator, model_validator
@@ -84,7 +85,7 @@ class TensorBlob(Frozen):
     data: TensorBytes
 
     @model_validator(mode="after")
-    def _check(self) -> "TensorBlob":
+    def _check(self) -> TensorBlob:
         expected = math.prod(self.shape) * _ITEMSIZE[self.dtype]
         if len(self.data) != expected:
             raise PydanticCustomError(
@@ -111,7 +112,7 @@ class TensorBlob(Frozen):
         return self.to_numpy().astype(np.float32)
 
     @classmethod
-    def from_numpy(cls, name: str, array: np.ndarray) -> "TensorBlob":
+    def from_numpy(cls, name: str, array: np.ndarray) -> TensorBlob:
         dtype = str(array.dtype)
         if dtype not in _ITEMSIZE:
             raise ValueError(f"tensor {name!r}: dtype {dtype} is not allowed on the wire")

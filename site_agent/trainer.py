@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from fedmqtt.data.splits import SiteData
+from fedmqtt.training.client_rules import finish_round, plan_terms
 from fedmqtt.training.evaluate import evaluate_split
 from fedmqtt.training.loop import derive_seed, train_local
-from fedmqtt.training.client_rules import finish_round, plan_terms
 from fedmqtt.training.models import build_model, model_manifest
 from fedmqtt.training.statistics import site_statistics
 from fedmqtt.training.usage import UsageMeter, pick_amp

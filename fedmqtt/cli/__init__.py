@@ -6,8 +6,20 @@ import inspect
 
 import typer
 
-from fedmqtt.cli import (algorithms, broker, dashboard, demo, grid, partition, ps, recruit, report, simulate, site,
-                         topics)
+from fedmqtt.cli import (
+    algorithms,
+    broker,
+    dashboard,
+    demo,
+    grid,
+    partition,
+    ps,
+    recruit,
+    report,
+    simulate,
+    site,
+    topics,
+)
 
 app = typer.Typer(
     help="fedmqtt: federated learning for hospital networks over MQTT. Patient data never leaves a site.",

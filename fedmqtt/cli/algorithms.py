@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 app = typer.Typer()
@@ -13,7 +11,7 @@ CENTRAL = ("Central (pooled) baseline, `fedmqtt simulate` only: one model on eve
 
 @app.command("algorithms")
 def algorithms(
-    name: Optional[str] = typer.Argument(
+    name: str | None = typer.Argument(
         None, show_default=False, metavar="NAME",
         help="A strategy's registry name (e.g. fedavg, scaffold, d-adafed): print its reference section (the "
              "same text as docs/algorithms.md). Without it: list every strategy."),

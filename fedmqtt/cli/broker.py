@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -24,24 +24,24 @@ def init(
         help="Name or address parties connect to; repeat for more names (all go into the server certificate).",
     ),
     sans: list[str] = typer.Option([], "--san", help="Another name or address for the server certificate only."),
-    bind: Optional[str] = typer.Option(None, help="Address the network listener binds (default: the first --host)."),
-    port: Optional[int] = typer.Option(
+    bind: str | None = typer.Option(None, help="Address the network listener binds (default: the first --host)."),
+    port: int | None = typer.Option(
         None, help="Plain port: the only listener on loopback, or the loopback one next to TLS (default: free)."
     ),
-    tls: Optional[bool] = typer.Option(
+    tls: bool | None = typer.Option(
         None, "--tls/--no-tls", help="TLS listener (default: on unless --host is loopback; --tls forces it there)."
     ),
-    tls_port: Optional[int] = typer.Option(None, help="TLS port (default 8883; a free one on loopback)."),
+    tls_port: int | None = typer.Option(None, help="TLS port (default 8883; a free one on loopback)."),
     mtls: bool = typer.Option(False, "--mtls", help="Mutual TLS: a client certificate per party, CN = user."),
     insecure_plaintext: bool = typer.Option(
         False, "--insecure-plaintext",
         help="Allow a plain-text listener on a network address: passwords and models travel unencrypted.",
     ),
-    ca_cert: Optional[Path] = typer.Option(None, help="Your own CA certificate (PEM) instead of a new private CA."),
-    ca_key: Optional[Path] = typer.Option(None, help="Its key: only needed with --mtls (to issue client certs)."),
-    server_cert: Optional[Path] = typer.Option(None, help="Your own server certificate (PEM), issued by --ca-cert."),
-    server_key: Optional[Path] = typer.Option(None, help="Its private key (PEM)."),
-    max_inflight: Optional[int] = typer.Option(
+    ca_cert: Path | None = typer.Option(None, help="Your own CA certificate (PEM) instead of a new private CA."),
+    ca_key: Path | None = typer.Option(None, help="Its key: only needed with --mtls (to issue client certs)."),
+    server_cert: Path | None = typer.Option(None, help="Your own server certificate (PEM), issued by --ca-cert."),
+    server_key: Path | None = typer.Option(None, help="Its private key (PEM)."),
+    max_inflight: int | None = typer.Option(
         None, help="QoS 2 window of the broker (mosquitto.conf: 20). Hospitals bridged over slow links need the "
         "value `broker bridge` prints."),
     force: bool = typer.Option(False, help="Replace an existing federation in --dir (every secret changes)."),
@@ -80,11 +80,10 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
     """Run Mosquitto for the federation in the foreground until Ctrl-C."""
     import os
 
+    from broker.bridge import HOSPITAL_FILE
     from broker.federation import load_federation
     from broker.process import BrokerProcess
     from fedmqtt.atomic import write_atomic
-
-    from broker.bridge import HOSPITAL_FILE
 
     if (fed_dir / HOSPITAL_FILE).is_file():
         _start_hospital(fed_dir)
@@ -147,9 +146,9 @@ def bridge_cmd(
     model_bytes: int = typer.Option(
         64 * 1024 * 1024, "--model-bytes", help="Largest model the run exchanges, in bytes: sizes the queues."
     ),
-    site: Optional[str] = typer.Option(None, "--site", help="Site id (default: the credentials' user)."),
-    port: Optional[int] = typer.Option(None, help="Loopback port of the hospital broker (default: free)."),
-    remote: Optional[str] = typer.Option(
+    site: str | None = typer.Option(None, "--site", help="Site id (default: the credentials' user)."),
+    port: int | None = typer.Option(None, help="Loopback port of the hospital broker (default: free)."),
+    remote: str | None = typer.Option(
         None, help="HOST:PORT the bridge dials instead of the central broker's address (e.g. an outbound relay)."
     ),
     force: bool = typer.Option(False, help="Replace a hospital broker already in --out."),
@@ -222,7 +221,7 @@ def rotate_cmd(
     _reload(layout)
 
 
-def _reload(layout: "FederationLayout") -> None:
+def _reload(layout: FederationLayout) -> None:
     from broker.federation import reload_broker
 
     pid = reload_broker(layout)
@@ -232,7 +231,7 @@ def _reload(layout: "FederationLayout") -> None:
         typer.echo(f"broker pid {pid} reloads its password file, ACL and CRL (SIGHUP)")
 
 
-def _echo_listeners(layout: "FederationLayout") -> None:
+def _echo_listeners(layout: FederationLayout) -> None:
     for listener in layout.listeners():
         typer.echo(f"  listener      : {listener.describe()}")
     fingerprint = layout.ca_fingerprint()

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 
 def dashboard(
-    federation: Optional[Path] = typer.Option(None, "--federation", help="A federation directory made by "
+    federation: Path | None = typer.Option(None, "--federation", help="A federation directory made by "
                                               "`fedmqtt broker init`: uses its credentials/observer.toml."),
-    credentials: Optional[Path] = typer.Option(None, "--credentials", help="An observer credentials TOML "
+    credentials: Path | None = typer.Option(None, "--credentials", help="An observer credentials TOML "
                                                "(its broker table); needs --run-id."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="The run to watch (default: the federation's)."),
+    run_id: str | None = typer.Option(None, "--run-id", help="The run to watch (default: the federation's)."),
     run: list[Path] = typer.Option([], "--run", help="A finished run directory holding report.json (repeat to "
                                    "show runs side by side); no broker needed."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. Plain HTTP on loopback only; "
@@ -24,12 +23,12 @@ def dashboard(
                              "`topics watch` takes seat 1 by default)."),
     tls: bool = typer.Option(False, "--tls", help="HTTPS and a login on loopback too (a network --host always "
                              "has them)."),
-    cert: Optional[Path] = typer.Option(None, "--cert", help="Your own server certificate (PEM), with --key; "
+    cert: Path | None = typer.Option(None, "--cert", help="Your own server certificate (PEM), with --key; "
                                         "default with --federation: one issued by the federation's CA."),
-    key: Optional[Path] = typer.Option(None, "--key", help="The private key of --cert (PEM)."),
+    key: Path | None = typer.Option(None, "--key", help="The private key of --cert (PEM)."),
     name: list[str] = typer.Option([], "--name", help="Host name or address browsers use, put in the generated "
                                    "certificate (repeatable; default: --host)."),
-    password_file: Optional[Path] = typer.Option(None, "--password-file", help="A file whose first line is the "
+    password_file: Path | None = typer.Option(None, "--password-file", help="A file whose first line is the "
                                                  "login password (12+ characters). Default with --federation: a "
                                                  "random one, shown once, kept only as a scrypt hash."),
     new_password: bool = typer.Option(False, "--new-password", help="Replace the stored generated password."),
@@ -86,8 +85,8 @@ def dashboard(
             listener.close()
 
 
-def _access(host: str, federation: Optional[Path], cert: Optional[Path], key: Optional[Path], names: list[str],
-            password_file: Optional[Path], new_password: bool):
+def _access(host: str, federation: Path | None, cert: Path | None, key: Path | None, names: list[str],
+            password_file: Path | None, new_password: bool):
     """TLS context and login for HTTPS mode; says where the certificate comes from and how to log in."""
     from broker.certs import fingerprint_sha256
     from fedmqtt.dashboard import login, tls

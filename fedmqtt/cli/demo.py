@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,7 +11,7 @@ app = typer.Typer()
 
 @app.command("demo")
 def demo(
-    out: Optional[Path] = typer.Option(None, "--out", help="Keep the run here: report.json, models, logs, configs."),
+    out: Path | None = typer.Option(None, "--out", help="Keep the run here: report.json, models, logs, configs."),
     rounds: int = typer.Option(20, min=1, help="Federated rounds."),
     seed: int = typer.Option(0, help="Run seed (model init and local shuffling)."),
     timeout: float = typer.Option(900.0, help="Give up after this many seconds."),

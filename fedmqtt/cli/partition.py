@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import typer
@@ -42,27 +42,27 @@ COLUMN_HELP = ("natural: the site column (table: a categorical, binary or drop c
 
 @app.command("partition", epilog=EXAMPLES)
 def partition_command(
-    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="Dataset format: heart_disease, table, "
+    fmt: str | None = typer.Option(None, "--format", "-f", help="Dataset format: heart_disease, table, "
                                       "medmnist, wfdb or physionet2012 (or `format` in --data)."),
-    path: Optional[Path] = typer.Option(None, "--path", help="The pooled dataset: a file (table, .npz, UCI "
+    path: Path | None = typer.Option(None, "--path", help="The pooled dataset: a file (table, .npz, UCI "
                                         "file) or a folder (WFDB records, PhysioNet set-a)."),
     option: list[str] = typer.Option([], "--option", "-o", help=OPTION_HELP),
-    feature_spec: Optional[str] = typer.Option(None, "--spec", help="table: the feature spec, a name (stroke) "
+    feature_spec: str | None = typer.Option(None, "--spec", help="table: the feature spec, a name (stroke) "
                                                "or the path of a .toml/.json file (same as -o spec=...)."),
-    data_file: Optional[Path] = typer.Option(None, "--data", help="A data-spec file (.toml/.json) naming the "
+    data_file: Path | None = typer.Option(None, "--data", help="A data-spec file (.toml/.json) naming the "
                                              "pooled dataset: format, path, options."),
-    partition_file: Optional[Path] = typer.Option(None, "--partition-spec", help="A partition-spec file "
+    partition_file: Path | None = typer.Option(None, "--partition-spec", help="A partition-spec file "
                                                   "(.toml/.json): kind, n_sites, alpha, column, cap, seed."),
-    kind: Optional[str] = typer.Option(None, "--kind", help="natural, iid, label_skew, quantity_skew, "
+    kind: str | None = typer.Option(None, "--kind", help="natural, iid, label_skew, quantity_skew, "
                                        "feature_intervals or feature_samples."),
-    sites: Optional[int] = typer.Option(None, "--sites", "-k", min=1,
+    sites: int | None = typer.Option(None, "--sites", "-k", min=1,
                                         help="Number of sites (all kinds but natural)."),
-    alpha: Optional[float] = typer.Option(None, help="Dirichlet concentration for label_skew / quantity_skew "
+    alpha: float | None = typer.Option(None, help="Dirichlet concentration for label_skew / quantity_skew "
                                           "(< 0.1 extreme, >= 10 homogeneous)."),
-    column: Optional[str] = typer.Option(None, help=COLUMN_HELP),
-    cap: Optional[int] = typer.Option(None, min=1, help="At most this many items per site (random "
+    column: str | None = typer.Option(None, help=COLUMN_HELP),
+    cap: int | None = typer.Option(None, min=1, help="At most this many items per site (random "
                                       "subsample, applied last; the heterogeneity study of docs/algorithms.md 16.5 uses 500)."),
-    seed: Optional[int] = typer.Option(None, min=0, help="Seed of the partition's random draws (default 0)."),
+    seed: int | None = typer.Option(None, min=0, help="Seed of the partition's random draws (default 0)."),
     out: Path = typer.Option(..., "--out", help="Folder for partition.json (manifest) and partition.png."),
 ) -> None:
     """Split a pooled dataset into sites: print each site's size and label counts, write the manifest.

@@ -4,7 +4,6 @@ a partition manifest."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -21,16 +20,16 @@ def recruit_command(
     gamma_dv: float = typer.Option(0.5, help="Weight of the label-distribution divergence."),
     gamma_sa: float = typer.Option(0.5, help="Weight of the sample-size term n^-1/2."),
     gamma_th: float = typer.Option(0.1, min=0.0, max=1.0, help="Threshold share of the total score."),
-    manifest: Optional[Path] = typer.Option(None, help="Offline: a partition manifest (fedmqtt partition)."),
+    manifest: Path | None = typer.Option(None, help="Offline: a partition manifest (fedmqtt partition)."),
     counts: str = typer.Option("train", help="Offline: rank by each site's training split, as a run does "
                                "(train: re-drawn from the pooled data the manifest names), or by all its "
                                "items, as the manifest lists them (all)."),
     split_seed: int = typer.Option(0, min=0, help="Offline, --counts train: the sites' split_seed (data spec; "
                                    "default 0), with the default fractions 0.6/0.2/0.2."),
-    credentials: Optional[Path] = typer.Option(None, help="Live: credentials that may read site/+/status."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Live: the run whose sites to rank."),
+    credentials: Path | None = typer.Option(None, help="Live: credentials that may read site/+/status."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Live: the run whose sites to rank."),
     listen: float = typer.Option(3.0, help="Live: seconds to collect the sites' retained statuses."),
-    png: Optional[Path] = typer.Option(None, help="Write the cumulative-score plot here."),
+    png: Path | None = typer.Option(None, help="Write the cumulative-score plot here."),
 ) -> None:
     """Rank sites by representativeness and show who would be recruited (docs/algorithms.md 15).
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,14 +11,14 @@ app = typer.Typer()
 
 @app.command("simulate")
 def simulate(
-    config: Optional[Path] = typer.Argument(None, help="Simulation TOML (default: the bundled heart-disease sites)."),
-    algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="Algorithm name (see `fedmqtt algorithms`)."),
-    rounds: Optional[int] = typer.Option(None, min=1, help="Federated rounds."),
-    seed: Optional[int] = typer.Option(None, help="Run seed."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where report.json, models and checkpoints go."),
-    optimizer: Optional[str] = typer.Option(None, help="Local optimizer: sgd, adam or adamw."),
-    lr: Optional[float] = typer.Option(None, help="Local learning rate."),
-    epochs: Optional[int] = typer.Option(None, min=1, help="Local epochs per round."),
+    config: Path | None = typer.Argument(None, help="Simulation TOML (default: the bundled heart-disease sites)."),
+    algorithm: str | None = typer.Option(None, "--algorithm", "-a", help="Algorithm name (see `fedmqtt algorithms`)."),
+    rounds: int | None = typer.Option(None, min=1, help="Federated rounds."),
+    seed: int | None = typer.Option(None, help="Run seed."),
+    out: Path | None = typer.Option(None, "--out", help="Where report.json, models and checkpoints go."),
+    optimizer: str | None = typer.Option(None, help="Local optimizer: sgd, adam or adamw."),
+    lr: float | None = typer.Option(None, help="Local learning rate."),
+    epochs: int | None = typer.Option(None, min=1, help="Local epochs per round."),
     hyper: list[str] = typer.Option([], "--hyper", "-H", help="Algorithm hyper-parameter NAME=VALUE (repeat)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the rounds."),
 ) -> None:

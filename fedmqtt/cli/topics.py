@@ -6,7 +6,6 @@ import json
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,21 +17,21 @@ def watch(
     credentials: Path = typer.Option(..., "--credentials", help="A credentials TOML (its \\[broker] table), "
                                      "e.g. observer.toml."),
     run_id: str = typer.Option(..., "--run-id", help="The run whose messages to print."),
-    count: Optional[int] = typer.Option(None, help="Exit after this many messages."),
-    timeout: Optional[float] = typer.Option(None, help="Exit after this many seconds."),
+    count: int | None = typer.Option(None, help="Exit after this many messages."),
+    timeout: float | None = typer.Option(None, help="Exit after this many seconds."),
     chunks: bool = typer.Option(False, "--chunks", help="Also print every chunk of a large model (one line each)."),
-    seat: Optional[str] = typer.Option(None, "--seat", help="Log in as <user>.<seat>: the broker allows one "
+    seat: str | None = typer.Option(None, "--seat", help="Log in as <user>.<seat>: the broker allows one "
                                        "connection per login, so each extra watcher takes a seat (the observer "
                                        "has seats 1-7; default for it: 1)."),
 ) -> None:
     """Print every message of a run as one decoded line (never raw tensors). What you see depends on the ACL."""
     from fedmqtt.config_io import load_toml
+    from fedmqtt.errors import FedMqttError
     from fedmqtt.summary import summarize
     from fedmqtt.transport import topics
     from fedmqtt.transport.channel import check_message
     from fedmqtt.transport.mqtt import MqttTransport
     from fedmqtt.transport.settings import BrokerSettings
-    from fedmqtt.errors import FedMqttError
 
     settings = load_toml(credentials, BrokerSettings, section="broker")
     if seat is None and settings.username == "observer":

@@ -44,7 +44,7 @@ class PasswordHash:
     digest: bytes
 
     @classmethod
-    def of(cls, password: str) -> "PasswordHash":
+    def of(cls, password: str) -> PasswordHash:
         if len(password) < MIN_PASSWORD_CHARS:
             raise ConfigError(f"the dashboard password must have at least {MIN_PASSWORD_CHARS} characters")
         salt = secrets.token_bytes(16)
@@ -59,7 +59,7 @@ class PasswordHash:
         return f"scrypt${self.n}${self.r}${self.p}${b64(self.salt).decode()}${b64(self.digest).decode()}\n"
 
     @classmethod
-    def loads(cls, text: str) -> "PasswordHash":
+    def loads(cls, text: str) -> PasswordHash:
         try:
             tag, n, r, p, salt, digest = text.strip().split("$")
             if tag != "scrypt":

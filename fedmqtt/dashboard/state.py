@@ -151,7 +151,7 @@ class RunView:
 
     # -- finished runs ------------------------------------------------------------------------------
     @classmethod
-    def from_report(cls, report: dict[str, Any], *, label: str) -> "RunView":
+    def from_report(cls, report: dict[str, Any], *, label: str) -> RunView:
         """A finished run from its report.json (written by our PS; still read defensively)."""
         view = cls(run_id=str(report.get("run_id", "?")), source="report", label=label)
         view.algorithm = str(report.get("algorithm", ""))

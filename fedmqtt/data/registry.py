@@ -27,8 +27,14 @@ from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.data.partitioners import PartitionManifest, read_partition_manifest
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.data.splits import (
-    SiteData, constant_columns, is_constant, split_and_normalise, split_indices, standardise,
-    train_statistics, warn_extreme,
+    SiteData,
+    constant_columns,
+    is_constant,
+    split_and_normalise,
+    split_indices,
+    standardise,
+    train_statistics,
+    warn_extreme,
 )
 from fedmqtt.errors import DataError
 

@@ -8,7 +8,6 @@ page is rendered, so an example that stops being valid stops the build instead o
 from __future__ import annotations
 
 import json
-import tomllib
 import types
 import typing
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import annotated_types as at
+import tomllib
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined

@@ -244,9 +244,9 @@ def partition_sites(axis: PartitionAxis, seed: int, out_dir: Path) -> dict[str, 
 
 def write_manifest(spec: PartitionSpec, pooled: DataSpec, path: Path) -> None:
     """What `fedmqtt partition` writes (manifest and PNG), for `spec` over the pooled dataset."""
+    from fedmqtt.cli.partition import plot_partition
     from fedmqtt.data import partitioners as pt
     from fedmqtt.data.registry import labels_digest, load_dataset
-    from fedmqtt.cli.partition import plot_partition
 
     data = load_dataset(pooled)
     groups: np.ndarray | None = None

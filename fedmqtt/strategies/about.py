@@ -11,8 +11,9 @@ import sys
 import textwrap
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import annotated_types
 from pydantic import AliasChoices, BaseModel
@@ -132,7 +133,7 @@ def about_of(name: str) -> StrategyDoc:
     from fedmqtt.strategies import STRATEGIES
 
     module = sys.modules[STRATEGIES[name].__module__]
-    doc: StrategyDoc = getattr(module, "ABOUT")
+    doc: StrategyDoc = module.ABOUT
     return doc
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 

@@ -9,8 +9,9 @@ delivery on `ps/task/<site>`), optional server extras every site needs (SCAFFOLD
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 

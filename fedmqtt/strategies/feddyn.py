@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -12,7 +13,6 @@ from fedmqtt.strategies.aggregate import combine, copy_weights, uniform_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Weights
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, float_state
-
 
 # Acar et al.'s code clips every local gradient at norm 10 (torch.nn.utils.clip_grad_norm_, max_norm=10).
 DEFAULT_MAX_GRAD_NORM = 10.0

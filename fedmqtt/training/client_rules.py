@@ -8,8 +8,9 @@ on TRAIN parameters only, never on buffers (docs/algorithms.md 0.2, 19.1 items 6
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedmqtt.errors import SchemaError, TopicError
-from fedmqtt.transport.bulk import Completed, Failed, Fetcher, split, tensor_index as bulk_index
+from fedmqtt.transport.bulk import Completed, Failed, Fetcher, split
+from fedmqtt.transport.bulk import tensor_index as bulk_index
 from fedmqtt.transport.heap import release_free_heap
 from fedmqtt.transport.mqtt import MqttTransport, RawMessage
 from fedmqtt.transport.topics import BRIDGE, CHUNKED_KINDS, ParsedTopic, chunk_topic, parse_topic
@@ -192,7 +193,7 @@ class Channel:
 
     @classmethod
     def open(cls, factory: Any, *, client_id: str, will: tuple[str, bytes] | None, run_id: str,
-             sender: str) -> "Channel":
+             sender: str) -> Channel:
         """A control connection (with the Last Will) and a bulk one (`<client_id>-bulk`) feeding one inbox."""
         control = factory(client_id=client_id, will=will)
         # Its own broker user `<user>.bulk`: the broker forces client id = user name (broker/acl.py).
@@ -349,7 +350,7 @@ class Channel:
         except (SchemaError, TopicError) as exc:
             self._reject(raw.topic, rejection_category(exc), exc)
             return None
-        kind = getattr(message, "kind")
+        kind = message.kind
         if kind == "chunk":
             assert parsed.chunk is not None
             base = raw.topic.rsplit("/", 2)[0]
@@ -379,7 +380,7 @@ class Channel:
 
     def _deliver(self, parsed: ParsedTopic, message: Any, size: int, retained: bool, *,
                  chunks: int = 0) -> Inbound | None:
-        if getattr(message, "kind") in _STATE_KINDS:
+        if message.kind in _STATE_KINDS:
             # Statuses are idempotent state, and a Last Will re-fires with the same bytes (and id)
             # after every network loss: de-duplicating them would hide the second outage.
             return Inbound(parsed, message, size, retained, chunks)

@@ -8,7 +8,7 @@ share every line of algorithm, training and codec code (and give bit-identical w
 from __future__ import annotations
 
 import queue
-from typing import Iterable
+from collections.abc import Iterable
 
 from paho.mqtt.client import topic_matches_sub
 
@@ -42,7 +42,7 @@ class MemoryTransport:
 
     def __init__(self, broker: MemoryBroker, settings: BrokerSettings = SIMULATION_SETTINGS, *,
                  client_id: str = "", will: tuple[str, bytes] | None = None,
-                 inbox: "queue.Queue[RawMessage] | None" = None, seat: str | None = None) -> None:
+                 inbox: queue.Queue[RawMessage] | None = None, seat: str | None = None) -> None:
         self.broker = broker
         self.settings = settings
         self.client_id = client_id
@@ -55,7 +55,7 @@ class MemoryTransport:
         self.bytes_received = 0
         self._connected = False
 
-    def connect(self, *, timeout_s: float | None = 30.0) -> "MemoryTransport":
+    def connect(self, *, timeout_s: float | None = 30.0) -> MemoryTransport:
         self.broker.clients.append(self)
         self._connected = True
         self.connects += 1

@@ -19,12 +19,12 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fedmqtt.errors import BrokerError, PermanentBrokerError
@@ -215,7 +215,7 @@ class MqttTransport:
         *,
         client_id: str,
         will: tuple[str, bytes] | None = None,
-        inbox: "queue.Queue[RawMessage] | None" = None,
+        inbox: queue.Queue[RawMessage] | None = None,
         seat: str | None = None,
     ) -> None:
         """`inbox`: share another connection's queue (the bulk connection feeds the control one's reader).
@@ -413,7 +413,7 @@ class MqttTransport:
         if self._fatal:
             raise PermanentBrokerError(self._fatal)
 
-    def connect(self, *, timeout_s: float | None = 30.0) -> "MqttTransport":
+    def connect(self, *, timeout_s: float | None = 30.0) -> MqttTransport:
         """Start the network thread and wait until connected (None: wait for ever, retrying).
 
         Raises PermanentBrokerError at once for what retrying cannot fix (credentials, ACL, TLS problems)."""
@@ -660,7 +660,7 @@ class MqttTransport:
             self._client.disconnect(properties=props)
             self._client.loop_stop()
 
-    def __enter__(self) -> "MqttTransport":
+    def __enter__(self) -> MqttTransport:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -65,7 +65,7 @@ class BrokerSettings(BaseModel):
                                               "one sender cannot hold the single fetch slot for ever")
 
     @model_validator(mode="after")
-    def _tls_consistent(self) -> "BrokerSettings":
+    def _tls_consistent(self) -> BrokerSettings:
         if self.tls_ca_file is not None and self.tls_ca_pem is not None:
             raise ValueError("give the CA as tls_ca_file or as tls_ca_pem, not both")
         has_cert = self.tls_cert_file is not None or self.tls_cert_pem is not None
@@ -85,7 +85,7 @@ class BrokerSettings(BaseModel):
         """True when this party connects with TLS (a CA to verify the broker against is configured)."""
         return self.tls_ca_file is not None or self.tls_ca_pem is not None
 
-    def ssl_context(self) -> "ssl.SSLContext | None":
+    def ssl_context(self) -> ssl.SSLContext | None:
         """A client TLS context that verifies the broker (CA + host name) and presents the client certificate
         for mutual TLS; None without TLS. Inline PEM keys pass through a 0600 temporary file for the time of
         `load_cert_chain` only (Python's ssl loads keys from files)."""

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-
 from harness import FAST_TRAIN, CliFederation
+
 from fedmqtt.transport import topics
 from schemas import messages as m
 from schemas.codec import encode

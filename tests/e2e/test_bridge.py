@@ -16,17 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness import FAST_TRAIN, CliFederation, _port_open, wait_until
 from safetensors.numpy import load_file
 
 from broker.bridge import BridgeFlow, load_hospital, write_hospital_broker
 from broker.federation import init_federation
 from broker.process import BrokerProcess
 from fedmqtt.config_io import load_toml
+from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.transport import topics
 from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.settings import BrokerSettings
-from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
-from harness import FAST_TRAIN, CliFederation, _port_open, wait_until
 from schemas import messages as m
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

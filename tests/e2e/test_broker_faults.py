@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
-from fedmqtt.demo import DEMO_MODEL
 from harness import FAST_TRAIN, CliFederation
+
+from fedmqtt.demo import DEMO_MODEL
+from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from schemas import messages as m
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -24,6 +24,7 @@ import msgpack
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
+from harness import FAST_TRAIN, CliFederation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file
@@ -32,7 +33,6 @@ from broker.process import find_mosquitto
 from fedmqtt.demo import DEMO_MODEL
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.transport import topics
-from harness import FAST_TRAIN, CliFederation
 from schemas import messages as m
 from schemas.codec import decode, encode
 from schemas.tensors import TensorBlob

@@ -18,9 +18,9 @@ import msgpack
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
+from harness import CliFederation
 
 from fedmqtt.transport import topics
-from harness import CliFederation
 from schemas import messages as m
 from schemas.chunks import ChunkManifest, TensorEntry, root_digest
 from schemas.codec import decode, encode

@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 import pytest
+from harness import FAST_TRAIN, CliFederation
 from safetensors.numpy import load_file
 
 from fedmqtt.demo import DEMO_MODEL
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
-from harness import FAST_TRAIN, CliFederation
 from schemas import messages as m
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from harness import FAST_TRAIN
 from safetensors.numpy import load_file, save_file
 
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.training.weights import initial_arrays
-from harness import FAST_TRAIN
 
 pytestmark = pytest.mark.e2e
 ROUNDS = 2

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from harness import CliFederation, wait_until
 from safetensors.numpy import load_file
 
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
-from harness import CliFederation, wait_until
 from schemas import messages as m
 
 pytestmark = pytest.mark.e2e

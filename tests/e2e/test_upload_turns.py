@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness import FAST_TRAIN
 from safetensors.numpy import load_file
 
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.transport import topics
-from harness import FAST_TRAIN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -73,8 +73,8 @@ def test_an_update_that_does_not_fit_the_open_round_is_refused(changes: dict[str
 
 def test_first_update_wins_and_unselected_sites_are_refused() -> None:
     machine, state = _open_round()
-    from ps_daemon.events import UpdateReceived
     from fedmqtt.strategies import SiteUpdate
+    from ps_daemon.events import UpdateReceived
 
     state, _ = machine.step(state, UpdateReceived("site-a", 1.0, 1, state.model_hash,
                                                   SiteUpdate("site-a", dict(WEIGHTS), 10, 2)))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-from pathlib import Path
-
 import datetime as dt
 import ipaddress
+import socket
+from pathlib import Path
 
 import pytest
 from cryptography import x509

@@ -11,8 +11,14 @@ import pytest
 from fedmqtt.errors import CheckpointError
 from fedmqtt.strategies import FedAvg, SiteUpdate
 from ps_daemon import effects as fx
-from ps_daemon.checkpoint import (CheckpointStore, StoredWeights, best_weights, checkpoint_to_state, open_maps,
-                                   state_to_checkpoint)
+from ps_daemon.checkpoint import (
+    CheckpointStore,
+    StoredWeights,
+    best_weights,
+    checkpoint_to_state,
+    open_maps,
+    state_to_checkpoint,
+)
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline, UpdateReceived
 from ps_daemon.machine import Machine

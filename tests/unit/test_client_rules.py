@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fedmqtt.training.client_rules import GradTerms, finish_round, fednova_a_norm, plan_terms  # noqa: E402
+from fedmqtt.training.client_rules import GradTerms, fednova_a_norm, finish_round, plan_terms  # noqa: E402
 from fedmqtt.training.loop import _gradient_terms, train_local  # noqa: E402
 from fedmqtt.training.models import build_model, tensor_manifest  # noqa: E402
 from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays  # noqa: E402

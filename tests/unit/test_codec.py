@@ -12,8 +12,8 @@ from pydantic import BaseModel, ValidationError
 
 from fedmqtt.errors import SchemaError
 from schemas import messages as m
-from schemas.codec import decode, encode, json_schemas, pack
 from schemas.chunks import Chunk, ChunkManifest, TensorEntry, chunk_digest, root_digest
+from schemas.codec import decode, encode, json_schemas, pack
 from schemas.messages import TEXT_KINDS
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays, tensors_hash
 

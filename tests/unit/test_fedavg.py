@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fedmqtt.strategies import FedAvg, SiteUpdate, build_strategy
-from fedmqtt.strategies.base import RoundInput
 from fedmqtt.strategies.aggregate import check_update_shapes, sample_weights
+from fedmqtt.strategies.base import RoundInput
 from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline, UpdateReceived

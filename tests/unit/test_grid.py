@@ -10,9 +10,9 @@ import pytest
 import tomllib
 from typer.testing import CliRunner
 
+from fedmqtt.cli import app
 from fedmqtt.data.partitioners import read_partition_manifest
 from fedmqtt.errors import ConfigError, DataError
-from fedmqtt.cli import app
 from fedmqtt.experiments.export import export_point, to_toml
 from fedmqtt.experiments.grid import (
     expand,

@@ -13,7 +13,11 @@ torch = pytest.importorskip("torch")
 
 from fedmqtt.errors import ConfigError  # noqa: E402
 from fedmqtt.simulation import (  # noqa: E402
-    DEFAULT_PRETRAIN_FRACTION, SGD_TRAIN, SimulationConfig, load_simulation_config, run_simulation,
+    DEFAULT_PRETRAIN_FRACTION,
+    SGD_TRAIN,
+    SimulationConfig,
+    load_simulation_config,
+    run_simulation,
 )
 from fedmqtt.strategies import build_strategy  # noqa: E402
 from fedmqtt.strategies.fednova import a_norm_momentum  # noqa: E402

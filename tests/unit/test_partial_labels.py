@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from fedmqtt.data.partitioners import (
-    PartitionSpec, annotated_labels, label_histograms, partition, read_partition_manifest,
+    PartitionSpec,
+    annotated_labels,
+    label_histograms,
+    partition,
+    read_partition_manifest,
     write_partition_manifest,
 )
 from fedmqtt.data.registry import labels_digest, load_dataset, load_site_data

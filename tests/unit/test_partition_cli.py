@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
+from fedmqtt.cli.partition import app
 from fedmqtt.data.partitioners import read_partition_manifest
 from fedmqtt.data.registry import load_site_data
 from fedmqtt.data.spec import DataSpec
-from fedmqtt.cli.partition import app
 
 HEADER = ("id,gender,age,hypertension,heart_disease,ever_married,work_type,Residence_type,avg_glucose_level,"
           "bmi,smoking_status,stroke")
@@ -138,8 +138,8 @@ def test_specs_by_path(tmp_path: Path) -> None:
     columns = tmp_path / "specs" / "columns.toml"
     columns.parent.mkdir()
     columns.write_text(STROKE_COLUMNS_TOML)
-    (tmp_path / "specs" / "pooled.toml").write_text(f'format = "table"\npath = "../stroke.csv"\n'
-                                                    f'options = {{ spec = "columns.toml" }}\n')
+    (tmp_path / "specs" / "pooled.toml").write_text('format = "table"\npath = "../stroke.csv"\n'
+                                                    'options = { spec = "columns.toml" }\n')
     (tmp_path / "specs" / "skew.toml").write_text('[partition]\nkind = "label_skew"\nn_sites = 3\nalpha = 0.5\n')
     # Execute
     typed = invoke("-f", "table", "--path", str(csv), "--spec", str(columns), "--kind", "label_skew",

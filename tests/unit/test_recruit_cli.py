@@ -53,11 +53,12 @@ def test_a_manifest_without_its_pooled_data_says_what_it_ranks(tmp_path: Path) -
 def test_offline_preview_ranks_what_the_sites_report_in_a_run(tmp_path: Path) -> None:
     """The preview's histograms and sizes are exactly each site's training split, as `load_site_data` (what a
     site reports in its status) makes it; all-items counts differ and can recruit another number of sites."""
+    from test_partition_cli import stroke_csv  # same folder: pytest puts it on sys.path
+
     from fedmqtt.data.registry import load_site_data
     from fedmqtt.data.spec import DataSpec
     from fedmqtt.recruitment import histogram_vector, label_histogram, recruit
     from fedmqtt.recruitment_view import manifest_reports, manifest_train_reports
-    from test_partition_cli import stroke_csv  # same folder: pytest puts it on sys.path
 
     csv, out = stroke_csv(tmp_path, n=400), tmp_path / "p"
     result = CliRunner().invoke(app, ["partition", "-f", "table", "--path", str(csv), "--spec", "stroke",

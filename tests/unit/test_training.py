@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 from fedmqtt.data.heart_disease import bundled_path, load_site_file  # noqa: E402
 from fedmqtt.data.splits import split_and_normalise  # noqa: E402
 from fedmqtt.errors import ConfigError  # noqa: E402
-from fedmqtt.training.evaluate import evaluate_split, predict_scores  # noqa: E402
 from fedmqtt.training.client_rules import GradTerms
+from fedmqtt.training.evaluate import evaluate_split, predict_scores  # noqa: E402
 from fedmqtt.training.loop import derive_seed, train_local  # noqa: E402
 from fedmqtt.training.models import build_model, gn_groups, tensor_manifest  # noqa: E402
 from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays  # noqa: E402

@@ -1,8 +1,12 @@
 """Constant baseline for the partial-labels grid: every label's pooled training prevalence (annotated
 rows only) predicted for every record; test loss per site as the sites compute it, per partition seed."""
-import json, statistics, sys
+import json
+import statistics
+import sys
 from pathlib import Path
+
 import numpy as np
+
 from fedmqtt.data.registry import load_site_data
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.metrics import task_metrics
