@@ -23,11 +23,12 @@ from fedmqtt.transport.mqtt import MqttTransport, RawMessage
 from fedmqtt.transport.topics import BRIDGE, CHUNKED_KINDS, ParsedTopic, chunk_topic, parse_topic
 from schemas.chunks import MAX_CHUNK_BYTES, ChunkManifest
 from schemas.codec import WireError, clip, decode, encode
+from schemas.messages import Message
 
 log = logging.getLogger(__name__)
 
-# Which payload kinds may appear on which topic kind.
-_KINDS_BY_TOPIC = {
+# Which payload kinds may appear on which topic kind (docs/protocol.md reads this table too).
+KINDS_BY_TOPIC = {
     ("ps", "status"): {"daemon_status"},
     ("ps", "model"): {"global_model"},
     ("ps", "metrics"): {"round_metrics"},
@@ -127,7 +128,9 @@ class ChannelStats:
         self.rejected_by_site.setdefault(sender, Counter())[category] += 1
 
 
-def check_message(topic: str, payload: bytes, *, run_id: str, max_bytes: int) -> tuple[ParsedTopic, object]:
+def check_message(
+    topic: str, payload: bytes | bytearray, *, run_id: str, max_bytes: int
+) -> tuple[ParsedTopic, Message]:
     """Decode `payload` and check it belongs on `topic`; raise SchemaError/TopicError naming the problem
     (a WireError's `category` says which check failed)."""
     parsed = _parse_topic(topic)
@@ -135,7 +138,7 @@ def check_message(topic: str, payload: bytes, *, run_id: str, max_bytes: int) ->
         raise WrongRun(f"{topic}: run {parsed.run_id!r} is not this run ({run_id!r})")
     message: Any = decode(payload, max_bytes=max_bytes)
     kind = message.kind
-    allowed = _KINDS_BY_TOPIC[parsed.base]
+    allowed = KINDS_BY_TOPIC[parsed.base]
     if parsed.chunk is not None:
         allowed = {"chunk"}
     elif kind == "chunk_manifest" and parsed.base in CHUNKED_KINDS:

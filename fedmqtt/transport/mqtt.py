@@ -5,7 +5,8 @@ decoding, training and aggregation happen on the caller's thread (otherwise keep
 
 Every reason code >= 0x80 the broker sends (CONNACK, PUBACK/PUBREC/PUBCOMP, SUBACK, DISCONNECT) is sorted
 into transient (retried with exponential backoff, logged as such) or permanent (a `PermanentBrokerError`
-whose message names the cause and the fix): see `TRANSIENT_CODES` and `_FIXES`.
+whose message names the cause and the fix): see fedmqtt.transport.reasons, and fedmqtt.transport.tls_diagnosis
+for a failed TLS handshake.
 """
 
 from __future__ import annotations
@@ -28,31 +29,25 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fedmqtt.errors import BrokerError, PermanentBrokerError
+from fedmqtt.transport.reasons import (
+    MAX_BACKOFF_S,
+    PERMANENT_DISCONNECTS,
+    backoff_s,
+    explain,
+    is_transient,
+    reason_code,
+)
 from fedmqtt.transport.settings import BrokerSettings
+from fedmqtt.transport.tls_diagnosis import (
+    HandshakeReset,
+    explain_handshake_reset,
+    explain_silent_closes,
+    explain_tls,
+    probe_tls,
+)
 
 log = logging.getLogger(__name__)
 
-# Reason codes that describe a passing state of the broker: wait and try again. Everything else >= 0x80 is
-# permanent: the same request would be refused again, so we stop and say what to change.
-TRANSIENT_CODES = frozenset({
-    0x80,  # unspecified error: Mosquitto uses it for internal hiccups (e.g. out of memory)
-    0x83,  # implementation specific error: a plugin's temporary failure
-    0x88,  # server unavailable
-    0x89,  # server busy
-    0x8B,  # server shutting down (DISCONNECT): it comes back
-    0x8D,  # keep alive timeout (DISCONNECT): the network stalled; reconnect
-    0x91,  # packet identifier in use: re-send under a new one
-    0x92,  # packet identifier not found (e.g. after a broker restart lost the QoS 2 state): re-send
-    0x93,  # receive maximum exceeded (DISCONNECT): reconnect; unacknowledged messages are re-sent
-    0x96,  # message rate too high
-    0x97,  # quota exceeded: the broker's in-flight/queue budget is full for now
-    0x9F,  # connection rate exceeded
-    0xA0,  # maximum connect time (DISCONNECT): the broker limits a connection's lifetime; reconnect
-})
-# DISCONNECT codes that the broker sends on purpose and that a reconnect would only repeat. A socket that
-# just broke is reported by paho as 0x80 and is retried.
-_PERMANENT_DISCONNECTS = frozenset({0x87, 0x8A, 0x8E, 0x95, 0x98, 0x9C, 0x9D})
-_MAX_BACKOFF_S = 15.0
 _WARN_EVERY_S = 30.0  # a wait for the broker says what it waits for at least this often
 _SUBACK_WAIT_S = 10.0
 _SILENT_CLOSES = 2  # connections closed before any CONNACK: a plaintext client on a TLS listener
@@ -62,103 +57,6 @@ _SILENT_CLOSES = 2  # connections closed before any CONNACK: a plaintext client 
 _DUEL_LOSSES = 3
 _DUEL_WINDOW_S = 60.0
 _SEAT = re.compile(r"[a-z0-9]{1,16}")
-
-# Why a permanent code happened and what to change; {user} and {broker} are filled in.
-_RUN_ID_FIX = ("The broker's ACL does not grant user {user!r} that topic: check that run_id in your config "
-               "matches the federation's (fedmqtt broker init --run-id ...) and that this party uses its own "
-               "credentials file.")
-_FIXES: dict[int, str] = {
-    0x81: "The broker could not parse what we sent: check that the broker is Mosquitto 2.0 or later.",
-    0x82: "The broker saw a protocol violation: check that the broker is Mosquitto 2.0 or later.",
-    0x84: "The broker does not speak MQTT v5: use Mosquitto 2.0 or later.",
-    0x85: "The broker refused the client id: check the broker's clientid_prefixes setting.",
-    0x86: ("The broker does not know user {user!r} with this password: check the credentials file (use the one "
-           "`fedmqtt broker init` wrote for this party; re-run init if the broker's password file was replaced)."),
-    0x87: _RUN_ID_FIX,
-    0x8A: "The broker banned this client: ask the broker's operator.",
-    0x8C: ("The broker expects another authentication method: log in with the username/password from the "
-           "credentials file written by `fedmqtt broker init`."),
-    0x8E: ("Another connection logged in as {user!r} and the broker (use_username_as_clientid) closed ours: the "
-           "same credentials are in use twice. Stop the other process; each party and tool needs its own "
-           "credentials (observers: observer.1 ... observer.7 with the observer password)."),
-    0x8F: "The topic filter is malformed: check run_id and site_id (1-63 of a-z, 0-9, '-').",
-    0x90: "The topic name is malformed: check run_id and site_id (1-63 of a-z, 0-9, '-').",
-    0x94: "The broker refused a topic alias: check that the broker is Mosquitto 2.0 or later.",
-    0x95: ("The message is larger than the broker allows (message_size_limit / max_packet_size in "
-           "mosquitto.conf): lower chunk_threshold_bytes and chunk_bytes in the [broker] settings below it."),
-    0x98: "The broker's operator closed this connection on purpose (administrative action): ask them why.",
-    0x99: "The broker refused the payload format: check that the broker is Mosquitto 2.0 or later.",
-    0x9A: "The broker does not keep retained messages: set retain_available true in mosquitto.conf.",
-    0x9B: "fedmqtt needs QoS 2: remove max_qos from mosquitto.conf.",
-    0x9C: "The broker asks to use another server: point host/port in the [broker] settings at it.",
-    0x9D: "The broker has moved: point host/port in the [broker] settings at its new address.",
-    0x9E: "The broker does not support shared subscriptions: use Mosquitto 2.0 or later.",
-    0xA1: "The broker does not support subscription identifiers: use Mosquitto 2.0 or later.",
-    0xA2: "The broker does not support wildcard subscriptions: enable them (Mosquitto 2.0 default).",
-}
-
-
-def is_transient(code: int) -> bool:
-    return code in TRANSIENT_CODES
-
-
-def explain(action: str, reason: ReasonCode | int, *, user: str, broker: str) -> str:
-    """'<action> refused: <name> (0xNN). <fix>' for a reason code >= 0x80."""
-    code = reason if isinstance(reason, int) else reason.value
-    name = _code_name(code) if isinstance(reason, int) else reason.getName()
-    if is_transient(code):
-        fix = "A transient condition of the broker: retrying with backoff."
-    elif code == 0x87 and action.startswith("connection"):
-        fix = (f"The broker does not let user {user!r} connect: check the credentials file (username and password "
-               f"in the [broker] settings must be those `fedmqtt broker init` wrote for this party).")
-    else:
-        fix = _FIXES.get(code, "An unexpected refusal: see the broker's log.").format(user=user, broker=broker)
-    return f"{action} refused by the broker {broker}: {name.lower()} (0x{code:02X}). {fix}"
-
-
-def _code_name(code: int) -> str:
-    for packet in (PacketTypes.PUBREC, PacketTypes.CONNACK, PacketTypes.SUBACK, PacketTypes.DISCONNECT):
-        try:
-            return ReasonCode(packet, identifier=code).getName()
-        except (KeyError, ValueError):
-            continue
-    return "unknown reason code"
-
-
-def backoff_s(attempt: int) -> float:
-    """0.5, 1, 2, 4, 8, 15, 15 ... seconds: quick at first, capped so a long outage costs little."""
-    return min(_MAX_BACKOFF_S, 0.5 * 2 ** min(attempt, 10))
-
-
-def explain_tls(exc: ssl.SSLError, *, broker: str, settings: BrokerSettings) -> str:
-    """Cause and fix of a failed TLS handshake (these never heal by retrying)."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        why = str(exc.verify_message or exc)
-        lower = why.lower()
-        if "hostname mismatch" in lower or "ip address mismatch" in lower:
-            fix = (f"the broker's certificate is not issued for {settings.host!r}: set host in the [broker] "
-                   f"settings to a name the certificate lists (its subjectAltName), or reissue the certificate")
-        elif "expired" in lower:
-            fix = "the broker's certificate has expired: reissue it (and restart the broker)"
-        elif "not yet valid" in lower:
-            fix = "the broker's certificate is not valid yet: check the clocks of both machines"
-        elif "issuer" in lower or "self-signed" in lower or "self signed" in lower:
-            fix = ("the broker's certificate is not signed by the CA of the [broker] settings (tls_ca_pem or "
-                   "tls_ca_file): use the federation's CA certificate (the credentials file `fedmqtt broker init` "
-                   "wrote carries it)")
-        else:
-            fix = "check the CA of the [broker] settings (tls_ca_pem or tls_ca_file) and the broker's certificate"
-        return f"TLS certificate verify failed for the broker {broker}: {why}; {fix}."
-    text = str(exc)
-    if isinstance(exc, ssl.SSLEOFError) or "wrong version number" in text.lower() or "record" in text.lower():
-        fix = (f"is {broker} a TLS listener? Remove tls_ca_pem/tls_ca_file from the [broker] settings for a "
-               f"plain listener, or use the broker's TLS port")
-    elif "certificate required" in text.lower() or "unknown ca" in text.lower() or "bad certificate" in text.lower():
-        fix = ("the broker wants a client certificate it trusts (mutual TLS): set tls_cert_pem/tls_key_pem (or "
-               "tls_cert_file/tls_key_file) to this party's certificate from `fedmqtt broker init --mtls`")
-    else:
-        fix = "check the TLS settings (tls_ca_*, tls_cert_*, tls_key_*) against the broker's listener"
-    return f"TLS handshake with the broker {broker} failed: {text}; {fix}."
 
 
 class _Client(mqtt.Client):
@@ -180,16 +78,6 @@ class _Client(mqtt.Client):
         return super()._handle_pubrec()
 
 
-def reason_code(code: int) -> ReasonCode:
-    """A ReasonCode for `code`, whichever packet type paho files it under (brokers use codes out of place)."""
-    for packet in (PacketTypes.PUBREC, PacketTypes.DISCONNECT, PacketTypes.CONNACK, PacketTypes.SUBACK):
-        try:
-            return ReasonCode(packet, identifier=code)
-        except (KeyError, ValueError):
-            continue
-    return ReasonCode(PacketTypes.PUBREC, identifier=0x80)  # unknown to paho: "unspecified error"
-
-
 @dataclass(frozen=True)
 class RawMessage:
     """What arrived: the topic, the bytes, and whether the broker replayed it as retained."""
@@ -197,10 +85,6 @@ class RawMessage:
     topic: str
     payload: bytes
     retain: bool
-
-
-class _HandshakeReset(ConnectionError):
-    """The peer closed the connection on our TLS ClientHello (a plain listener does that)."""
 
 
 _LOST = "lost"  # the connection dropped before the broker answered: publish again after the reconnect
@@ -259,7 +143,7 @@ class MqttTransport:
         if will is not None:
             client.will_set(will[0], will[1], qos=2, retain=True)
         # Backoff between reconnect attempts: quick at first, capped so a long outage costs little.
-        client.reconnect_delay_set(min_delay=1, max_delay=int(_MAX_BACKOFF_S))
+        client.reconnect_delay_set(min_delay=1, max_delay=int(MAX_BACKOFF_S))
         # Mosquitto's Receive Maximum (max_inflight_messages, 20 in mosquitto.conf). paho 2.1 neither honours the
         # one in CONNACK nor lets it be changed once connected; a broker set lower answers 0x97, which is retried.
         client.max_inflight_messages_set(20)
@@ -290,7 +174,7 @@ class MqttTransport:
             # that expired or was replaced during the run fails the same way for ever. One handshake of our own
             # first; an OSError raised here makes paho count a failed attempt and retry with its backoff.
             try:
-                self._probe_tls(self._ssl_context)
+                probe_tls(self._ssl_context, self.settings.host, self.settings.port)
             except ssl.SSLError as exc:
                 self._fail(explain_tls(exc, broker=self.broker, settings=self.settings))
                 raise ConnectionAbortedError(self._fatal) from None
@@ -338,14 +222,14 @@ class MqttTransport:
         if self._fatal or self._connack_failed or reason_code.value == 0:
             return  # a refusal was reported already; a clean disconnect is ours
         code = reason_code.value
-        if code in _PERMANENT_DISCONNECTS:
+        if code in PERMANENT_DISCONNECTS:
             self._count(code)
             self._fail(explain("the connection", reason_code, user=self.username, broker=self.broker))
             return
         self._last_error = str(reason_code)
         self._losses.append(time.monotonic())
         log.warning("lost the broker %s (%s); reconnecting by itself with backoff (1-%d s)", self.broker,
-                    reason_code, _MAX_BACKOFF_S)
+                    reason_code, MAX_BACKOFF_S)
 
     def _say_if_duelling(self) -> None:
         now = time.monotonic()
@@ -375,7 +259,8 @@ class MqttTransport:
             filters = self._sub_mids.pop(mid, [])
             done = self._sub_done.pop(mid, None)
         retry: list[str] = []
-        for topic_filter, code in zip(filters, reason_codes):
+        # One code per filter; strict=False so a short SUBACK from a broken broker cannot kill paho's thread.
+        for topic_filter, code in zip(filters, reason_codes, strict=False):
             if not code.is_failure:
                 continue
             self._count(code.value)
@@ -424,19 +309,16 @@ class MqttTransport:
         while True:
             try:
                 if self._ssl_context is not None:
-                    self._probe_tls(self._ssl_context)
+                    probe_tls(self._ssl_context, s.host, s.port)
                 self._client.connect(s.host, s.port, keepalive=s.keepalive_s, clean_start=True)
                 break
             except ssl.SSLError as exc:  # certificate or protocol mismatch: the same next time
                 raise PermanentBrokerError(explain_tls(exc, broker=self.broker, settings=s)) from None
             except OSError as exc:
-                if isinstance(exc, _HandshakeReset):
+                if isinstance(exc, HandshakeReset):
                     resets += 1
                     if resets >= _SILENT_CLOSES:  # twice in a row: not a restart, a listener without TLS
-                        raise PermanentBrokerError(
-                            f"the broker {self.broker} closed the connection during the TLS handshake "
-                            f"({exc.__cause__}): is it a TLS listener? Remove tls_ca_pem/tls_ca_file from the "
-                            f"[broker] settings for a plain listener, or use the broker's TLS port.") from None
+                        raise PermanentBrokerError(explain_handshake_reset(self.broker, exc.__cause__)) from None
                 else:
                     resets = 0
                 self._last_error = str(exc)
@@ -452,10 +334,7 @@ class MqttTransport:
         try:
             while not self.wait_connected(0.5):
                 if self._silent_closes >= _SILENT_CLOSES:
-                    raise PermanentBrokerError(
-                        f"the broker {self.broker} closed the connection {self._silent_closes} times without "
-                        f"answering CONNECT: is it a TLS listener? Set tls_ca_pem or tls_ca_file in the [broker] "
-                        f"settings for a TLS port, or use the broker's plain port.")
+                    raise PermanentBrokerError(explain_silent_closes(self.broker, self._silent_closes))
                 if self._interrupted.is_set() or (deadline is not None and time.monotonic() > deadline):
                     why = self._last_error or "timed out"
                     raise BrokerError(f"could not connect to {self.broker} as {self.username!r}: {why}")
@@ -463,22 +342,6 @@ class MqttTransport:
             self.close()
             raise
         return self
-
-    def _probe_tls(self, context: ssl.SSLContext) -> None:
-        """Handshake once with our own socket before paho connects: paho leaks the socket of a failed handshake,
-        and a refused client certificate (TLS 1.3) only shows as an alert after the handshake, which paho would
-        see as a dropped connection and retry for ever. Raises ssl.SSLError (permanent) or OSError (retry)."""
-        s = self.settings
-        with socket.create_connection((s.host, s.port), timeout=10.0) as raw:
-            try:
-                with context.wrap_socket(raw, server_hostname=s.host) as tls:
-                    tls.settimeout(0.3)
-                    try:
-                        tls.recv(1)  # the broker says nothing before CONNECT, unless it refuses our certificate
-                    except TimeoutError:
-                        pass
-            except (ConnectionResetError, ssl.SSLEOFError, BrokenPipeError) as exc:
-                raise _HandshakeReset() from exc
 
     def wait_connected(self, timeout_s: float | None) -> bool:
         """True once connected; False after `timeout_s` or as soon as `interrupt()` was called.

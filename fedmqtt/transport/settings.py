@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.chunks import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+
+if TYPE_CHECKING:
+    import ssl
 
 
 class BrokerSettings(BaseModel):

@@ -23,7 +23,8 @@ from broker.passwords import write_password_file
 from broker.process import BrokerProcess
 from fedmqtt.errors import PermanentBrokerError
 from fedmqtt.transport import topics
-from fedmqtt.transport.mqtt import MqttTransport, explain, is_transient
+from fedmqtt.transport.mqtt import MqttTransport
+from fedmqtt.transport.reasons import explain, is_transient
 from fedmqtt.transport.settings import BrokerSettings
 
 pytestmark = pytest.mark.integration
