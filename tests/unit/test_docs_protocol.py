@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedmqtt.docgen import REPO, configuration, protocol
+from fedmqtt.docgen import REPO, configuration, protocol, protocol_payloads, protocol_topics
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
@@ -40,8 +40,8 @@ def test_generated_files_are_current(generator) -> None:
 
 def test_no_stray_schema_files() -> None:
     """Every file in docs/schemas/ is one the generator makes: a removed model leaves no orphan behind."""
-    made = {Path(rel).name for rel in protocol.render() if rel.startswith(protocol.SCHEMA_DIR)}
-    present = {p.name for p in (REPO / protocol.SCHEMA_DIR).glob("*.json")}
+    made = {Path(rel).name for rel in protocol.render() if rel.startswith(protocol_payloads.SCHEMA_DIR)}
+    present = {p.name for p in (REPO / protocol_payloads.SCHEMA_DIR).glob("*.json")}
     assert present == made
 
 
@@ -90,7 +90,7 @@ def test_every_topic_the_topics_module_can_build_appears_in_protocol_md() -> Non
     assert len(builders) >= 14  # the enumeration itself works: ps/site topics, chunk and filter builders
     for name, fn in builders.items():
         for topic in _samples(fn):
-            shown = protocol.placeholder(topic)
+            shown = protocol_topics.placeholder(topic)
             assert f"`{shown}`" in text, f"topics.{name} builds {shown}, not in {protocol.PATH}"
 
 
@@ -101,7 +101,7 @@ def test_chunked_kinds_have_a_chunk_row() -> None:
              ("site", "update"): topics.site_update_topic(RUN, SITE),
              ("site", "report"): topics.site_report_topic(RUN, SITE)}
     for kind in topics.CHUNKED_KINDS:
-        chunk = protocol.placeholder(topics.chunk_topic(bases[kind], 0))
+        chunk = protocol_topics.placeholder(topics.chunk_topic(bases[kind], 0))
         assert f"| `{chunk}` |" in text, chunk
 
 
@@ -153,6 +153,6 @@ def test_qos_and_retention_as_documented(federation, paho_client) -> None:
         time.sleep(0.05)
     ps.close()
     # Assert
-    retained = protocol.retained_by_default()
+    retained = protocol_topics.retained_by_default()
     for topic in wanted:
-        assert got.get(topic) == (protocol.QOS, retained), (topic, got.get(topic))
+        assert got.get(topic) == (protocol_topics.QOS, retained), (topic, got.get(topic))
