@@ -9,10 +9,8 @@ from typing import Any
 import numpy as np
 import typer
 
-from fedmqtt.data.partition_view import bin_legend, plot_partition
+from fedmqtt.data.partition_view import bin_legend
 from fedmqtt.data.partitioners import AUTO_MAX, AUTO_MIN
-
-__all__ = ["app", "partition_command", "plot_partition"]  # plot_partition: re-exported for older importers
 
 app = typer.Typer(help="Preview and write a partition of a pooled dataset into sites (docs/algorithms.md 16).")
 
@@ -61,7 +59,8 @@ def partition_command(
                                           "(< 0.1 extreme, >= 10 homogeneous)."),
     column: str | None = typer.Option(None, help=COLUMN_HELP),
     cap: int | None = typer.Option(None, min=1, help="At most this many items per site (random "
-                                      "subsample, applied last; the heterogeneity study of docs/algorithms.md 16.5 uses 500)."),
+                                      "subsample, applied last; the heterogeneity study of "
+                                      "docs/algorithms.md 16.5 uses 500)."),
     seed: int | None = typer.Option(None, min=0, help="Seed of the partition's random draws (default 0)."),
     out: Path = typer.Option(..., "--out", help="Folder for partition.json (manifest) and partition.png."),
 ) -> None:
@@ -146,46 +145,15 @@ def _parse_options(items: list[str]) -> dict[str, Any]:
 
 
 def _run(dspec: Any, spec: Any, out: Path) -> None:
-    from fedmqtt.data.partitioners import label_histograms, partition, site_names_for, write_partition_manifest
-    from fedmqtt.data.registry import labels_digest, load_dataset
+    from fedmqtt.data.partition_job import prepare_job
 
-    data = load_dataset(dspec)
-    rule = spec.column if spec.column in (AUTO_MAX, AUTO_MIN) else None
-    spec, groups = _resolve_column(spec, data)
-    parts = partition(spec, data.class_labels(), features=data.features, groups=groups, n_items=len(data))
-    names = site_names_for(spec, groups)
-    hists = label_histograms(data.y, parts, data.task)
-    source = {"format": dspec.format, "path": str(dspec.path), "options": dict(dspec.options), "n_items": len(data),
-              "labels_sha256": labels_digest(data.y), "task": data.task.kind,
-              "label_names": list(data.task.label_names), **({"column_rule": rule} if rule else {})}
-    write_partition_manifest(out / "partition.json", spec, parts, hists, source, site_names=names)
-    _print_table(names, parts, hists, data.task, len(data))
-    plot_partition(names, hists, out / "partition.png", title=_title(spec), task_kind=data.task.kind)
-    typer.echo(f"manifest: {out / 'partition.json'}\nplot: {out / 'partition.png'}")
-
-
-def _resolve_column(spec: Any, data: Any) -> tuple[Any, np.ndarray | None]:
-    """The natural partition's group values; for auto_max/auto_min, the spec with the feature picked."""
-    from fedmqtt.data.partitioners import pick_feature
-    from fedmqtt.errors import DataError
-
-    if spec.kind == "natural":
-        if spec.column not in data.groups:
-            raise DataError(f"no site column {spec.column!r} in this dataset; "
-                            f"columns: {', '.join(data.groups) or '(none)'}")
-        return spec, data.groups[spec.column]
-    if spec.column in (AUTO_MAX, AUTO_MIN):  # record the feature used, so the manifest reads without the rule
-        labels = data.class_labels() if data.class_labels() is not None else data.y
-        largest = spec.column == AUTO_MAX
-        picked = pick_feature(data.features, labels, largest=largest)
-        typer.echo(f"feature: {picked} ({spec.column}: {'largest' if largest else 'smallest'} |Pearson r|)")
-        return spec.model_copy(update={"column": picked}), None
-    return spec, None
-
-
-def _title(spec: Any) -> str:
-    params = [f"{k}={v}" for k, v in (("alpha", spec.alpha), ("column", spec.column), ("cap", spec.cap)) if v]
-    return f"{spec.kind} ({', '.join([*params, f'seed={spec.seed}'])})"
+    job = prepare_job(dspec, spec)
+    if job.rule is not None:  # the manifest records the feature picked; say which
+        largest = job.rule == AUTO_MAX
+        typer.echo(f"feature: {job.spec.column} ({job.rule}: {'largest' if largest else 'smallest'} |Pearson r|)")
+    done = job.run(out)
+    _print_table(done.names, done.parts, done.histograms, done.task, done.n_items)
+    typer.echo(f"manifest: {done.manifest}\nplot: {done.plot}")
 
 
 def _print_table(names: list[str], parts: list[np.ndarray], hists: list[dict[str, int]], task: Any,
@@ -193,7 +161,7 @@ def _print_table(names: list[str], parts: list[np.ndarray], hists: list[dict[str
     keys = [k for k in hists[0] if any(h.get(k, 0) for h in hists)] if hists else []
     width = max([6, *(len(n) for n in names)])
     typer.echo(f"{'site':<{width}} {'n':>7}  " + " ".join(f"{k:>6}" for k in keys))
-    for name, part, hist in zip(names, parts, hists):
+    for name, part, hist in zip(names, parts, hists, strict=True):
         typer.echo(f"{name:<{width}} {len(part):>7}  " + " ".join(f"{hist.get(k, 0):>6}" for k in keys))
     used = sum(len(p) for p in parts)
     typer.echo(f"{len(names)} sites, {used} of {n_items} items assigned")

@@ -42,53 +42,45 @@ def report_command(
     those sites: the held-out union table then scores every run on the same patients.
     """
     from fedmqtt.errors import FedMqttError
-    from fedmqtt.experiments import report as rp
+    from fedmqtt.experiments.heldout import render_union_text, trained_on_subset
+    from fedmqtt.experiments.report import PER_SITE_FILE, seed_report, write_report
+    from fedmqtt.experiments.runs import load_runs, metric_names
+    from fedmqtt.experiments.tables import MAX_SITE_COLUMNS
 
     if which not in ("final", "best"):
         raise typer.BadParameter(f"--which {which!r}: expected final or best")
     try:
-        records = rp.load_runs(runs)
+        records = load_runs(runs)
     except FedMqttError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    if metric not in (known := rp.metric_names(records)):
+    if metric not in (known := metric_names(records)):
         typer.echo(f"error: no run has test metric {metric!r}; they have: {', '.join(known)}", err=True)
         raise typer.Exit(code=2)
-    chosen: rp.Which = "best" if which == "best" else "final"
-    tables = rp.summary_table(records, metric, which=chosen)
-    tests = rp.wilcoxon_table(records, metric, which=chosen)
-    shown = [rp.compact(t) for t in tables]  # many sites: min / median / max over sites, per-site table in a file
-    typer.echo(rp.render_text(shown, tests))
-    if shown != tables:
-        typer.echo(f"more than {rp.MAX_SITE_COLUMNS} sites: summarised over sites above; "
-                   + ("every site's column is in report-per-site.md" if out is not None else
-                      "--out DIR writes every site's column to DIR/report-per-site.md"))
+    seeds = seed_report(records, metric, which="best" if which == "best" else "final")
+    typer.echo(seeds.text())
+    if seeds.summarised:  # many sites: min / median / max over sites, per-site table in a file
+        typer.echo(f"more than {MAX_SITE_COLUMNS} sites: summarised over sites above; "
+                   + (f"every site's column is in {PER_SITE_FILE}" if out is not None else
+                      f"--out DIR writes every site's column to DIR/{PER_SITE_FILE}"))
     union = None
-    if held_out if held_out is not None else any(rp.trained_on_subset(r.path) for r in records):
+    if held_out if held_out is not None else any(trained_on_subset(r.path) for r in records):
         union = _union(records, metric, test_sites)
-        typer.echo("\n" + rp.render_union_text(union))
+        typer.echo("\n" + render_union_text(union))
     if out is not None:
-        from fedmqtt.experiments.plots import plot_curves
-
-        plots = plot_curves(records, metric, out)
-        text = rp.render_markdown(shown, tests, plots=plots)
-        if shown != tables:
-            (out / "report-per-site.md").write_text(rp.render_markdown(tables, tests, title="fedmqtt experiment "
-                                                                       "report: every site"))
-        if union is not None:
-            text += "\n" + rp.render_union_markdown(union)
-        (out / "report.md").write_text(text)
+        plots = write_report(out, records, metric, seeds, union)
         typer.echo(f"report: {out / 'report.md'}; plots: {', '.join(p.name for p in plots)}")
 
 
 if TYPE_CHECKING:
-    from fedmqtt.experiments.report import RunRecord, UnionTable
+    from fedmqtt.experiments.heldout import UnionTable
+    from fedmqtt.experiments.runs import RunRecord
 
 
 def _union(records: list[RunRecord], metric: str, test_sites: Path | None) -> UnionTable:
     """The held-out union table, or exit 2 naming what is missing."""
     from fedmqtt.errors import FedMqttError
-    from fedmqtt.experiments import report as rp
+    from fedmqtt.experiments.heldout import held_out_sites, union_table
 
     try:
         extra = None
@@ -96,10 +88,10 @@ def _union(records: list[RunRecord], metric: str, test_sites: Path | None) -> Un
             from fedmqtt.simulation import load_simulation_config
 
             extra = dict(load_simulation_config(test_sites).sites)
-        sites = rp.held_out_sites(records, extra)
+        sites = held_out_sites(records, extra)
         if not sites:
             raise FedMqttError("the runs do not record their sites' data; name them: --test-sites CFG.toml")
-        return rp.union_table(records, metric, sites)
+        return union_table(records, metric, sites)
     except FedMqttError as exc:
         typer.echo(f"error: held-out union: {exc}", err=True)
         raise typer.Exit(code=2) from None

@@ -12,13 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
 from fedmqtt.errors import ConfigError
 
 Job = tuple[str, dict[str, Any]]  # (name, keyword arguments of plain data)
 Outcome = dict[str, Any] | BaseException
+# A generator rather than any iterator: the grid closes it when it stops early (Ctrl-C, a failing write),
+# which runs the engine's cleanup (the Dask client and local cluster shut down) at once.
+Outcomes = Generator[tuple[str, Outcome], None, None]
 ENGINES = ("serial", "dask")
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ class Engine(Protocol):
     name: str
     remote: bool  # jobs may run on other machines (paths must mean the same there)
 
-    def run(self, fn: Callable[..., dict[str, Any]], jobs: Sequence[Job]) -> Iterator[tuple[str, Outcome]]: ...
+    def run(self, fn: Callable[..., dict[str, Any]], jobs: Sequence[Job]) -> Outcomes: ...
 
 
 class SerialEngine:
@@ -36,7 +39,7 @@ class SerialEngine:
     name = "serial"
     remote = False
 
-    def run(self, fn: Callable[..., dict[str, Any]], jobs: Sequence[Job]) -> Iterator[tuple[str, Outcome]]:
+    def run(self, fn: Callable[..., dict[str, Any]], jobs: Sequence[Job]) -> Outcomes:
         for name, kwargs in jobs:
             yield name, fn(**kwargs)
 
@@ -63,7 +66,7 @@ class DaskEngine:
         self.workers = workers
         self.remote = address is not None
 
-    def run(self, fn: Callable[..., dict[str, Any]], jobs: Sequence[Job]) -> Iterator[tuple[str, Outcome]]:
+    def run(self, fn: Callable[..., dict[str, Any]], jobs: Sequence[Job]) -> Outcomes:
         if not jobs:
             return
         distributed = _import_distributed()

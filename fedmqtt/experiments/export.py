@@ -30,7 +30,8 @@ def role_configs(cfg: SimulationConfig, *, fed_dir: Path) -> tuple[dict[str, Any
     creds = Path(fed_dir).resolve() / "credentials"
     ps = cfg.daemon_config().model_dump(mode="json", exclude_none=True)
     ps.update(credentials=str(creds / "ps.toml"), out_dir=str(cfg.out_dir / "mqtt" / "ps"))
-    sites = {s.site_id: {**s.model_dump(mode="json", exclude_none=True), "credentials": str(creds / f"{s.site_id}.toml"),
+    sites = {s.site_id: {**s.model_dump(mode="json", exclude_none=True),
+                         "credentials": str(creds / f"{s.site_id}.toml"),
                          "state_dir": str(cfg.out_dir / "mqtt" / "state" / s.site_id), "device": "auto"}
              for s in cfg.site_configs()}
     return ps, sites

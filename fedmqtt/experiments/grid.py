@@ -11,16 +11,16 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from fedmqtt.config_io import load_toml, validate_config
-from fedmqtt.data.partitioners import AUTO_MAX, AUTO_MIN, PartitionSpec, read_partition_manifest
+from fedmqtt.data.partition_job import MANIFEST_FILE, prepare_job
+from fedmqtt.data.partitioners import PartitionSpec, read_partition_manifest
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.errors import ConfigError, DataError
 from fedmqtt.experiments.engines import Engine, SerialEngine
-from fedmqtt.experiments.report import GRID_FILE, POINT_FILE
+from fedmqtt.experiments.runs import GRID_FILE, POINT_FILE
 from fedmqtt.simulation import SimulationConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -225,9 +225,12 @@ def run_id_of(name: str) -> str:
 def partition_sites(axis: PartitionAxis, seed: int, out_dir: Path) -> dict[str, DataSpec]:
     """The site DataSpecs of `axis` for run seed `seed` (its manifest written when missing)."""
     assert axis.spec is not None and axis.data is not None  # natural axes never get here
-    path = (Path(out_dir) / "partitions" / f"{axis.name}-s{seed}" / "partition.json").resolve()
-    if not path.is_file():
-        write_manifest(axis.spec.model_copy(update={"seed": axis.spec.seed + seed}), axis.data, path)
+    folder = (Path(out_dir) / "partitions" / f"{axis.name}-s{seed}").resolve()
+    path = folder / MANIFEST_FILE
+    if not path.is_file():  # what `fedmqtt partition` writes, with the point's seed added to the spec's
+        spec = axis.spec.model_copy(update={"seed": axis.spec.seed + seed})
+        job = prepare_job(axis.data, spec, dataset=str(axis.data.path))
+        job.run(folder, title=f"{spec.kind} (seed {spec.seed})")
     manifest = read_partition_manifest(path)
     # Caught before the grid starts, rather than by every run of this partition failing.
     small = [f"{p.site} ({p.n})" for p in manifest.sites if p.n < MIN_SITE_ITEMS]
@@ -240,32 +243,6 @@ def partition_sites(axis: PartitionAxis, seed: int, out_dir: Path) -> dict[str, 
     pooled = axis.data.model_dump()
     return {part.site: DataSpec.model_validate({**pooled, "partition": path, "site": part.site})
             for part in manifest.sites if part.n >= MIN_SITE_ITEMS}
-
-
-def write_manifest(spec: PartitionSpec, pooled: DataSpec, path: Path) -> None:
-    """What `fedmqtt partition` writes (manifest and PNG), for `spec` over the pooled dataset."""
-    from fedmqtt.cli.partition import plot_partition
-    from fedmqtt.data import partitioners as pt
-    from fedmqtt.data.registry import labels_digest, load_dataset
-
-    data = load_dataset(pooled)
-    groups: np.ndarray | None = None
-    rule = spec.column if spec.column in (AUTO_MAX, AUTO_MIN) else None
-    if spec.kind == "natural":
-        if spec.column not in data.groups:
-            raise DataError(f"no site column {spec.column!r} in {pooled.path}; columns: {', '.join(data.groups)}")
-        groups = data.groups[str(spec.column)]
-    elif rule:  # record the feature picked, so the manifest reads without the rule
-        labels = data.class_labels() if data.class_labels() is not None else data.y
-        spec = spec.model_copy(update={"column": pt.pick_feature(data.features, labels, largest=rule == AUTO_MAX)})
-    parts = pt.partition(spec, data.class_labels(), features=data.features, groups=groups, n_items=len(data))
-    names = pt.site_names_for(spec, groups)
-    hists = pt.label_histograms(data.y, parts, data.task)
-    source = {"format": pooled.format, "path": str(pooled.path), "options": dict(pooled.options),
-              "n_items": len(data), "labels_sha256": labels_digest(data.y), "task": data.task.kind,
-              "label_names": list(data.task.label_names), **({"column_rule": rule} if rule else {})}
-    pt.write_partition_manifest(path, spec, parts, hists, source, site_names=names)
-    plot_partition(names, hists, path.with_name("partition.png"), title=f"{spec.kind} (seed {spec.seed})")
 
 
 def run_grid(grid: GridSpec, out_dir: Path, *, resume: bool = True, progress: bool = True,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedmqtt.experiments.report import RunRecord, algorithm_label, group_by
+from fedmqtt.experiments.runs import RunRecord, algorithm_label, group_by
 from fedmqtt.means import round_score
 
 if TYPE_CHECKING:
@@ -56,8 +56,8 @@ def _draw(ax: Axes, runs_by_label: dict[str, list[RunRecord]],
         if all(math.isnan(m) for m in mean):
             continue
         (line,) = ax.plot(xs, mean, marker="o", markersize=3, label=label)
-        lo = [m - s for m, s in zip(mean, std)]
-        hi = [m + s for m, s in zip(mean, std)]
+        lo = [m - s for m, s in zip(mean, std, strict=True)]
+        hi = [m + s for m, s in zip(mean, std, strict=True)]
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn = True
     return drawn

@@ -14,15 +14,8 @@ from typer.testing import CliRunner
 
 from fedmqtt.cli import app
 from fedmqtt.experiments.plots import plot_curves
-from fedmqtt.experiments.report import (
-    MEAN,
-    format_cell,
-    load_runs,
-    render_markdown,
-    render_text,
-    summary_table,
-    wilcoxon_table,
-)
+from fedmqtt.experiments.runs import MEAN, load_runs
+from fedmqtt.experiments.tables import format_cell, render_markdown, render_text, summary_table, wilcoxon_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 Values = dict[str, float | None]  # site -> value of one metric
