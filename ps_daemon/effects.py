@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from fedmqtt.strategies.base import Weights
 
 if TYPE_CHECKING:
-    from ps_daemon.state import DaemonState, RoundRecord
+    from ps_daemon.state import DaemonState, Phase, RoundRecord
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class PublishRecruitment:
 
 @dataclass(frozen=True)
 class PublishStatus:
-    state: str
+    state: Phase
     round: int
     waiting_for: tuple[str, ...]
     deadline: float | None
@@ -83,5 +83,5 @@ class Finish:
     state: DaemonState
 
 
-Effect = Union[SaveCheckpoint, PublishModel, PublishTrainTask, PublishEvalTask, PublishRecruitment, PublishStatus,
-               PublishRoundMetrics, Log, Finish]
+Effect = (SaveCheckpoint | PublishModel | PublishTrainTask | PublishEvalTask | PublishRecruitment | PublishStatus
+          | PublishRoundMetrics | Log | Finish)

@@ -1,14 +1,12 @@
-"""The PS's refusal reasons sorted into the few short categories that ps/status counts."""
+"""The PS's own refusal reasons, each counted in ps/status under a short, stable category."""
 
-from __future__ import annotations
-
-# (text a refusal reason contains, the category it is counted under); the first match wins.
-REFUSAL_CATEGORIES = (("stale or future round", "wrong round"), ("not selected", "not selected"),
-                      ("duplicate", "duplicate"), ("different model version", "wrong model version"),
-                      ("was not asked", "not asked"), ("answers session", "wrong session"),
-                      ("tensor", "wrong layout"), ("control variates", "wrong layout"),
-                      ("layer statistics", "wrong layout"), ("histogram", "bad histogram"),
-                      ("a_norm", "out of range"), ("training sample", "out of range"))
+# (text the reason contains, category): the first match wins; a reason that matches none is "refused".
+REFUSAL_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("stale or future round", "wrong round"), ("not selected", "not selected"),
+    ("duplicate", "duplicate"), ("different model version", "wrong model version"),
+    ("was not asked", "not asked"), ("answers session", "wrong session"),
+    ("tensor", "wrong layout"), ("control variates", "wrong layout"), ("layer statistics", "wrong layout"),
+    ("histogram", "bad histogram"), ("a_norm", "out of range"), ("training sample", "out of range"))
 
 
 def refusal_category(reason: str) -> str:

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.transport import bulk, reasons
 from fedmqtt.transport.settings import BrokerSettings
-from ps_daemon import admission, runner
+from ps_daemon import admission, status
 from ps_daemon.config import DaemonConfig
 from schemas import chunks
 
@@ -55,9 +55,9 @@ def timing_table() -> str:
         (code(name), fields[name].default, fields[name].description or "")
         for name in ("round_timeout_s", "stall_s")]
     rows += [
-        (code("REMIND_S"), runner.REMIND_S,
+        (code("REMIND_S"), status.REMIND_S,
          "a waiting PS logs what it waits for, and who is missing, at least this often"),
-        (code("STATUS_REFRESH_S"), runner.STATUS_REFRESH_S,
+        (code("STATUS_REFRESH_S"), status.STATUS_REFRESH_S,
          "new refusal counts reach ps/status at most this often"),
     ]
     return table(("Setting", "Default (s)", "Meaning"), rows)

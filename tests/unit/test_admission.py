@@ -13,7 +13,7 @@ from ps_daemon.admission import histogram_rejection, manifest_rejection, report_
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline
 from ps_daemon.machine import Machine
-from ps_daemon.runner import hash_weights
+from ps_daemon.model_init import hash_weights
 from schemas import messages as m
 from schemas.chunks import ChunkManifest, TensorEntry, root_digest
 from schemas.tensors import TensorBlob, arrays_to_blobs

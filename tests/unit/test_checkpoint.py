@@ -22,7 +22,7 @@ from ps_daemon.checkpoint import (
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline, UpdateReceived
 from ps_daemon.machine import Machine
-from ps_daemon.runner import hash_weights
+from ps_daemon.model_init import hash_weights
 from ps_daemon.state import DaemonState
 from schemas.checkpoint import Checkpoint
 

@@ -14,7 +14,7 @@ from ps_daemon.checkpoint import checkpoint_to_state, state_to_checkpoint
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.machine import Machine
-from ps_daemon.runner import hash_weights
+from ps_daemon.model_init import hash_weights
 from ps_daemon.state import DaemonState
 
 SITES = ("site-a", "site-b", "site-c")

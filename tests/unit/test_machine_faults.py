@@ -12,7 +12,7 @@ from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOffline, SiteOnline, Tick, UpdateReceived
 from ps_daemon.machine import Machine
-from ps_daemon.runner import hash_weights
+from ps_daemon.model_init import hash_weights
 
 SITES = ("site-a", "site-b")
 WEIGHTS = {"fc.weight": np.zeros((2, 2), np.float32)}

@@ -12,7 +12,7 @@ from ps_daemon.checkpoint import checkpoint_to_state, state_to_checkpoint
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline, UpdateReceived
 from ps_daemon.machine import Machine
-from ps_daemon.runner import hash_weights
+from ps_daemon.model_init import hash_weights
 
 # The worked example of docs/algorithms.md 15: ranking b, a, d, c.
 HIST = {"a": (30, 30, 20, 10, 5, 5, 0, 0, 0, 0), "b": (40, 40, 30, 20, 20, 10, 10, 10, 10, 10),

@@ -1,0 +1,54 @@
+"""The end of a run: the final and best models, the report, and the final metrics on ps/metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from fedmqtt.transport import topics
+from fedmqtt.transport.channel import Channel
+from ps_daemon.checkpoint import best_weights, drop_read_pages
+from ps_daemon.config import DaemonConfig
+from ps_daemon.report import build_report, per_site_csv, render_markdown
+from ps_daemon.state import DaemonState
+from ps_daemon.status import PS
+from schemas import messages as m
+
+log = logging.getLogger("fedmqtt.ps")
+
+
+def write_final_outputs(config: DaemonConfig, channel: Channel, state: DaemonState, *, started_at: float,
+                        usage: dict[int, dict[str, dict[str, Any]]]) -> None:
+    """Write the final and best models and the report, and publish the final metrics."""
+    from safetensors.numpy import save_file
+
+    c, out = config, config.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    models = {"final": str(out / "final_model.safetensors")}
+    final = {**state.weights, **state.extras.get("eval", {})}  # FedDyn's deployed model is theta_avg
+    # safetensors writes straight from each array's memory: contiguous arrays are not copied first
+    save_file({k: np.require(v, requirements="C") for k, v in final.items()}, models["final"])
+    drop_read_pages(final)  # read through maps of the newest checkpoint; the best model is loaded next
+    if state.best is not None:
+        models["best"] = str(out / "best_model.safetensors")
+        save_file({k: np.require(v, requirements="C") for k, v in best_weights(state.best).items()}, models["best"])
+    traffic = {"bytes_sent": channel.bytes_sent, "bytes_received": channel.bytes_received,
+               "chunked_transfers": vars(channel.fetcher.stats),
+               "messages_received": channel.stats.received, "duplicates": channel.stats.duplicates,
+               "rejected": dict(channel.stats.rejected)}
+    finished_at = time.time()
+    timings = {"started_at": started_at, "finished_at": finished_at, "total_s": finished_at - started_at}
+    report = build_report(c, state, timings=timings, traffic=traffic, models=models, usage=usage)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(render_markdown(report))
+    (out / "per_site.csv").write_text(per_site_csv(report))
+    mean_test = report["final"]["mean"].get("test", {})
+    per_site = {s: e.get("metrics", {}).get("test", {}) for s, e in report["final"]["per_site"].items()}
+    channel.send(topics.ps_metrics_topic(c.run_id), m.RoundMetrics(
+        run_id=c.run_id, sender=PS, round=state.round, phase="final", sites=tuple(state.final_reports),
+        per_site=per_site, mean=mean_test))
+    log.info("run finished; report in %s", out / "report.json")
