@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,8 @@ from fedmqtt.atomic import write_atomic
 from fedmqtt.errors import CheckpointError, SchemaError
 from fedmqtt.strategies.aggregate import release_pages
 from fedmqtt.strategies.base import Manifest, manifest_from_dict
-from ps_daemon.state import BestRound, DaemonState, RoundRecord
+from ps_daemon.best_file import StoredWeights
+from ps_daemon.state import BestRound, CheckpointPhase, DaemonState, Phase, RoundRecord
 from schemas.checkpoint import BEST_FILE_PATTERN, BestRoundRecord, Checkpoint
 from schemas.codec import decode_checkpoint, encode_checkpoint, pack_pieces
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays
@@ -61,30 +62,25 @@ def _manifest_to_dict(manifest: Manifest) -> dict[str, dict[str, Any]]:
     return {n: {"shape": list(t.shape), "dtype": t.dtype, "tags": sorted(t.tags)} for n, t in manifest.items()}
 
 
-@dataclass(frozen=True)
-class StoredWeights:
-    """Weights kept in a best-round file instead of memory; `load` reads them back (checked against the hash)."""
-
-    path: Path
-    sha256: str
-
-    def load(self) -> dict[str, np.ndarray]:
-        data = self.path.read_bytes() if self.path.is_file() else b""
-        if hashlib.sha256(data).hexdigest() != self.sha256:
-            raise CheckpointError(f"{self.path} is missing or damaged (its SHA-256 does not match the checkpoint's)")
-        try:
-            record = BestRoundRecord.model_validate(msgpack.unpackb(data, raw=False, max_ext_len=0))
-            return blobs_to_arrays(record.tensors)  # read-only views of the decoded bytes
-        except (ValueError, TypeError, msgpack.UnpackException, RecursionError, MemoryError) as exc:
-            raise CheckpointError(f"{self.path} is unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
-
-
 def best_weights(best: BestRound) -> dict[str, np.ndarray]:
     """The best round's weights, from memory or from its file."""
     return best.weights.load() if isinstance(best.weights, StoredWeights) else dict(best.weights)
 
 
+def checkpoint_phase(phase: Phase) -> CheckpointPhase:
+    """The phase as a checkpoint may hold it: only a run in a round or in its final evaluation is checkpointed.
+
+    Before round 1 there is nothing to resume (a resume finds no checkpoint and starts from the config), and a
+    finished run is never resumed; a checkpoint of either could not be read back as a `Checkpoint`.
+    """
+    if phase == "training" or phase == "evaluating":
+        return phase
+    raise CheckpointError(f"a PS in phase {phase!r} has nothing to checkpoint (only training or evaluating)")
+
+
 def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) -> Checkpoint:
+    """The checkpoint of `state`; CheckpointError for a state outside training and the final evaluation."""
+    phase = checkpoint_phase(state.phase)
     best = None
     if state.best is not None:
         b = state.best
@@ -92,7 +88,7 @@ def state_to_checkpoint(state: DaemonState, *, run_id: str, config_hash: str) ->
                                sha256=b.weights.sha256) if isinstance(b.weights, StoredWeights) else BestRoundRecord(
             round=b.round, score=b.score, model_hash=b.model_hash, tensors=arrays_to_blobs(b.weights))
     return Checkpoint(
-        run_id=run_id, config_hash=config_hash, phase=state.phase, round=state.round,
+        run_id=run_id, config_hash=config_hash, phase=phase, round=state.round,
         model_hash=state.model_hash, tensors=arrays_to_blobs(state.weights), selected=state.selected,
         accepted_rounds=dict(state.accepted_rounds),
         history=tuple(dataclasses.asdict(r) for r in state.history), best=best,
@@ -116,7 +112,8 @@ def checkpoint_to_state(ckpt: Checkpoint, folder: Path | None = None) -> DaemonS
         stored = StoredWeights(Path(folder) / ckpt.best.file, ckpt.best.sha256)
         best = BestRound(ckpt.best.round, ckpt.best.score, stored, ckpt.best.model_hash)
     elif ckpt.best is not None:
-        best = BestRound(ckpt.best.round, ckpt.best.score, _copy(blobs_to_arrays(ckpt.best.tensors)), ckpt.best.model_hash)
+        weights = _copy(blobs_to_arrays(ckpt.best.tensors))
+        best = BestRound(ckpt.best.round, ckpt.best.score, weights, ckpt.best.model_hash)
     return DaemonState(
         phase=ckpt.phase, round=ckpt.round, weights=_copy(blobs_to_arrays(ckpt.tensors)), model_hash=ckpt.model_hash,
         selected=ckpt.selected, accepted_rounds=dict(ckpt.accepted_rounds), history=history, best=best,
@@ -233,8 +230,8 @@ def write_mapped(path: Path, pieces: list[bytes | memoryview], blobs: tuple[Tens
         offsets[id(piece)] = position
         position += len(piece)
     path = write_atomic(path, pieces)
-    layout = {blob.name: (offsets[id(blob.data)], blob.dtype, tuple(blob.shape)) for blob in blobs
-              if id(blob.data) in offsets and blob.dtype != "bfloat16" and blob.nbytes > 0}
+    layout: Layout = {blob.name: (offsets[id(blob.data)], blob.dtype, tuple(blob.shape)) for blob in blobs
+                      if id(blob.data) in offsets and blob.dtype != "bfloat16" and blob.nbytes > 0}
     return path, layout
 
 

@@ -1,6 +1,7 @@
 """The PS core: `step(state, event) -> (state, effects)`. Pure: no I/O, no clock, no random.
 
-Phases: WAITING_FOR_SITES -> TRAINING(r) -> ... -> TRAINING(R) -> EVALUATING(final) -> DONE.
+Phases: WAITING_FOR_SITES -> TRAINING(r) -> ... -> TRAINING(R) -> EVALUATING(final) -> DONE. Which handler
+runs for which event in which phase, and where it can lead, is the table in `ps_daemon.transitions`.
 A round closes when every selected site that is still online has answered and the quorum is
 met, or at its deadline if the quorum is met; otherwise the deadline is extended and the
 stragglers are named in the status (never a silent hang).
@@ -19,21 +20,11 @@ from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
 from ps_daemon import effects as fx
 from ps_daemon import selection
 from ps_daemon.config import DaemonConfig
-from ps_daemon.events import (
-    Event,
-    ReportReceived,
-    SiteOffline,
-    SiteOnline,
-    Started,
-    Tick,
-    UpdateReceived,
-)
+from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
+from ps_daemon.transitions import TRANSITIONS
 
 Result = tuple[DaemonState, list[fx.Effect]]
-# AdaFed family: what the sites compute (fedmqtt.training.statistics codes): BN inputs of the
-# pretrained model, its penultimate features, or their own BN running statistics.
-STATS_KIND = {"adafed": 1, "d-adafed": 2, "f-adafed": 3}
 
 
 class Machine:
@@ -68,30 +59,12 @@ class Machine:
         return {k: {n: v for n, v in w.items() if k != "eval" or n in shared} for k, w in state.extras.items()}
 
     def step(self, state: DaemonState, event: Event) -> Result:
-        if isinstance(event, Started):
-            return self._on_started(state, event)
-        if isinstance(event, SiteOnline):
-            return self._on_online(state, event)
-        if isinstance(event, SiteOffline):
-            return self._on_offline(state, event)
-        if isinstance(event, UpdateReceived):
-            return self._on_update(state, event)
-        if isinstance(event, ReportReceived):
-            return self._on_report(state, event)
-        if isinstance(event, Tick):
-            return self._on_tick(state, event)
-        raise TypeError(f"unknown event {event!r}")
-
-    # -- events ---------------------------------------------------------------------------------
-    def _on_started(self, state: DaemonState, ev: Started) -> Result:
-        if state.phase == "training":  # resumed from a checkpoint: re-send the round
-            state = replace(state, round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s,
-                            last_progress=ev.now)
-            return state, self._round_effects(state, f"resumed from checkpoint at round {state.round}")
-        if state.phase == "evaluating":
-            state = replace(state, deadline=ev.now + self.config.round_timeout_s, last_progress=ev.now)
-            return state, self._eval_effects(state, "resumed from checkpoint: evaluating the final model")
-        return state, [self._status(state, "waiting for sites")]
+        """The handler the transition table names for this phase and kind of event (ps_daemon.transitions)."""
+        transition = TRANSITIONS.get((state.phase, type(event)))
+        if transition is None:
+            raise TypeError(f"unknown event {event!r}")
+        handler: Callable[[DaemonState, Event], Result] = getattr(self, transition.handler)
+        return handler(state, event)
 
     def resend(self, state: DaemonState, why: str) -> list[fx.Effect]:
         """Everything the open round needs at the broker, again (same message ids: a receiver that has it drops
@@ -102,14 +75,32 @@ class Machine:
             return self._eval_effects(state, why)
         return [self._status(state, why)]
 
-    def _on_online(self, state: DaemonState, ev: SiteOnline) -> Result:
+    # -- handlers, one per row of the transition table ------------------------------------------
+    def _announce(self, state: DaemonState, ev: Started) -> Result:
+        return state, [self._status(state, "waiting for sites")]
+
+    def _resume_round(self, state: DaemonState, ev: Started) -> Result:
+        """Resumed from a checkpoint in the middle of the run: re-send the round."""
+        state = replace(state, round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s,
+                        last_progress=ev.now)
+        return state, self._round_effects(state, f"resumed from checkpoint at round {state.round}")
+
+    def _resume_evaluation(self, state: DaemonState, ev: Started) -> Result:
+        state = replace(state, deadline=ev.now + self.config.round_timeout_s, last_progress=ev.now)
+        return state, self._eval_effects(state, "resumed from checkpoint: evaluating the final model")
+
+    def _ignore(self, state: DaemonState, ev: Event) -> Result:
+        return state, []
+
+    def _note_online(self, state: DaemonState, ev: SiteOnline) -> Result:
         if ev.site_id not in self.config.sites:
             return state, [fx.Log("warning", f"ignoring unknown site {ev.site_id!r} (not in the PS config)")]
-        state = replace(state, online=state.online | {ev.site_id}, offline=state.offline - {ev.site_id},
-                        enrolled={**state.enrolled, ev.site_id: ev.n_train},
-                        histograms={**state.histograms, ev.site_id: ev.histogram})
-        if state.phase != "waiting_for_sites":
-            return state, []
+        return self._with_online(state, ev), []
+
+    def _online_while_waiting(self, state: DaemonState, ev: SiteOnline) -> Result:
+        if ev.site_id not in self.config.sites:
+            return self._note_online(state, ev)
+        state = self._with_online(state, ev)
         ready = sorted(state.online & set(self.config.sites))
         if len(ready) < self.config.start_sites:
             return state, [self._status(state, f"{len(ready)}/{self.config.start_sites} sites online")]
@@ -130,32 +121,44 @@ class Machine:
             state, phase="training", round=1, selected=chosen,
             round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s, last_progress=ev.now,
         )
-        return state, [*effects, fx.Log("info", f"starting round 1 with {', '.join(chosen)}"), *self._round_effects(state)]
+        started = fx.Log("info", f"starting round 1 with {', '.join(chosen)}")
+        return state, [*effects, started, *self._round_effects(state)]
 
-    def _on_offline(self, state: DaemonState, ev: SiteOffline) -> Result:
-        state = replace(state, online=state.online - {ev.site_id}, offline=state.offline | {ev.site_id})
-        if state.phase == "training" and ev.site_id in state.selected and ev.site_id not in state.updates:
-            effects: list[fx.Effect] = [fx.Log("warning", f"site {ev.site_id} went offline during round {state.round}")]
-            if self._all_answered(state) and len(state.updates) >= self.config.quorum:
-                state, more = self._close_round(state, ev.now)
-                effects.extend(more)
-            return state, effects
-        if state.phase == "evaluating" and self._all_reported(state):
+    def _note_offline(self, state: DaemonState, ev: SiteOffline) -> Result:
+        return self._with_offline(state, ev), []
+
+    def _offline_in_round(self, state: DaemonState, ev: SiteOffline) -> Result:
+        state = self._with_offline(state, ev)
+        if ev.site_id not in state.selected or ev.site_id in state.updates:
+            return state, []
+        effects: list[fx.Effect] = [fx.Log("warning", f"site {ev.site_id} went offline during round {state.round}")]
+        if self._all_answered(state) and len(state.updates) >= self.config.quorum:
+            state, more = self._close_round(state, ev.now)
+            effects.extend(more)
+        return state, effects
+
+    def _offline_in_evaluation(self, state: DaemonState, ev: SiteOffline) -> Result:
+        state = self._with_offline(state, ev)
+        if self._all_reported(state):
             return self._finish(state)
         return state, []
 
-    def _on_update(self, state: DaemonState, ev: UpdateReceived) -> Result:
+    def _refuse_update(self, state: DaemonState, ev: UpdateReceived) -> Result:
+        """No round is open: `admit_update` says why (the phase and round the PS is in)."""
+        return state, [self._update_ignored(ev, self._reject_update_reason(state, ev))]
+
+    def _update_in_round(self, state: DaemonState, ev: UpdateReceived) -> Result:
         reason = self._reject_update_reason(state, ev)
         if reason is not None:
-            return state, [fx.Log("warning", f"update from {ev.site_id} for round {ev.round} ignored: {reason}")]
+            return state, [self._update_ignored(ev, reason)]
         received = ReceivedUpdate(ev.update, ev.train_loss, dict(ev.val_metrics), dict(ev.undefined))
         state = replace(state, updates={**state.updates, ev.site_id: received}, last_progress=ev.now)
         if self._all_answered(state) and len(state.updates) >= self.config.quorum:
             return self._close_round(state, ev.now)
         return state, [self._status(state, f"round {state.round}: {len(state.updates)}/{len(state.selected)} updates")]
 
-    def _on_report(self, state: DaemonState, ev: ReportReceived) -> Result:
-        if state.phase != "evaluating" or ev.tag != "final" or ev.model_hash != state.model_hash:
+    def _report_in_evaluation(self, state: DaemonState, ev: ReportReceived) -> Result:
+        if ev.tag != "final" or ev.model_hash != state.model_hash:
             return state, []
         if ev.site_id not in state.selected or ev.site_id in state.final_reports:
             return state, []
@@ -165,26 +168,47 @@ class Machine:
             return self._finish(state)
         return state, []
 
-    def _on_tick(self, state: DaemonState, ev: Tick) -> Result:
-        stall = self.config.stall_s
-        if (stall and state.phase in ("training", "evaluating") and ev.now - state.last_progress >= stall and (state.deadline is None or ev.now < state.deadline)):
+    def _tick_in_round(self, state: DaemonState, ev: Tick) -> Result:
+        if self._stalled(state, ev.now):
             return self._republish_stalled(state, ev.now)
         if state.deadline is None or ev.now < state.deadline:
             return state, []
-        if state.phase == "training":
-            if len(state.updates) >= self.config.quorum:
-                return self._close_round(state, ev.now)
-            missing = tuple(s for s in state.selected if s not in state.updates)
-            state = replace(state, deadline=ev.now + self.config.round_timeout_s)
-            text = (f"round {state.round}: deadline passed with {len(state.updates)} updates, quorum "
-                    f"{self.config.quorum}; still waiting for {', '.join(missing)}")
-            reachable = len(state.updates) + sum(1 for s in missing if s not in state.offline)
-            if reachable < self.config.quorum:
-                text += f" (only {reachable} can still answer: the quorum needs offline sites back)"
-            return state, [fx.Log("warning", text), self._status(state, text)]
-        if state.phase == "evaluating":
-            return self._finish(state)
-        return state, []
+        if len(state.updates) >= self.config.quorum:
+            return self._close_round(state, ev.now)
+        missing = tuple(s for s in state.selected if s not in state.updates)
+        state = replace(state, deadline=ev.now + self.config.round_timeout_s)
+        text = (f"round {state.round}: deadline passed with {len(state.updates)} updates, quorum "
+                f"{self.config.quorum}; still waiting for {', '.join(missing)}")
+        reachable = len(state.updates) + sum(1 for s in missing if s not in state.offline)
+        if reachable < self.config.quorum:
+            text += f" (only {reachable} can still answer: the quorum needs offline sites back)"
+        return state, [fx.Log("warning", text), self._status(state, text)]
+
+    def _tick_in_evaluation(self, state: DaemonState, ev: Tick) -> Result:
+        if self._stalled(state, ev.now):
+            return self._republish_stalled(state, ev.now)
+        if state.deadline is None or ev.now < state.deadline:
+            return state, []
+        return self._finish(state)
+
+    # -- what the handlers share ----------------------------------------------------------------
+    def _with_online(self, state: DaemonState, ev: SiteOnline) -> DaemonState:
+        return replace(state, online=state.online | {ev.site_id}, offline=state.offline - {ev.site_id},
+                       enrolled={**state.enrolled, ev.site_id: ev.n_train},
+                       histograms={**state.histograms, ev.site_id: ev.histogram})
+
+    @staticmethod
+    def _with_offline(state: DaemonState, ev: SiteOffline) -> DaemonState:
+        return replace(state, online=state.online - {ev.site_id}, offline=state.offline | {ev.site_id})
+
+    @staticmethod
+    def _update_ignored(ev: UpdateReceived, reason: str | None) -> fx.Log:
+        return fx.Log("warning", f"update from {ev.site_id} for round {ev.round} ignored: {reason}")
+
+    def _stalled(self, state: DaemonState, now: float) -> bool:
+        """Nothing arrived for the open round for `stall_s` (0: never), and its deadline has not passed yet."""
+        stall = self.config.stall_s
+        return bool(stall and now - state.last_progress >= stall and (state.deadline is None or now < state.deadline))
 
     def _republish_stalled(self, state: DaemonState, now: float) -> Result:
         """Nothing arrived for `stall_s`: the broker may have lost the round's retained messages or a site's
@@ -195,7 +219,8 @@ class Machine:
         why = (f"round {state.round}: nothing arrived for {self.config.stall_s:.0f} s; re-published the model and "
                f"the tasks of {', '.join(missing) or 'no site'} (attempt {state.attempt})")
         effects = self._round_effects(state, why) if state.phase == "training" else self._eval_effects(state, why)
-        keep = [e for e in effects if not isinstance(e, (fx.PublishTrainTask, fx.PublishEvalTask)) or e.site_id in missing]
+        keep = [e for e in effects
+                if not isinstance(e, (fx.PublishTrainTask, fx.PublishEvalTask)) or e.site_id in missing]
         return state, [fx.Log("warning", why), *keep]
 
     # -- helpers --------------------------------------------------------------------------------
@@ -234,13 +259,14 @@ class Machine:
         try:
             # Overflow is judged below (a non-finite result is refused), not warned about mid-sum.
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                self._take_statistics(state, participants)
+                self._observe(state, participants)
                 result = self.strategy.aggregate_train(RoundInput(
                     round_no=state.round, current=dict(state.weights),
                     updates=[state.updates[s].update for s in participants], enrolled=dict(state.enrolled),
                     manifest=state.manifest,
                 ))
-        except (ValueError, FloatingPointError) as exc:  # a strategy's protocol check (e.g. SCAFFOLD's delta_c for every tensor)
+        # A strategy's protocol check (e.g. SCAFFOLD's delta_c for every tensor).
+        except (ValueError, FloatingPointError) as exc:
             return self._refuse_aggregate(state, now, f"the strategy refused them: {exc}")
         broken = [n for w in (result.weights, result.eval_weights or {}, *result.personal.values(),
                               *result.extras.values()) for n in _non_finite(w)]
@@ -258,8 +284,8 @@ class Machine:
             state, round=nxt, weights=dict(result.weights), personal={**state.personal, **result.personal},
             extras=extras, selected=chosen, updates={},
             history=(*state.history, record), best=best, strategy_state=self.strategy.state_dict(),
-            accepted_rounds={**state.accepted_rounds, **{s: state.round for s in participants}}, round_started_at=now, deadline=now + self.config.round_timeout_s,
-            attempt=0, last_progress=now,
+            accepted_rounds={**state.accepted_rounds, **{s: state.round for s in participants}},
+            round_started_at=now, deadline=now + self.config.round_timeout_s, attempt=0, last_progress=now,
         )
         state = replace(state, model_hash=self.hash_weights(self.published(state)))
         head: list[fx.Effect] = [fx.PublishRoundMetrics(record)]
@@ -319,26 +345,17 @@ class Machine:
         out.append(self._status(state, why or "evaluating the final model"))
         return out
 
-    def _stats_kind(self, round_no: int) -> int | None:
-        """Which feature statistics the sites send with this round's update (AdaFed family), if any."""
-        kind = STATS_KIND.get(self.strategy.name)
-        warmup = getattr(self.strategy, "warmup_rounds", lambda: 0)()
-        return kind if kind is not None and round_no == max(1, warmup) else None
-
-    def _take_statistics(self, state: DaemonState, participants: tuple[str, ...]) -> None:
-        """AdaFed: W is fixed once, from the statistics that came with the updates of the stats round."""
-        if not hasattr(self.strategy, "set_statistics") or self.strategy.similarity is not None:  # type: ignore[attr-defined]
-            return
+    def _observe(self, state: DaemonState, participants: tuple[str, ...]) -> None:
+        """Hand the strategy the feature statistics that came with the updates (most rounds: none)."""
         stats = {s: state.updates[s].update.extras["feature_stats"] for s in participants
                  if "feature_stats" in state.updates[s].update.extras}
-        if stats:
-            self.strategy.set_statistics(stats)  # type: ignore[attr-defined]
+        self.strategy.observe_round(state.round, stats)
 
     def _site_hyper(self, state: DaemonState, site: str) -> dict[str, float]:
         hyper = dict(self.strategy.site_hyper(site, dict(state.enrolled)))
-        kind = self._stats_kind(state.round)
-        if kind is not None:
-            hyper["feature_stats"] = float(kind)
+        wanted = self.strategy.round_requirements(state.round).feature_stats
+        if wanted is not None:
+            hyper["feature_stats"] = float(wanted)
         return hyper
 
     def _model_effect(self, state: DaemonState) -> fx.PublishModel:

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from fedmqtt.strategies.base import Manifest, SiteUpdate, Weights
 
 if TYPE_CHECKING:
-    from ps_daemon.checkpoint import StoredWeights
+    from ps_daemon.best_file import StoredWeights
 
+# The phases a checkpoint can hold (schemas.checkpoint.Checkpoint.phase): a round or the final evaluation.
+CheckpointPhase = Literal["training", "evaluating"]
 Phase = Literal["waiting_for_sites", "training", "evaluating", "done"]
 MetricMap = Mapping[str, float | None]
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from fedmqtt.docgen.paths import REPO
+
+__all__ = ["REPO", "rendered", "stale"]
 
 
 def rendered() -> dict[str, str]:
     """Every generated file, from every generator."""
-    from fedmqtt.docgen import algorithms, configuration, protocol
+    from fedmqtt.docgen import algorithms, configuration, machine, protocol
 
     out: dict[str, str] = {}
-    for module in (algorithms, protocol, configuration):
+    for module in (algorithms, protocol, configuration, machine):
         out.update(module.render())
     return out
 

@@ -6,7 +6,8 @@ partitioners, evaluation, tables, sources) is written by hand in the same file.
 
 from __future__ import annotations
 
-from fedmqtt.docgen import REPO
+from fedmqtt.docgen import markers
+from fedmqtt.docgen.paths import REPO
 
 PATH = "docs/algorithms.md"
 BEGIN = "<!-- BEGIN GENERATED: strategies (python -m fedmqtt.docgen) -->"
@@ -22,11 +23,7 @@ def strategy_sections() -> str:
 
 def splice(text: str, generated: str) -> str:
     """`text` with what lies between the marker lines replaced by `generated`."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{PATH} must hold the marker lines {BEGIN!r} and {END!r} once each, in this order")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n\n{generated.strip()}\n\n{END}{tail}"
+    return markers.splice(text, generated, begin=BEGIN, end=END, path=PATH)
 
 
 def render() -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""What each strategy does, in words and formulas, kept next to its code (module-level `ABOUT`).
+"""What each strategy does, in words and formulas, kept next to its code (module-level `ABOUT`, a
+`StrategyDoc` record).
 
 docs/algorithms.md sections 1-14 and `fedmqtt algorithms NAME` are both rendered from these records
 (`render_section`), so the reference and the command line say the same thing. Parameters are never
@@ -19,35 +20,8 @@ import annotated_types
 from pydantic import AliasChoices, BaseModel
 from pydantic.fields import FieldInfo
 
-
-@dataclass(frozen=True)
-class Subsection:
-    """A numbered part of a strategy's section that the code cites on its own (e.g. 11.1 for AdaFed)."""
-
-    number: str
-    title: str
-    text: str
-
-
-@dataclass(frozen=True)
-class StrategyDoc:
-    """The reference text of one section of docs/algorithms.md (one strategy or a family of them).
-
-    Formulas (`server`, `client`) are plain text, one statement a line, rendered as a code block so they
-    read the same in a terminal and on a web page. `names` are the registry names the section covers.
-    """
-
-    section: str
-    title: str
-    names: tuple[str, ...]
-    summary: str
-    server: str
-    client: str
-    state: str
-    papers: tuple[str, ...]
-    differences: tuple[str, ...]
-    example: str = ""
-    subsections: tuple[Subsection, ...] = ()
+from fedmqtt.strategies.registry import STRATEGIES
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 @dataclass(frozen=True)
@@ -75,7 +49,9 @@ def _fmt(value: Any) -> str:
 
 def _bounds(info: FieldInfo) -> str:
     """`> 0`, `[0, 1)`, `(0, 1]`, `>= 1` ... from the Field's ge/gt/le/lt constraints."""
-    lo = hi = None
+    # (bracket, bound): the bound's type depends on the constraint (SupportsGe, SupportsGt ...), any of them prints
+    lo: tuple[str, object] | None = None
+    hi: tuple[str, object] | None = None
     for item in info.metadata:
         if isinstance(item, annotated_types.Ge):
             lo = ("[", item.ge)
@@ -130,8 +106,6 @@ def param_docs(model: type[BaseModel]) -> list[ParamDoc]:
 # -- lookup and rendering ----------------------------------------------------------------------------
 def about_of(name: str) -> StrategyDoc:
     """The `ABOUT` record of the registered strategy `name` (KeyError for an unknown name)."""
-    from fedmqtt.strategies import STRATEGIES
-
     module = sys.modules[STRATEGIES[name].__module__]
     doc: StrategyDoc = module.ABOUT
     return doc
@@ -139,8 +113,6 @@ def about_of(name: str) -> StrategyDoc:
 
 def all_docs() -> list[StrategyDoc]:
     """One record per section, in section order, covering every registered strategy."""
-    from fedmqtt.strategies import STRATEGIES
-
     seen: dict[str, StrategyDoc] = {}
     for name in STRATEGIES:
         doc = about_of(name)
@@ -149,8 +121,6 @@ def all_docs() -> list[StrategyDoc]:
 
 
 def _param_table(names: Iterable[str]) -> list[str]:
-    from fedmqtt.strategies import STRATEGIES
-
     names = list(names)
     rows: dict[tuple[str, str, str, str], list[str]] = {}
     for name in names:

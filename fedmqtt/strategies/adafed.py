@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import AliasChoices, Field, field_validator
 
-from fedmqtt.strategies.about import StrategyDoc, Subsection
 from fedmqtt.strategies.aggregate import combine, copy_weights, sample_weights, uniform_weights
-from fedmqtt.strategies.base import AggregateResult, RoundInput, TensorSpec, Weights
+from fedmqtt.strategies.base import (
+    NO_REQUIREMENTS,
+    AggregateResult,
+    FeatureStatistics,
+    LayerStats,
+    RoundInput,
+    RoundRequirements,
+    TensorSpec,
+    Weights,
+)
 from fedmqtt.strategies.params import NormFamily, StrategyParams, expand_norm_types
 from fedmqtt.strategies.rule import ServerRule, keeps_norm_local
-
-LayerStats = Mapping[str, tuple[np.ndarray, np.ndarray]]  # layer -> (per-channel mean, population variance)
+from fedmqtt.strategies.strategy_doc import StrategyDoc, Subsection
 
 
 class AdaFedParams(StrategyParams):
@@ -133,6 +140,7 @@ class AdaFed(ServerRule):
     summary = "AdaFed: one model per site, mixed by BN feature-statistics similarity (Chen et al. 2022)"
     Params = AdaFedParams
     params: AdaFedParams
+    statistics: ClassVar[FeatureStatistics] = FeatureStatistics.BN_INPUTS  # where W comes from (11.3)
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)
@@ -149,6 +157,19 @@ class AdaFed(ServerRule):
     def needs_statistics(self, round_no: int) -> bool:
         """Whether statistics must be collected (`set_statistics`) before aggregating round `round_no`."""
         return self.distances is None and round_no > self.warmup_rounds()
+
+    def round_requirements(self, round_no: int) -> RoundRequirements:
+        """The sites send their statistics once, with the update of the last warm-up round (round 1 without
+        a warm-up), so W is fixed before the first AdaFed aggregation."""
+        if round_no == max(1, self.warmup_rounds()):
+            return RoundRequirements(feature_stats=self.statistics)
+        return NO_REQUIREMENTS
+
+    def observe_round(self, round_no: int, feature_stats: Mapping[str, LayerStats]) -> None:
+        """W is fixed once, from the first statistics that arrive; later ones change nothing."""
+        del round_no
+        if self.distances is None and feature_stats:
+            self.set_statistics(feature_stats)
 
     def set_statistics(self, stats: Mapping[str, LayerStats]) -> None:
         """Fix W from each site's per-layer (mean, var); docs/algorithms.md 11.1 (sites sorted by id)."""
@@ -183,7 +204,7 @@ class AdaFed(ServerRule):
         if not others:
             return [1.0 if u.site_id == site else 0.0 for u in inp.updates]
         dist = self.distances[index[site], [index[o] for o in others]]
-        coef = dict(zip(others, mixing_weights(dist, self.params.lam)))
+        coef = dict(zip(others, mixing_weights(dist, self.params.lam), strict=True))
         return [
             self.params.lam if u.site_id == site else float(coef.get(u.site_id, 0.0)) for u in inp.updates
         ]
@@ -203,6 +224,7 @@ class DAdaFed(AdaFed):
 
     name = "d-adafed"
     summary = "d-AdaFed: AdaFed with statistics of the penultimate features only (no BN needed)"
+    statistics = FeatureStatistics.PENULTIMATE
 
 
 class FAdaFed(AdaFed):
@@ -216,6 +238,7 @@ class FAdaFed(AdaFed):
     summary = "f-AdaFed: FedBN warm-up, then AdaFed with W from BN running statistics (no pretrained model)"
     Params = FAdaFedParams
     params: FAdaFedParams
+    statistics = FeatureStatistics.BN_RUNNING
 
     def warmup_rounds(self) -> int:
         if self.params.warmup_rounds is not None:

@@ -107,7 +107,7 @@ def convex_combine(arrays: Iterable[np.ndarray], weights: Coefficients, like: np
         stop = min(n, start + _BLOCK)
         a, t = acc[: stop - start], term[: stop - start]
         a.fill(0.0)
-        for w, flat in zip(factors, flats):
+        for w, flat in zip(factors, flats, strict=True):
             np.multiply(flat[start:stop], w, out=t, dtype=np.float64)
             a += t
             release_pages(flat, start, stop)
@@ -119,9 +119,11 @@ def release_pages(flat: np.ndarray, start: int, stop: int) -> None:
     """If `flat` maps a file (the PS's spooled updates), drop elements [start, stop) from this process's resident
     memory: the pages stay in the kernel's page cache and fault back in if read again. Without it every
     page read while summing stays mapped until the tensor is done, N sites' copies of a 512 MB layer at once."""
-    owner = flat
+    owner: np.ndarray | None = flat
     while owner is not None and not isinstance(owner, np.memmap):
         owner = owner.base
+    if owner is None:  # not a map: nothing to release
+        return
     handle = getattr(owner, "_mmap", None)  # numpy keeps the mmap.mmap it maps here
     if handle is None or not hasattr(handle, "madvise") or flat.size == 0:
         return
@@ -165,7 +167,7 @@ def mean_delta(
     """sum_i weights_i * (w_i - w_t) for one tensor, in float64 (the FedOpt/SCAFFOLD pseudo-gradient)."""
     ref = np.asarray(current[name], dtype=np.float64)
     acc = np.zeros(ref.shape, dtype=np.float64)
-    for w, u in zip(weights, updates):
+    for w, u in zip(weights, updates, strict=True):
         acc += float(w) * (np.asarray(u.tensors[name], dtype=np.float64) - ref)
     return acc
 

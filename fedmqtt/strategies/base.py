@@ -5,17 +5,24 @@ that tags every name (TRAIN, NORM:<type>, FLOATBUF, INTBUF, HEAD); it selects te
 never by name. It returns the next shared model, optional per-site tensors (personalised
 delivery on `ps/task/<site>`), optional server extras every site needs (SCAFFOLD `c`, sent on
 `ps/model`) and, where the evaluated model differs from the one sent (FedDyn), that model.
+
+Two hooks frame each round, in the spirit of Flower's configure/aggregate pair: `round_requirements` says
+what the sites must send besides their tensors before the round starts, and `observe_round` hands the rule
+what came back with the updates before they are aggregated. The PS calls both for every rule and never asks
+which rule it runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, Protocol
 
 import numpy as np
 
 Weights = dict[str, np.ndarray]
+LayerStats = Mapping[str, tuple[np.ndarray, np.ndarray]]  # layer -> (per-channel mean, population variance)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,28 @@ class AggregateResult:
     eval_weights: Weights | None = None  # FedDyn: evaluate theta_avg, not theta_send
 
 
+class FeatureStatistics(IntEnum):
+    """Which feature statistics a site computes for the server (docs/algorithms.md 11.1, 11.3).
+
+    The value is the `feature_stats` code a train task carries; the site's trainer (fedmqtt.training.statistics)
+    knows the same codes.
+    """
+
+    BN_INPUTS = 1  # the input of every BatchNorm layer, through the pretrained model
+    PENULTIMATE = 2  # the input of the final layer, through the pretrained model
+    BN_RUNNING = 3  # the running mean and variance of the site's own BatchNorm layers
+
+
+@dataclass(frozen=True)
+class RoundRequirements:
+    """What the sites must send with a round's update besides their tensors (nothing, by default)."""
+
+    feature_stats: FeatureStatistics | None = None
+
+
+NO_REQUIREMENTS = RoundRequirements()
+
+
 class Strategy(Protocol):
     """A server rule; build one with `strategy_class(params: dict[str, float])`."""
 
@@ -115,6 +144,15 @@ class Strategy(Protocol):
 
     def site_hyper(self, site_id: str, enrolled: Mapping[str, int]) -> dict[str, float]:
         """Per-site hyper-parameters for the downlink (e.g. FedDyn alpha_i, FedProx mu)."""
+        ...
+
+    def round_requirements(self, round_no: int) -> RoundRequirements:
+        """What every selected site must send with its update of round `round_no` besides the tensors."""
+        ...
+
+    def observe_round(self, round_no: int, feature_stats: Mapping[str, LayerStats]) -> None:
+        """Before round `round_no` is aggregated: the feature statistics that came with its updates, by site
+        (only sites that sent some; empty in most rounds)."""
         ...
 
     def aggregate_train(self, inp: RoundInput) -> AggregateResult: ...

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import Coefficients, copy_weights, sample_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class FedAdpParams(StrategyParams):
@@ -32,7 +32,7 @@ def update_angles(directions: Sequence[np.ndarray], weights: Coefficients) -> np
     it the largest weight).
     """
     g = np.zeros_like(directions[0]) if directions else np.zeros(0)
-    for w, gi in zip(weights, directions):
+    for w, gi in zip(weights, directions, strict=True):
         g = g + float(w) * gi
     g_norm = float(np.linalg.norm(g))
     angles = []
@@ -73,7 +73,7 @@ class FedAdp(ServerRule):
         flat_current = _flatten(inp.current, train)
         directions = [flat_current - _flatten(u.tensors, train) for u in inp.updates]
         angles = update_angles(directions, sample_weights(inp.updates))
-        for u, theta in zip(inp.updates, angles):
+        for u, theta in zip(inp.updates, angles, strict=True):
             t = self.count.get(u.site_id, 0) + 1
             prev = self.theta_bar.get(u.site_id, 0.0)
             self.theta_bar[u.site_id] = float(theta) if t == 1 else ((t - 1) / t) * prev + float(theta) / t

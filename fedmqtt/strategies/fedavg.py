@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import sample_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
 from fedmqtt.strategies.rule import ServerRule
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class FedAvg(ServerRule):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import participant_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, TensorSpec
 from fedmqtt.strategies.params import ALL_NORMS, NormFamily, WeightingParams, expand_norm_types
 from fedmqtt.strategies.rule import ServerRule, keeps_norm_local
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class FedBNParams(WeightingParams):

@@ -9,11 +9,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import copy_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 Histogram = dict[str, float]
 

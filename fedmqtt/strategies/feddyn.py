@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import combine, copy_weights, uniform_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Weights
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, float_state
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 # Acar et al.'s code clips every local gradient at norm 10 (torch.nn.utils.clip_grad_norm_, max_norm=10).
 DEFAULT_MAX_GRAD_NORM = 10.0
@@ -77,7 +77,7 @@ class FedDyn(ServerRule):
             ref = np.asarray(inp.current[name], dtype=np.float64)
             drift = self.s_bar.get(name, np.zeros(ref.shape))
             avg = np.zeros(ref.shape)
-            for w, u in zip(share, inp.updates):
+            for w, u in zip(share, inp.updates, strict=True):
                 theta_i = np.asarray(u.tensors[name], dtype=np.float64)
                 drift = drift + inv_n * (theta_i - ref)
                 avg += w * theta_i

@@ -8,11 +8,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import combine, copy_weights, uniform_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, TensorSpec, Weights
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, keeps_norm_local
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 LabelRows = dict[str, dict[str, np.ndarray]]  # label -> output-layer tensor name -> that label's row
 

@@ -8,11 +8,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import combine, copy_weights, sample_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, float_state
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class FedNovaParams(StrategyParams):
@@ -74,14 +74,14 @@ class FedNova(ServerRule):
         p = sample_weights(inp.updates)
         norms = [_a_norm(u) for u in inp.updates]
         work = norms if self.params.tau_eff == "norm" else [float(u.local_steps) for u in inp.updates]
-        tau_eff = float(sum(w * a for w, a in zip(p, work)))
+        tau_eff = float(sum(w * a for w, a in zip(p, work, strict=True)))
         g = self.groups(inp)
         out = combine(inp.updates, p, g.floatbuf + g.intbuf, inp.current)
         for name in g.train:
             ref = inp.current[name]
             x = np.asarray(ref, dtype=np.float64)
             d = np.zeros(x.shape)
-            for w, a, u in zip(p, norms, inp.updates):
+            for w, a, u in zip(p, norms, inp.updates, strict=True):
                 if a > 0:  # a site that took no step moved nowhere and contributes nothing
                     d += w * (x - np.asarray(u.tensors[name], dtype=np.float64)) / a
             update = self.params.eta_g * tau_eff * d

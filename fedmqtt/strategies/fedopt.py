@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import combine, copy_weights, mean_delta, participant_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
 from fedmqtt.strategies.params import WeightingParams
 from fedmqtt.strategies.rule import ServerRule, float_state
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class FedAdagradParams(WeightingParams):

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 from pydantic import Field
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.fedavg import FedAvg
 from fedmqtt.strategies.params import StrategyParams, mu_field
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class FedProxParams(StrategyParams):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.fedbn import FedBN, FedBNParams
 from fedmqtt.strategies.params import mu_field
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class FedPxNParams(FedBNParams):

@@ -8,7 +8,17 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedmqtt.strategies.aggregate import Coefficients, TensorGroups, combine, copy_weights, split_groups
-from fedmqtt.strategies.base import AggregateResult, Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
+from fedmqtt.strategies.base import (
+    NO_REQUIREMENTS,
+    AggregateResult,
+    LayerStats,
+    Manifest,
+    RoundInput,
+    RoundRequirements,
+    SiteUpdate,
+    TensorSpec,
+    Weights,
+)
 from fedmqtt.strategies.params import NoParams, StrategyParams, parse_params
 
 NORM_FAMILIES = ("batchnorm", "instancenorm", "groupnorm", "layernorm")
@@ -61,6 +71,15 @@ class ServerRule:
         """Per-site hyper-parameters for the downlink; none by default."""
         del site_id, enrolled
         return {}
+
+    def round_requirements(self, round_no: int) -> RoundRequirements:
+        """What the sites send besides their tensors in round `round_no`: nothing extra by default."""
+        del round_no
+        return NO_REQUIREMENTS
+
+    def observe_round(self, round_no: int, feature_stats: Mapping[str, LayerStats]) -> None:
+        """What came with round `round_no`'s updates besides the tensors; ignored by default."""
+        del round_no, feature_stats
 
     def state_dict(self) -> dict[str, Any]:
         """Server state to checkpoint; stateless rules have none."""

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedmqtt.strategies.about import StrategyDoc
 from fedmqtt.strategies.aggregate import (
     combine,
     copy_weights,
@@ -20,6 +19,7 @@ from fedmqtt.strategies.aggregate import (
 from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate, Weights
 from fedmqtt.strategies.params import WeightingParams
 from fedmqtt.strategies.rule import ServerRule, float_state
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class ScaffoldParams(WeightingParams):

@@ -16,7 +16,8 @@ from fedmqtt.cli import app
 from fedmqtt.docgen import REPO
 from fedmqtt.docgen import algorithms as gen
 from fedmqtt.strategies import STRATEGIES
-from fedmqtt.strategies.about import StrategyDoc, about_of, all_docs, param_docs, render_section
+from fedmqtt.strategies.about import about_of, all_docs, param_docs, render_section
+from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 DOC = REPO / "docs" / "algorithms.md"
 CITE = re.compile(r"docs/algorithms\.md(?: section)? ([0-9]+(?:\.[0-9]+)?)")

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from fedmqtt.errors import ConfigError
-from fedmqtt.strategies import AdaFed, FAdaFed, RoundInput, SiteUpdate, TensorSpec, build_strategy
+from fedmqtt.strategies import (
+    AdaFed,
+    FAdaFed,
+    FeatureStatistics,
+    RoundInput,
+    SiteUpdate,
+    TensorSpec,
+    build_strategy,
+)
 from fedmqtt.strategies.adafed import distance_matrix, feature_statistics, similarity_matrix
 
 SITES = ("c1", "c2", "c3")
@@ -177,3 +185,34 @@ def test_lambda_outside_zero_one_is_a_config_error(value: float) -> None:
         build_strategy("adafed", {"lambda": value})
     with pytest.raises(ConfigError, match="f-adafed: lam must be"):
         build_strategy("f-adafed", {"lam": value})
+
+
+@pytest.mark.parametrize(("name", "params", "stats_round", "wanted"), [
+    ("adafed", {}, 1, FeatureStatistics.BN_INPUTS),
+    ("d-adafed", {}, 1, FeatureStatistics.PENULTIMATE),
+    ("f-adafed", {"warmup_rounds": 3}, 3, FeatureStatistics.BN_RUNNING),
+    ("f-adafed", {"warmup_rounds": 0}, 1, FeatureStatistics.BN_RUNNING),
+    ("f-adafed", {"total_rounds": 9}, 4, FeatureStatistics.BN_RUNNING),
+])
+def test_sites_are_asked_for_their_statistics_once(name: str, params: dict, stats_round: int,
+                                                    wanted: FeatureStatistics) -> None:
+    """With the update of the last warm-up round (round 1 without one), and of no other round (11.1, 11.3)."""
+    rule = build_strategy(name, params)
+    asked = {r: rule.round_requirements(r).feature_stats for r in range(1, 12)}
+    assert asked == {r: wanted if r == stats_round else None for r in range(1, 12)}
+    assert float(asked[stats_round] or 0) == {"adafed": 1.0, "d-adafed": 2.0, "f-adafed": 3.0}[name]  # task code
+
+
+def test_observed_statistics_fix_w_once() -> None:
+    """The first non-empty statistics fix W; empty or later ones change nothing."""
+    # Prepare
+    rule = build_strategy("adafed", {"lam": 0.5})
+    assert isinstance(rule, AdaFed)
+    # Execute
+    rule.observe_round(1, {})
+    before = rule.similarity
+    rule.observe_round(1, STATS)
+    rule.observe_round(2, {s: STATS["c1"] for s in SITES})  # identical sites would give 0.25 everywhere
+    # Assert
+    assert before is None and rule.similarity is not None
+    np.testing.assert_allclose(rule.similarity, W_EXPECTED, rtol=0, atol=1e-10)

@@ -15,6 +15,7 @@ from fedmqtt.strategies import (
     AdaFed,
     AggregateResult,
     RoundInput,
+    RoundRequirements,
     ServerRule,
     SiteUpdate,
     TensorSpec,
@@ -248,3 +249,21 @@ def test_round_without_participants_changes_nothing(name: str) -> None:
     _assert_same_weights(empty.weights, first.weights)
     assert not empty.personal
     assert _pack(rule.state_dict()) == before
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_hooks_ask_only_the_adafed_family_for_statistics(name: str) -> None:
+    """The PS asks every rule the same two questions; only AdaFed's variants want statistics (docs/algorithms.md
+    11.1), and only they keep what they observe. Every other rule keeps the neutral answers of ServerRule."""
+    # Prepare
+    rule, fresh = build_strategy(name), build_strategy(name)
+    # Execute
+    asked = [rule.round_requirements(r) for r in range(1, 25)]
+    rule.observe_round(1, STATS)
+    # Assert
+    if name in ("adafed", "d-adafed", "f-adafed"):
+        assert sum(a.feature_stats is not None for a in asked) == 1
+        assert rule.state_dict()["sites"] == list(SITES)
+    else:
+        assert asked == [RoundRequirements()] * len(asked)
+        assert rule.state_dict() == fresh.state_dict()

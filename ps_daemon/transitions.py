@@ -1,0 +1,110 @@
+"""The PS's phases as one table: for every phase and every kind of event, which handler of `Machine` runs, what
+it does, and the phases it can leave the PS in.
+
+`Machine.step` dispatches through this table and nothing else, and docs/design-notes.md renders it
+(`python -m fedmqtt.docgen`), so the code and the description cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
+from ps_daemon.state import Phase
+
+PHASES: tuple[Phase, ...] = typing.get_args(Phase)
+EVENTS: tuple[type[Event], ...] = typing.get_args(Event)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What one kind of event does in one phase."""
+
+    handler: str  # the `Machine` method that handles it: (state, event) -> (state, effects)
+    does: str  # in words, for the docs
+    next_phases: tuple[Phase, ...]  # every phase the PS can be in afterwards
+
+
+# Rows that read the same in several phases and leave the phase as it is.
+def _note_online(phase: Phase) -> Transition:
+    return Transition("_note_online", "records the site online, with its row count and label histogram (a site "
+                      "not in the PS config is ignored with a log)", (phase,))
+
+
+def _note_offline(phase: Phase) -> Transition:
+    return Transition("_note_offline", "records the site as seen offline", (phase,))
+
+
+def _refuse_update(phase: Phase) -> Transition:
+    return Transition("_refuse_update", "refused with a log: no round is open (stale or future round)", (phase,))
+
+
+def _ignore_report(phase: Phase) -> Transition:
+    return Transition("_ignore", "ignored: only the final evaluation takes reports", (phase,))
+
+
+TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
+    ("waiting_for_sites", Started): Transition(
+        "_announce", "publishes `waiting for sites`", ("waiting_for_sites",)),
+    ("waiting_for_sites", SiteOnline): Transition(
+        "_online_while_waiting",
+        "records the site (one not in the PS config is ignored with a log); once `min_sites` of them are online "
+        "(and, with `selection = \"recruited\"`, recruitment chose at least `quorum`), selects the sites of round 1 "
+        "and publishes the model and tasks",
+        ("waiting_for_sites", "training")),
+    ("waiting_for_sites", SiteOffline): _note_offline("waiting_for_sites"),
+    ("waiting_for_sites", UpdateReceived): _refuse_update("waiting_for_sites"),
+    ("waiting_for_sites", ReportReceived): _ignore_report("waiting_for_sites"),
+    ("waiting_for_sites", Tick): Transition("_ignore", "nothing: no deadline runs", ("waiting_for_sites",)),
+
+    ("training", Started): Transition(
+        "_resume_round", "resumed from a checkpoint: new deadline, re-publishes the round's model and tasks",
+        ("training",)),
+    ("training", SiteOnline): _note_online("training"),
+    ("training", SiteOffline): Transition(
+        "_offline_in_round",
+        "records the site; a selected site that had not answered is logged, and the round closes if every other "
+        "selected site has answered and the quorum is met",
+        ("training", "evaluating")),
+    ("training", UpdateReceived): Transition(
+        "_update_in_round",
+        "admits the update (open round, selected site, first one, current model, matching layout) or refuses it "
+        "with a log; the round closes once every selected site not seen offline has answered and the quorum is "
+        "met: aggregate, checkpoint, round metrics, then the next round or the final evaluation",
+        ("training", "evaluating")),
+    ("training", ReportReceived): _ignore_report("training"),
+    ("training", Tick): Transition(
+        "_tick_in_round",
+        "after `stall_s` without progress re-publishes the round for the sites still missing; at the deadline "
+        "closes the round if the quorum is met, else extends the deadline and names the missing sites",
+        ("training", "evaluating")),
+
+    ("evaluating", Started): Transition(
+        "_resume_evaluation", "resumed from a checkpoint: new deadline, re-publishes the final model and eval tasks",
+        ("evaluating",)),
+    ("evaluating", SiteOnline): _note_online("evaluating"),
+    ("evaluating", SiteOffline): Transition(
+        "_offline_in_evaluation", "records the site; finishes if every other selected site has reported",
+        ("evaluating", "done")),
+    ("evaluating", UpdateReceived): _refuse_update("evaluating"),
+    ("evaluating", ReportReceived): Transition(
+        "_report_in_evaluation",
+        "keeps the first `final` report of each selected site on the final model; finishes when every selected "
+        "site not seen offline has reported",
+        ("evaluating", "done")),
+    ("evaluating", Tick): Transition(
+        "_tick_in_evaluation",
+        "after `stall_s` without progress re-publishes the eval tasks still missing; at the deadline finishes, "
+        "naming the sites that did not report",
+        ("evaluating", "done")),
+
+    ("done", Started): Transition(
+        "_announce", "publishes `waiting for sites` (never happens: no checkpoint holds a finished run)", ("done",)),
+    ("done", SiteOnline): _note_online("done"),
+    ("done", SiteOffline): _note_offline("done"),
+    ("done", UpdateReceived): _refuse_update("done"),
+    ("done", ReportReceived): _ignore_report("done"),
+    ("done", Tick): Transition("_ignore", "nothing: the run is over", ("done",)),
+}
