@@ -165,7 +165,7 @@ def train_local(
         ConfigError: the loss does not fit the task (e.g. "ce" for a regression).
     """
     started = time.perf_counter()
-    dev = torch.device(device)
+    dev = _concrete(torch.device(device))
     model.to(dev).train()
     loss_name = resolve_loss(settings.loss, task)
     loss_fn = make_loss(loss_name)
@@ -182,11 +182,16 @@ def train_local(
     start = [p.detach().clone() for p in params]  # to tell a run that learnt nothing (warned below)
     correct = _gradient_terms(model, terms, dev)
     shuffle = torch.Generator().manual_seed(seed)
-    steps, loss_sum, loss_rows = 0, 0.0, 0
+    steps, loss_rows = 0, 0
+    # The loss sum stays on the device: reading it back every step would make the host wait for the GPU
+    # before it can queue the next step. float64 sums of float32 losses times batch sizes are exact in the
+    # same way the host's float arithmetic was, so the mean comes out bit for bit as before.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
     autocast = torch.autocast(dev.type, dtype=getattr(torch, amp or "float32"), enabled=amp is not None)
     with _seeded_global_rng(seed, dev):
         for _ in range(settings.epochs):
-            for idx in itertools.islice(_batches(xt.shape[0], settings.batch_size, shuffle), settings.steps_per_epoch):
+            batches = _batches(xt.shape[0], settings.batch_size, shuffle, xt.device)
+            for idx in itertools.islice(batches, settings.steps_per_epoch):
                 xb, yb = _batch(xt, yt, idx, dev)
                 optimizer.zero_grad()
                 with autocast:
@@ -198,11 +203,11 @@ def train_local(
                     torch.nn.utils.clip_grad_norm_(params, terms.clip_norm)
                 optimizer.step()
                 steps += 1
-                loss_sum += float(loss.detach()) * len(idx)  # syncs once per step: fine at these batch sizes
+                loss_sum += loss.detach().double() * len(idx)
                 loss_rows += len(idx)
     # NaN here (a diverged run) is reported as is; the caller decides what to do with it.
-    mean_loss = loss_sum / loss_rows if loss_rows else None
-    if steps and not any(bool((p.detach() != p0).any()) for p, p0 in zip(params, start)):
+    mean_loss = float(loss_sum) / loss_rows if loss_rows else None
+    if steps and not any(bool((p.detach() != p0).any()) for p, p0 in zip(params, start, strict=True)):
         log.warning("local training took %d step(s) and moved no weight (loss %s): its gradient is zero, "
                     "e.g. a regression whose outputs sit where the loss is flat, or lr too small", steps, mean_loss)
     return TrainStats(int(xt.shape[0]), steps, mean_loss, time.perf_counter() - started)
@@ -230,14 +235,23 @@ def _labelled_tensors(
     if not keep.all():
         xa, ya = xa[keep], ya[keep]
     if dev.type == "cuda" and xa.nbytes > _GPU_RESIDENT_FRACTION * torch.cuda.mem_get_info(dev)[0]:
-        # Too big to keep on the GPU: pinned host memory, batches copied asynchronously (see _batch).
-        return torch.as_tensor(xa).pin_memory(), torch.as_tensor(ya).pin_memory()
+        # Too big to keep on the GPU: it stays in ordinary host memory (pinning all of it would lock as much
+        # RAM again, every round); each batch is gathered into pinned memory and copied asynchronously (_batch).
+        return torch.as_tensor(xa), torch.as_tensor(ya)
     # The usual case for these medical datasets: the whole training split lives on the device, so a
     # batch is one index operation there and the GPU never waits for the host.
     return torch.as_tensor(xa, device=dev), torch.as_tensor(ya, device=dev)
 
 
 _GPU_RESIDENT_FRACTION = 0.25  # of the free GPU memory a site's training split may occupy
+
+
+def _concrete(dev: torch.device) -> torch.device:
+    """`cuda` as the GPU it means (`cuda:N`): tensors report their device with its index, and a comparison
+    with an index-less `cuda` would send GPU-resident data down the host path (_batch)."""
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def _batch(xt: torch.Tensor, yt: torch.Tensor, idx: torch.Tensor, dev: torch.device
@@ -251,8 +265,11 @@ def _batch(xt: torch.Tensor, yt: torch.Tensor, idx: torch.Tensor, dev: torch.dev
     return xb, yb
 
 
-def _batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-    order = torch.randperm(n, generator=generator)
+def _batches(n: int, batch_size: int, generator: torch.Generator, device: torch.device
+             ) -> Iterator[torch.Tensor]:
+    # Drawn on the host (the same order on every device), then moved where the data lives once per epoch: a
+    # host-to-GPU copy of each batch's indices would wait for the GPU's queued work every step.
+    order = torch.randperm(n, generator=generator).to(device)
     for start in range(0, n, batch_size):
         idx = order[start : start + batch_size]
         # BatchNorm cannot train on one sample: drop a trailing batch of 1 (docs/algorithms.md 0.5).
