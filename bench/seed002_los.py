@@ -6,9 +6,9 @@ recruited clients (Federated-AC, -SC, -ARC, -SRC) and a gamma_th sweep.
 Everything runs in simulation (`run_simulation`: the real PS and site agents over an in-memory broker).
 The held-out test set is the union of every site's own test split (recruited or not): each run's final
 model is evaluated on all of them with `fedmqtt report`'s held-out union
-(fedmqtt.experiments.report.union_table), pooled over stays (MAE, MAPE, MSE and MSLE are means over stays, so pooling weighs each site by its test
-size) and as the unweighted per-site mean, next to the constant predictor (the pooled training mean for
-every stay) on the same stays.
+(fedmqtt.experiments.report.union_table), pooled over stays (MAE, MAPE, MSE and MSLE are means over stays, so
+pooling weighs each site by its test size) and as the unweighted per-site mean, next to the constant predictor
+(the pooled training mean for every stay) on the same stays.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def make_sites(args: argparse.Namespace) -> tuple[dict[str, DataSpec], dict[str,
               "labels_sha256": labels_digest(ds.y)}
     write_partition_manifest(manifest, spec, parts, hist, source, site_names=names)
     sites = {n: base.model_copy(update={"partition": manifest, "site": n}) for n in names}
-    return sites, {n: los_histogram(ds.y[p]) for n, p in zip(names, parts)}, {n: len(p) for n, p in zip(names, parts)}
+    histograms = {n: los_histogram(ds.y[p]) for n, p in zip(names, parts, strict=True)}
+    return sites, histograms, {n: len(p) for n, p in zip(names, parts, strict=True)}
 
 
 METRICS = ("mae", "mape", "mse", "msle")

@@ -6,8 +6,10 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+Piece = bytes | bytearray | memoryview  # anything a binary file's write() takes
 
-def write_atomic(path: Path, data: bytes | Iterable[bytes], *, durable: bool = True) -> Path:
+
+def write_atomic(path: Path, data: Piece | Iterable[Piece], *, durable: bool = True) -> Path:
     """Write `data` (bytes, or pieces written one after another without joining them) to `path` so that a
     crash at any moment leaves either the old or the new file. `durable=False` skips the fsyncs, for files that
     a restart throws away anyway (the PS's update spool): still never torn, just not forced to disk."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from fedmqtt.strategies.base import Weights
 
@@ -83,5 +83,5 @@ class Finish:
     state: DaemonState
 
 
-Effect = Union[SaveCheckpoint, PublishModel, PublishTrainTask, PublishEvalTask, PublishRecruitment, PublishStatus,
-               PublishRoundMetrics, Log, Finish]
+Effect = (SaveCheckpoint | PublishModel | PublishTrainTask | PublishEvalTask | PublishRecruitment | PublishStatus
+          | PublishRoundMetrics | Log | Finish)

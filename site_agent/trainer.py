@@ -81,8 +81,8 @@ class Trainer:
         """Validate the model this site would use (docs/algorithms.md 17.1), then train with the algorithm's rule."""
         extras, local = extras or {}, local or {}
         model = self._load(spec, eval_weights if eval_weights is not None else weights)
-        val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, task=self.data.task, device=self.device,
-                                        nonnegative=self._nonnegative)
+        val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, task=self.data.task,
+                                        device=self.device, nonnegative=self._nonnegative)
         if eval_weights is not None:
             load_arrays(model, weights)
         manifest = self.manifest(spec)

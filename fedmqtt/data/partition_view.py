@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from fedmqtt.recruitment import LOS_EDGES
 def los_bin_edges() -> list[str]:
     """Each length-of-stay bin of `label_histogram` (regression) with its edges in days: b0 < 1, ..."""
     edges = [f"{e:g}" for e in LOS_EDGES]
-    inner = [f"[{lo}, {hi})" for lo, hi in zip(edges, edges[1:])]
+    inner = [f"[{lo}, {hi})" for lo, hi in pairwise(edges)]
     return [f"< {edges[0]}", *inner, f">= {edges[-1]}"]
 
 

@@ -202,7 +202,7 @@ def train_local(
                 loss_rows += len(idx)
     # NaN here (a diverged run) is reported as is; the caller decides what to do with it.
     mean_loss = loss_sum / loss_rows if loss_rows else None
-    if steps and not any(bool((p.detach() != p0).any()) for p, p0 in zip(params, start)):
+    if steps and not any(bool((p.detach() != p0).any()) for p, p0 in zip(params, start, strict=True)):
         log.warning("local training took %d step(s) and moved no weight (loss %s): its gradient is zero, "
                     "e.g. a regression whose outputs sit where the loss is flat, or lr too small", steps, mean_loss)
     return TrainStats(int(xt.shape[0]), steps, mean_loss, time.perf_counter() - started)
@@ -290,14 +290,20 @@ def _gradient_terms(model: nn.Module, terms: GradTerms, dev: torch.device) -> Ca
         return None
     anchor = {n: named[n].detach().clone() for n in {*prox, *dyn}}
 
+    def grad(name: str) -> torch.Tensor:
+        g = named[name].grad
+        if g is None:  # the term has nowhere to go: the parameter took no part in the loss
+            raise RuntimeError(f"parameter {name!r} has no gradient to add the algorithm's term to")
+        return g
+
     def apply() -> None:
         with torch.no_grad():
             for n in prox:
-                named[n].grad.add_(named[n] - anchor[n], alpha=terms.prox_mu)
+                grad(n).add_(named[n] - anchor[n], alpha=terms.prox_mu)
             for n, s in dyn.items():
-                named[n].grad.add_(s + named[n] - anchor[n], alpha=terms.dyn_alpha)
+                grad(n).add_(s + named[n] - anchor[n], alpha=terms.dyn_alpha)
             for n, c in shift.items():
-                named[n].grad.add_(c)
+                grad(n).add_(c)
 
     return apply
 

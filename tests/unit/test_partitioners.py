@@ -195,7 +195,7 @@ def test_deterministic_and_every_index_once(spec: PartitionSpec) -> None:
     feats = {"f": np.random.default_rng(1).normal(size=997)}
     first = partition(spec, y, features=feats)
     again = partition(spec, y, features=feats)
-    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert np.array_equal(np.sort(np.concatenate(first)), np.arange(997))
     assert all(p.dtype == np.int64 and np.all(np.diff(p) > 0) for p in first if len(p) > 1)
 
@@ -206,7 +206,7 @@ def test_another_seed_gives_another_split(spec: PartitionSpec) -> None:
     y = labels(997)
     a = partition(spec, y)
     b = partition(spec.model_copy(update={"seed": 6}), y)
-    assert any(not np.array_equal(p, q) for p, q in zip(a, b))
+    assert any(not np.array_equal(p, q) for p, q in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize(("spec", "expected"), [
@@ -232,10 +232,10 @@ def test_cap_subsamples_last() -> None:
     spec = PartitionSpec(kind="label_skew", n_sites=6, alpha=0.5, seed=4)
     full = partition(spec, y)
     capped = partition(spec.model_copy(update={"cap": 300}), y)
-    for f, c in zip(full, capped):
+    for f, c in zip(full, capped, strict=True):
         assert len(c) == min(len(f), 300) and set(c.tolist()) <= set(f.tolist())
     again = partition(spec.model_copy(update={"cap": 300}), y)
-    assert all(np.array_equal(a, b) for a, b in zip(capped, again))
+    assert all(np.array_equal(a, b) for a, b in zip(capped, again, strict=True))
 
 
 def test_seed_003_setting_most_sites_hit_the_cap() -> None:

@@ -117,7 +117,7 @@ def test_regression_union_has_the_constant_baseline_row(tmp_path: Path) -> None:
         a, b = rng.normal(size=60), rng.normal(size=60)
         days = np.maximum(0.1, scale * (3 + a + 0.5 * b + 0.3 * rng.normal(size=60)))
         path = tmp_path / f"site{k}.csv"
-        path.write_text("a,b,los\n" + "".join(f"{x},{y},{z}\n" for x, y, z in zip(a, b, days)))
+        path.write_text("a,b,los\n" + "".join(f"{x},{y},{z}\n" for x, y, z in zip(a, b, days, strict=True)))
         sites[f"site-{k}"] = DataSpec(format="table", path=path, options={"spec": {
             "label": "los", "task": "regression", "numeric": ["a", "b"]}})
     cfg = SimulationConfig(run_id="los", rounds=1, out_dir=tmp_path / "run", sites=sites,
