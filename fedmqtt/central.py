@@ -74,7 +74,8 @@ def run_central(config: SimulationConfig, *, progress: bool = True) -> dict[str,
     final = per_site_eval()
     mean_final = means(final)
     best_section = None
-    if best is not None and best_weights is not None:  # seed 000's protocol: the best validation round's model on test
+    # Hwang et al.'s protocol: the best validation round's model on test
+    if best is not None and best_weights is not None:
         load_arrays(model, best_weights)
         best_sites = per_site_eval()
         best_section = {"round": best[0], "per_site": best_sites, "mean": means(best_sites)}

@@ -179,7 +179,7 @@ def _print_summary(report: dict[str, Any], work: Path, *, kept: bool, wall_s: fl
     if best:
         line = f"best validation round: {best['round']} (mean {best['metric']} {best['score']:.3f})"
         tested = ((report.get("best") or {}).get("mean") or {}).get("test", {})
-        if tested.get("auroc") is not None:  # seed 000's protocol: that round's models on the test splits
+        if tested.get("auroc") is not None:  # Hwang et al.'s protocol: that round's models on the test splits
             line += f"; its models' mean test AUROC {tested['auroc']:.3f}"
         print(line)
     traffic = report["traffic"]

@@ -137,7 +137,7 @@ def constant_baseline(config: SimulationConfig) -> dict[str, Any] | None:
 def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
     """Train the model on a stratified `pretrain_fraction` of every site's training rows, pooled.
 
-    Only a simulation can do this (seed 001 pretrains AdaFed's model so); in a hospital network the
+    Only a simulation can do this (Chen et al. pretrain AdaFed's model so); in a hospital network the
     pretrained model must come from outside the federation. Written to out_dir/pretrained.safetensors.
     """
     import numpy as np

@@ -94,7 +94,7 @@ def _means(reports: Any, *, prefix: str) -> dict[str, dict[str, float | None]]:
 
 
 def _best_section(state: DaemonState) -> dict[str, Any] | None:
-    """Seed 000's reported numbers: each site's best-validation-round model on its test split (17.1)."""
+    """Hwang et al.'s reported numbers: each site's best-validation-round model on its test split (17.1)."""
     reports = {s: r for s, r in state.final_reports.items() if any(k.startswith("best.") for k in r.metrics)}
     if state.best is None or not reports:
         return None

@@ -113,7 +113,7 @@ class TrainTask(Header):
     tensors: Tensors = ()  # personalised tensors for this site only (AdaFed psi_i)
     # tensor names to send back (None: all); the rest stays local
     upload: Annotated[tuple[Label, ...], Field(max_length=MAX_TENSORS)] | None = None
-    best_round: RoundNo | None = None  # seed 000: the round whose model is best so far (sites keep that model)
+    best_round: RoundNo | None = None  # Hwang et al.: the round whose model is best so far (sites keep that model)
 
 
 class EvalTask(Header):

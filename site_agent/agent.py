@@ -334,7 +334,7 @@ class SiteAgent:
         weights = self._compose(model, task, evaluate=True)
         metrics, counts, undefined = self.trainer.evaluate(model.model, weights, task.splits)
         best_round, best_weights = self.best.slot()
-        if best_weights is not None:  # seed 000: the best round's own (composed) model, on the same splits
+        if best_weights is not None:  # Hwang et al.: the best round's own (composed) model, on the same splits
             best, _, why = self.trainer.evaluate(model.model, best_weights, task.splits)
             metrics.update({f"best.{split}": values for split, values in best.items()})
             undefined.update({f"best.{k}": v for k, v in why.items()})

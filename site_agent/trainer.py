@@ -57,7 +57,7 @@ class Trainer:
         self.device = device
         self.amp = pick_amp(amp, device)
         self._spec: ModelSpec | None = None
-        # Regression targets here are lengths of stay: predictions below 0 days are clamped (seed 002).
+        # Regression targets here are lengths of stay: predictions below 0 days are clamped (Scheltjens et al.).
         self._nonnegative = data.task.kind == "regression"
         self._model: torch.nn.Module | None = None
         self._manifest: tuple[ModelSpec, dict[str, dict[str, Any]]] | None = None

@@ -170,7 +170,7 @@ def apply_cap(parts: list[np.ndarray], cap: int | None, rng: np.random.Generator
 
 
 def heterogeneity_level(alpha: float) -> str:
-    """16.4 (seed 003, Table II): the heterogeneity level a Dirichlet alpha stands for."""
+    """16.4 (Milasheuski et al., Table II): the heterogeneity level a Dirichlet alpha stands for."""
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     levels = ((0.1, "extreme"), (0.3, "high"), (0.5, "high/medium"), (0.7, "medium"), (10.0, "low"))
@@ -293,7 +293,7 @@ def _guess_task(y: np.ndarray) -> TaskInfo:
 
 
 def annotated_labels(n_labels: int, n_sites: int, per_site: int, seed: int) -> list[list[int]]:
-    """Partial labels (seed 004's setting): which `per_site` of the `n_labels` label columns each site
+    """Partial labels (Kulkarni et al.'s setting): which `per_site` of the `n_labels` label columns each site
     annotates.
 
     The labels are shuffled (seeded, a stream of its own so the item split is unchanged) and dealt round

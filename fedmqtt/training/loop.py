@@ -74,7 +74,7 @@ def make_loss(name: str) -> LossFn:
 def _bce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if y.ndim == 1:  # binary: one logit per row
         return F.binary_cross_entropy_with_logits(logits.reshape(-1), y)
-    # Multi-label with partial labels: NaN = not annotated, left out of the mean (seed 004). The target
+    # Multi-label with partial labels: NaN = not annotated, left out of the mean (Kulkarni et al.). The target
     # is zeroed there too, so no NaN reaches the graph even through a zero weight.
     annotated = ~torch.isnan(y)
     per_entry = F.binary_cross_entropy_with_logits(
@@ -93,7 +93,7 @@ def _mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _msle(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # Seed 002: the prediction is clamped at 0 before the log (its model ends in a ReLU), so the loss VALUE
+    # Scheltjens et al.: the prediction is clamped at 0 before the log (their model ends in a ReLU), so the loss VALUE
     # (and what evaluation reads, evaluate.predict(nonnegative=True)) is that of max(pred, 0). Its gradient
     # passes through the clamp (straight-through): with the clamp's own zero gradient a fresh network whose
     # outputs start negative never learns. Where pred >= 0 nothing changes.

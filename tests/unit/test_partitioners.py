@@ -41,7 +41,7 @@ def as_sets(parts: list[np.ndarray], values: np.ndarray) -> list[list[float]]:
 
 
 def test_cut_rule_unstratified_example() -> None:
-    """16.1: 10 items with p = (0.55, 0.3, 0.15) split 5/3/2 (the seed's plain floor gives 5/3/1)."""
+    """16.1: 10 items with p = (0.55, 0.3, 0.15) split 5/3/2 (Milasheuski et al.'s plain floor gives 5/3/1)."""
     assert cut_sizes(10, (0.55, 0.3, 0.15)).tolist() == [5, 3, 2]
 
 
@@ -238,7 +238,7 @@ def test_cap_subsamples_last() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(capped, again, strict=True))
 
 
-def test_seed_003_setting_most_sites_hit_the_cap() -> None:
+def test_milasheuski_setting_most_sites_hit_the_cap() -> None:
     """16 DECISION: oversampled stroke (~2 x 4861 rows), 6 sites, cap 500: most sites end with exactly 500."""
     y = np.array([0] * 4861 + [1] * 4861)
     parts = partition(PartitionSpec(kind="label_skew", n_sites=6, alpha=0.5, cap=500, seed=0), y)
@@ -264,7 +264,7 @@ def test_natural_partition_by_group_column() -> None:
     (0.7, "low"), (9.99, "low"), (10, "homogeneous"), (1e6, "homogeneous"),
 ])  # fmt: skip
 def test_heterogeneity_levels(alpha: float, level: str) -> None:
-    """16.4 (seed 003, Table II): the level of a Dirichlet alpha, lower bounds inclusive."""
+    """16.4 (Milasheuski et al., Table II): the level of a Dirichlet alpha, lower bounds inclusive."""
     assert heterogeneity_level(alpha) == level
 
 

@@ -91,7 +91,7 @@ def densenet121(n_outputs: int = 1, in_channels: int = 3, norm: str = "bn") -> B
 def efficientnet_b0(
     n_outputs: int = 1, in_channels: int = 3, norm: str = "bn", dropout: float = 0.2
 ) -> Backbone:
-    """EfficientNet-B0 (seed 000 skin, BN or GN), random init; its classifier dropout stays in `body`."""
+    """EfficientNet-B0 (Hwang et al.'s skin task, BN or GN), random init; its classifier dropout stays in `body`."""
     _check("efficientnet_b0", n_outputs, in_channels, norm)
     rate = probability("efficientnet_b0", "dropout", dropout)
     net = _torchvision_models().efficientnet_b0(weights=None)
