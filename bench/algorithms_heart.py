@@ -34,7 +34,7 @@ from schemas.messages import ModelSpec, TrainSettings  # noqa: E402
 SGD_ALGORITHMS = ("scaffold", "feddyn", "fednova")
 SGD_LR = 0.05
 # d-AdaFed and f-AdaFed are left out; adafed runs (skip it with --no-adafed), its model pretrained
-# in-simulation on a share of the pooled training rows (seed 001's protocol).
+# in-simulation on a share of the pooled training rows (Chen et al.'s protocol).
 ADAFED_FAMILY = ("adafed", "d-adafed", "f-adafed")
 
 
@@ -128,7 +128,7 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     ]
     if any(r["algorithm"] in ("adafed", "d-adafed") for r in rows):
         notes.append(f"AdaFed: model pretrained in-simulation on {args.pretrain_fraction:g} of each site's "
-                     "training rows, pooled (seed 001's protocol).")
+                     "training rows, pooled (Chen et al.'s protocol).")
     return "\n".join(lines + notes) + "\n"
 
 

@@ -94,7 +94,8 @@ def bare_paho(work: Path, layout, sites: int, model_mb: float) -> dict:  # noqa:
 
 def write_configs(work: Path, layout, args) -> tuple[Path, list[Path]]:  # noqa: ANN001
     ps = {"run_id": layout.run_id, "rounds": args.rounds, "sites": list(layout.site_ids), "quorum": 1,
-          "round_timeout_s": 600.0, "seed": 0, "out_dir": str(work / "ps"), "credentials": str(layout.credentials["ps"]),
+          "round_timeout_s": 600.0, "seed": 0, "out_dir": str(work / "ps"),
+          "credentials": str(layout.credentials["ps"]),
           "selection": args.selection, "model": model_spec(args.model_mb), "upload_turns": args.upload_turns,
           "train": {"epochs": 1, "batch_size": 32, "lr": 0.001, "optimizer": "adam"}}
     if args.model_mb:
@@ -160,7 +161,7 @@ def main() -> None:
         while ps.poll() is None:
             peak = max(peak, peak_rss_mb(ps.pid) or 0.0)
             broker_peak = max(broker_peak, peak_rss_mb(broker.pid) or 0.0)
-            site_peaks = [max(old, peak_rss_mb(p.pid) or 0.0) for old, p in zip(site_peaks, procs)]
+            site_peaks = [max(old, peak_rss_mb(p.pid) or 0.0) for old, p in zip(site_peaks, procs, strict=True)]
             ps_cpu, broker_cpu = cpu_seconds(ps.pid) or ps_cpu, cpu_seconds(broker.pid) or broker_cpu
             failed = [k for k, p in enumerate(procs) if p.poll() not in (None, 0)]
             if failed:
@@ -216,8 +217,8 @@ def main() -> None:
     print(f"uplink bytes on the wire / raw update tensor bytes: {received / max(1, answered * raw):.4f} "
           f"({received:,} B for {answered} updates of {raw:,} B; includes statuses and final reports)")
     if bare is not None:
-        print(f"bare paho, a twin broker with the same limits, same bytes: fan-out {bare['fan_out_s']:.2f} s + fan-in {bare['fan_in_s']:.2f} s "
-              f"= {bare['total_s']:.2f} s ({bare['mb_per_s']:.0f} MB/s)")
+        print(f"bare paho, a twin broker with the same limits, same bytes: fan-out {bare['fan_out_s']:.2f} s "
+              f"+ fan-in {bare['fan_in_s']:.2f} s = {bare['total_s']:.2f} s ({bare['mb_per_s']:.0f} MB/s)")
     print(f"total wall time incl. start-up {time.monotonic() - started:.1f} s")
     if args.work is None and not args.keep:
         shutil.rmtree(work, ignore_errors=True)  # a 512 MB run leaves ~8 GB of checkpoints, models and state

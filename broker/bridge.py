@@ -9,8 +9,14 @@ per-site topic whose Will ("0") the central broker fires when the hospital broke
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as a package (the `tomli` dependency)
+    import tomli as tomllib
 
 from broker import certs
 from broker.acl import render_acl
@@ -50,8 +56,8 @@ class BridgeFlow:
         # 0x97 under MQTT v5, silently under 3.1.1). Measured at 4 MB/s with 64 x 1 MiB: 20 lost 24 chunks, 40
         # lost 4, a window above the burst lost none. So the window covers a whole burst, on BOTH brokers
         # (`broker init --max-inflight` for the central one).
-        return cls(max_inflight_messages=max(messages, 2 * CENTRAL_MAX_INFLIGHT), max_queued_messages=max(1000, messages),
-                   max_queued_bytes=queued_bytes)
+        return cls(max_inflight_messages=max(messages, 2 * CENTRAL_MAX_INFLIGHT),
+                   max_queued_messages=max(1000, messages), max_queued_bytes=queued_bytes)
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ def write_hospital_broker(
 
     tls = out_dir / "tls"
     ca_file = _pem_file(tls / "ca.crt", central.tls_ca_pem, central.tls_ca_file, private=False)
+    if ca_file is None:  # cannot happen: central.tls (checked above) means a CA file or PEM is configured
+        raise ConfigError("the central credentials have no TLS CA")
     cert_file = _pem_file(tls / "client.crt", central.tls_cert_pem, central.tls_cert_file, private=False)
     key_file = _pem_file(tls / "client.key", central.tls_key_pem, central.tls_key_file, private=True)
 
@@ -147,8 +155,6 @@ def write_hospital_broker(
 
 def load_hospital(out_dir: Path) -> HospitalBroker:
     """The hospital broker that `write_hospital_broker` laid out in `out_dir`."""
-    import tomllib
-
     out_dir = Path(out_dir).resolve()
     meta = tomllib.loads((out_dir / HOSPITAL_FILE).read_text(encoding="utf-8"))
     run_id, site = topics.validate_id(meta["run_id"]), topics.validate_id(meta["site"])

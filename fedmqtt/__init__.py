@@ -1,3 +1,3 @@
 """fedmqtt: federated learning for hospital networks over MQTT."""
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it from here

@@ -6,12 +6,13 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+Piece = bytes | bytearray | memoryview  # anything a binary file's write() takes
 
-def write_atomic(path: Path, data: bytes | memoryview | Iterable[bytes | memoryview], *, durable: bool = True) -> Path:
-    """Write `data` (bytes, or pieces written one after another without joining them, such as the uncopied views
-    `schemas.codec.pack_pieces` returns) to `path` so that a crash at any moment leaves either the old or the new
-    file. `durable=False` skips the fsyncs, for files that a restart throws away anyway (the PS's update spool):
-    still never torn, just not forced to disk."""
+
+def write_atomic(path: Path, data: Piece | Iterable[Piece], *, durable: bool = True) -> Path:
+    """Write `data` (bytes, or pieces written one after another without joining them) to `path` so that a
+    crash at any moment leaves either the old or the new file. `durable=False` skips the fsyncs, for files that
+    a restart throws away anyway (the PS's update spool): still never torn, just not forced to disk."""
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as fh:

@@ -44,8 +44,10 @@ def run_central(config: SimulationConfig, *, progress: bool = True) -> dict[str,
     sign = 1.0 if direction_of(config.selection_metric) == "max" else -1.0
     for r in tqdm(range(1, config.rounds + 1), desc="central (pooled)", unit="round", disable=not progress):
         t0 = time.time()
-        per_site = {s: evaluate_split(model, d.x_val, d.y_val, task=task, nonnegative=nonneg)[0] for s, d in data.items()}
-        mean = {k: mean_defined(m.get(k) for m in per_site.values()) for k in sorted({k for m in per_site.values() for k in m})}
+        per_site = {s: evaluate_split(model, d.x_val, d.y_val, task=task, nonnegative=nonneg)[0]
+                    for s, d in data.items()}
+        names = sorted({k for m in per_site.values() for k in m})
+        mean = {k: mean_defined(m.get(k) for m in per_site.values()) for k in names}
         score = mean.get(config.selection_metric)
         if score is not None and (best is None or sign * score > sign * best[1]):
             best, best_weights = (r, score), state_to_arrays(model)
@@ -72,7 +74,8 @@ def run_central(config: SimulationConfig, *, progress: bool = True) -> dict[str,
     final = per_site_eval()
     mean_final = means(final)
     best_section = None
-    if best_weights is not None:  # seed 000's protocol: the best validation round's model on test
+    # Hwang et al.'s protocol: the best validation round's model on test
+    if best is not None and best_weights is not None:
         load_arrays(model, best_weights)
         best_sites = per_site_eval()
         best_section = {"round": best[0], "per_site": best_sites, "mean": means(best_sites)}

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TypeVar
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as a package (the `tomli` dependency)
+    import tomli as tomllib
+
 from pydantic import BaseModel, ValidationError
 
 from fedmqtt.errors import ConfigError
@@ -28,11 +33,11 @@ def read_toml(path: Path) -> dict[str, object]:
 def load_toml(path: Path, model: type[M], *, section: str | None = None) -> M:
     """Parse `path` (optionally one table of it) into `model`, or raise ConfigError naming what is wrong."""
     data = read_toml(path)
-    if section is not None:
-        if section not in data:
-            raise ConfigError(f"{path}: missing [{section}] table")
-        data = data[section]
-    return validate_config(data, model, source=str(path))
+    if section is None:
+        return validate_config(data, model, source=str(path))
+    if section not in data:
+        raise ConfigError(f"{path}: missing [{section}] table")
+    return validate_config(data[section], model, source=str(path))
 
 
 def validate_config(data: object, model: type[M], *, source: str) -> M:

@@ -94,7 +94,8 @@ def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algo
     started = time.time()
     signal.signal(signal.SIGTERM, _interrupt)
     with ExitStack() as stack:
-        work = Path(out).resolve() if out else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmqtt-demo-")))
+        work = (Path(out).resolve() if out
+                else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmqtt-demo-"))))
         work.mkdir(parents=True, exist_ok=True)
         layout = init_federation(work / "federation", run_id=RUN_ID, site_ids=list(SITES), port=free_port(), force=True)
         train = {**DEMO_TRAIN, "optimizer": "sgd", "lr": 0.05} if algorithm in SGD_ONLY else DEMO_TRAIN
@@ -178,7 +179,7 @@ def _print_summary(report: dict[str, Any], work: Path, *, kept: bool, wall_s: fl
     if best:
         line = f"best validation round: {best['round']} (mean {best['metric']} {best['score']:.3f})"
         tested = ((report.get("best") or {}).get("mean") or {}).get("test", {})
-        if tested.get("auroc") is not None:  # seed 000's protocol: that round's models on the test splits
+        if tested.get("auroc") is not None:  # Hwang et al.'s protocol: that round's models on the test splits
             line += f"; its models' mean test AUROC {tested['auroc']:.3f}"
         print(line)
     traffic = report["traffic"]

@@ -33,7 +33,7 @@ def best_round(
     metric: str,
     direction: Direction | None = None,
 ) -> tuple[int, float] | None:
-    """Seed 000's best-round rule with the DECISIONS of docs/algorithms.md 17.1.
+    """Hwang et al.'s best-round rule with the DECISIONS of docs/algorithms.md 17.1.
 
     Each round scores the unweighted mean of `metric` over sites where it is defined; a round with
     none defined is not eligible. The search starts at minus infinity (plus infinity for "min"),

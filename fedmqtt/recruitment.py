@@ -1,4 +1,4 @@
-"""Client recruitment before the federation (seed 002; docs/algorithms.md 15) and per-round sampling (0.4).
+"""Client recruitment before the federation (Scheltjens et al.; docs/algorithms.md 15) and per-round sampling (0.4).
 
 Pure functions: histograms and sizes in, ranking and recruited set out; sampling seeded by the run
 seed and the round, so a resumed PS draws the same sites.

@@ -82,7 +82,8 @@ def manifest_train_reports(path: Path, *, split_seed: int = 0,
         raise DataError(f"{path}: the manifest names no pooled dataset (source.path)")
     data = load_dataset(DataSpec(format=source.get("format", "heart_disease"), path=Path(source["path"]),
                                  options=source.get("options", {})))
-    if source.get("n_items") != len(data) or source.get("labels_sha256", labels_digest(data.y)) != labels_digest(data.y):
+    digest = labels_digest(data.y)
+    if source.get("n_items") != len(data) or source.get("labels_sha256", digest) != digest:
         raise DataError(f"{path}: {source['path']} no longer holds the data the manifest was made from")
     labelled = data.labelled()
     stratify = data.task.kind in ("binary", "multiclass")

@@ -89,7 +89,8 @@ def finish_report(config: SimulationConfig, report: dict[str, Any]) -> dict[str,
     if baseline is not None:
         report = {**report, "baseline": baseline}
     # Every site's data spec, so `fedmqtt report --held-out` can score this run on any site's test split.
-    report = {**report, "site_data": {site: spec.model_dump(mode="json") for site, spec in sorted(config.sites.items())}}
+    site_data = {site: spec.model_dump(mode="json") for site, spec in sorted(config.sites.items())}
+    report = {**report, "site_data": site_data}
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
@@ -136,7 +137,7 @@ def constant_baseline(config: SimulationConfig) -> dict[str, Any] | None:
 def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
     """Train the model on a stratified `pretrain_fraction` of every site's training rows, pooled.
 
-    Only a simulation can do this (seed 001 pretrains AdaFed's model so); in a hospital network the
+    Only a simulation can do this (Chen et al. pretrain AdaFed's model so); in a hospital network the
     pretrained model must come from outside the federation. Written to out_dir/pretrained.safetensors.
     """
     import numpy as np
@@ -149,17 +150,20 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
     from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays
     from site_agent.data import load_site_data
 
+    fraction = config.pretrain_fraction
+    if fraction is None:
+        raise ValueError("pretrain_pooled needs config.pretrain_fraction")
     xs, ys = [], []
     task = BINARY
-    for site, spec in sorted(config.sites.items()):
+    for _site, spec in sorted(config.sites.items()):  # in site order: the pooled rows do not depend on dict order
         data = load_site_data(spec)
         task = data.task
         _, counts = np.unique(data.y_train, return_counts=True)
         # Stratify where every class has two rows; under extreme label skew some classes have one.
         stratify = data.y_train if data.task.kind in ("binary", "multiclass") and counts.min() >= 2 else None
-        if len(data.y_train) * config.pretrain_fraction < 1:  # a tiny site: too few rows to sample from
+        if len(data.y_train) * fraction < 1:  # a tiny site: too few rows to sample from
             continue
-        x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=config.pretrain_fraction,
+        x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=fraction,
                                       random_state=config.seed, stratify=stratify)
         xs.append(x)
         ys.append(y)

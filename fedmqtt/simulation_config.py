@@ -30,7 +30,7 @@ DEFAULT_TRAIN = TrainSettings(epochs=2, batch_size=32, lr=0.001, optimizer="adam
 # needs a larger step than Adam's 0.001 to move the bundled MLP within a few rounds.
 SGD_TRAIN = TrainSettings(epochs=2, batch_size=32, lr=0.05, optimizer="sgd")
 # AdaFed / d-AdaFed need a pretrained model; a simulation makes one from this share of the pooled
-# training rows when none is given (as seed 001 does).
+# training rows when none is given (as Chen et al. do).
 DEFAULT_PRETRAIN_FRACTION = 0.2
 
 

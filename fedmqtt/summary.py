@@ -7,7 +7,8 @@ from schemas.chunks import Chunk, ChunkManifest
 
 
 def _metrics(values: dict) -> str:
-    shown = [f"{k}={'n/a' if v is None else f'{v:.3f}'}" for k, v in sorted(values.items()) if k in ("auroc", "accuracy", "loss")]
+    shown = [f"{k}={'n/a' if v is None else f'{v:.3f}'}" for k, v in sorted(values.items())
+             if k in ("auroc", "accuracy", "loss")]
     return " ".join(shown) or "-"
 
 

@@ -15,14 +15,15 @@ from fedmqtt.errors import ConfigError
 from fedmqtt.strategies import STRATEGIES, build_strategy
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
 from fedmqtt.training.client_rules import optimiser_problem
-
-# Rules whose formulas hold for plain SGD only (docs/algorithms.md 7 and 8).
-NEEDS_PRETRAINED = ("adafed", "d-adafed")
-SGD_ONLY = {"scaffold": "SCAFFOLD option II estimates gradients from SGD steps",
-            "fednova": "FedNova's ||a_i||_1 is defined for SGD"}
 from fedmqtt.transport.settings import BrokerSettings
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
+
+# Rules that start from a pretrained model (docs/algorithms.md 11).
+NEEDS_PRETRAINED = ("adafed", "d-adafed")
+# Rules whose formulas hold for plain SGD only (docs/algorithms.md 7 and 8).
+SGD_ONLY = {"scaffold": "SCAFFOLD option II estimates gradients from SGD steps",
+            "fednova": "FedNova's ||a_i||_1 is defined for SGD"}
 
 
 class _Raw(BaseModel):
@@ -169,6 +170,7 @@ def load_daemon_config(path: Path, *, algorithm: str | None = None) -> DaemonCon
         update={
             "out_dir": cfg.out_dir if cfg.out_dir.is_absolute() else base / cfg.out_dir,
             "credentials": cfg.credentials if cfg.credentials.is_absolute() else base / cfg.credentials,
-            "pretrained": cfg.pretrained if cfg.pretrained is None or cfg.pretrained.is_absolute() else base / cfg.pretrained,
+            "pretrained": (cfg.pretrained if cfg.pretrained is None or cfg.pretrained.is_absolute()
+                           else base / cfg.pretrained),
         }
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Union
 
 from fedmqtt.strategies.base import SiteUpdate
 
@@ -62,4 +61,4 @@ class Tick:
     now: float
 
 
-Event = Union[Started, SiteOnline, SiteOffline, UpdateReceived, ReportReceived, Tick]
+Event = Started | SiteOnline | SiteOffline | UpdateReceived | ReportReceived | Tick

@@ -37,7 +37,8 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         "config": config.model_dump(mode="json", exclude={"credentials"}),
         "rounds": [dataclasses.asdict(r) | {"duration_s": r.closed_at - r.started_at} for r in state.history],
         "final": {"model_hash": state.model_hash, "per_site": per_site, "mean": mean},
-        "best_round": None if best is None else {"round": best.round, "score": best.score, "metric": f"val {config.selection_metric}",
+        "best_round": None if best is None else {"round": best.round, "score": best.score,
+                                                 "metric": f"val {config.selection_metric}",
                                                  "model_hash": best.model_hash},
         "best": _best_section(state),
         "recruitment": None if state.recruitment is None else dict(state.recruitment),
@@ -51,13 +52,16 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
 
 def usage_section(usage: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Per round and site what local training cost (ResourceUsage), and each site's totals."""
-    totals: dict[str, dict[str, float | None]] = {}
+    rounds: dict[str, int] = {}
+    sums: dict[str, dict[str, float | None]] = {}  # None once a round lacks the counter
     for per_site in usage.values():
         for site, u in per_site.items():
-            t = totals.setdefault(site, {"rounds": 0, "wall_s": 0.0, "cpu_s": 0.0, "energy_j": 0.0})
-            t["rounds"] += 1
+            rounds[site] = rounds.get(site, 0) + 1
+            s = sums.setdefault(site, {"wall_s": 0.0, "cpu_s": 0.0, "energy_j": 0.0})
             for key in ("wall_s", "cpu_s", "energy_j"):
-                t[key] = None if t[key] is None or u.get(key) is None else t[key] + u[key]
+                so_far, more = s[key], u.get(key)
+                s[key] = None if so_far is None or more is None else so_far + more
+    totals = {site: {"rounds": rounds[site], **s} for site, s in sums.items()}
     return {"per_round": {str(r): usage[r] for r in sorted(usage)}, "per_site_total": totals}
 
 
@@ -90,7 +94,7 @@ def _means(reports: Any, *, prefix: str) -> dict[str, dict[str, float | None]]:
 
 
 def _best_section(state: DaemonState) -> dict[str, Any] | None:
-    """Seed 000's reported numbers: each site's best-validation-round model on its test split (17.1)."""
+    """Hwang et al.'s reported numbers: each site's best-validation-round model on its test split (17.1)."""
     reports = {s: r for s, r in state.final_reports.items() if any(k.startswith("best.") for k in r.metrics)}
     if state.best is None or not reports:
         return None
@@ -190,7 +194,7 @@ def render_table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for i, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

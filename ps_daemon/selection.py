@@ -1,4 +1,5 @@
-"""Who takes part: recruitment once before round 1 (seed 002) and the per-round draw (docs/algorithms.md 0.4)."""
+"""Who takes part: recruitment once before round 1 (Scheltjens et al.) and the per-round draw
+(docs/algorithms.md 0.4)."""
 
 from __future__ import annotations
 

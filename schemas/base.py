@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], what Header.schema_version accepts
 ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 MAX_ROUND = 10_000_000

@@ -89,7 +89,9 @@ _LARGE_BIN = 1 << 16  # from here on msgpack writes bin 32: a 0xc6 byte and a 4-
 def pack(obj: Any) -> bytes:
     """`msgpack.packb(obj, use_bin_type=True)`, byte for byte, with each large blob copied exactly once."""
     pieces = pack_pieces(obj)
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    if len(pieces) == 1 and isinstance(pieces[0], bytes):  # no large blob: the one piece is the encoding
+        return pieces[0]
+    return b"".join(pieces)
 
 
 def pack_pieces(obj: Any) -> list[bytes | memoryview]:
@@ -101,11 +103,11 @@ def pack_pieces(obj: Any) -> list[bytes | memoryview]:
     large blob; a file writer takes the pieces one after another (a checkpoint never exists twice in
     memory), and `pack` joins them with one copy.
     """
-    blobs: list[bytes | bytearray | memoryview] = []
+    blobs: list[bytes | memoryview] = []
     token = secrets.token_bytes(16)
 
-    def swap(value: Any) -> Any:
-        if isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= _LARGE_BIN:
+    def swap(value: Any) -> Any:  # a (rare) bytearray stays inline: msgpack encodes it as the same bin
+        if isinstance(value, (bytes, memoryview)) and len(value) >= _LARGE_BIN:
             blobs.append(value)
             return token
         if isinstance(value, dict):
@@ -122,7 +124,7 @@ def pack_pieces(obj: Any) -> list[bytes | memoryview]:
     if len(pieces) != len(blobs) + 1:  # the random token cannot occur by chance; fall back if it ever did
         return [msgpack.packb(obj, use_bin_type=True)]
     out: list[bytes | memoryview] = [pieces[0]]
-    for blob, piece in zip(blobs, pieces[1:]):
+    for blob, piece in zip(blobs, pieces[1:], strict=True):
         out += [b"\xc6" + struct.pack(">I", len(blob)), blob, piece]
     return out
 

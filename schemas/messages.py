@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -34,10 +34,10 @@ from schemas.tensors import Tensors
 
 # Every field below is bounded (see schemas.base for why): numbers finite and in range, strings and maps short.
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # what torch and numpy seeds accept
-Scalar = Union[bool, Int64, Real, Label]
+Scalar = bool | Int64 | Real | Label
 # None: undefined on that split (the reason travels beside it). NaN/Inf are refused: they would
 # poison means and best-round selection, and JSON has no spelling for them.
-MetricValue = Union[Real, None]
+MetricValue = Real | None
 Metrics = Annotated[dict[Name, MetricValue], Field(max_length=MAX_MAP_ENTRIES)]
 Reasons = Annotated[dict[Name, Detail], Field(max_length=16 * MAX_MAP_ENTRIES)]  # "<split>.<metric>" -> why
 # Class index -> count; as many bins as the PS's admission allows (it also checks that keys are class indices).
@@ -113,7 +113,7 @@ class TrainTask(Header):
     tensors: Tensors = ()  # personalised tensors for this site only (AdaFed psi_i)
     # tensor names to send back (None: all); the rest stays local
     upload: Annotated[tuple[Label, ...], Field(max_length=MAX_TENSORS)] | None = None
-    best_round: RoundNo | None = None  # seed 000: the round whose model is best so far (sites keep that model)
+    best_round: RoundNo | None = None  # Hwang et al.: the round whose model is best so far (sites keep that model)
 
 
 class EvalTask(Header):
@@ -198,13 +198,17 @@ class EvalReport(Header):
     best_round: RoundNo | None = None  # the round of the model behind the "best.*" entries
 
 
+SiteState = Literal["online", "training", "update_ready", "evaluating", "offline", "error"]
+PsState = Literal["waiting_for_sites", "training", "evaluating", "done", "offline", "error"]
+
+
 class SiteStatus(Header):
     """`site/<site>/status` (retained; also the Last Will with state 'offline'). JSON on the wire."""
 
     kind: Literal["site_status"] = "site_status"
     # update_ready: the round's update (`round` above) is stored and too large for one message; the site waits
     # for an upload turn on ps/turn/<site> before putting it on the broker (docs/protocol.md, "Upload turns").
-    state: Literal["online", "training", "update_ready", "evaluating", "offline", "error"]
+    state: SiteState
     device: Label = "cpu"
     n_train: Count = 0
     n_val: Count = 0
@@ -219,7 +223,7 @@ class DaemonStatus(Header):
     """`ps/status` (retained; also the PS Last Will). JSON on the wire."""
 
     kind: Literal["daemon_status"] = "daemon_status"
-    state: Literal["waiting_for_sites", "training", "evaluating", "done", "offline", "error"]
+    state: PsState
     algorithm: Annotated[str, Field(max_length=64)] = ""
     rounds_total: Annotated[int, Field(ge=0, le=MAX_ROUND)] = 0
     sites_expected: SiteNames = ()
@@ -267,7 +271,8 @@ class UploadTurn(Header):
 
 
 Message = Annotated[
-    GlobalModel | TrainTask | EvalTask | RecruitmentResult | UploadTurn | ClientUpdate | EvalReport | SiteStatus | DaemonStatus | RoundMetrics | ChunkManifest | Chunk,
+    GlobalModel | TrainTask | EvalTask | RecruitmentResult | UploadTurn | ClientUpdate | EvalReport | SiteStatus
+    | DaemonStatus | RoundMetrics | ChunkManifest | Chunk,
     Field(discriminator="kind"),
 ]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 import numpy as np
 from pydantic import Field, WrapSerializer, WrapValidator, model_validator
@@ -23,6 +23,7 @@ from schemas.base import MAX_TENSORS, Frozen
 
 # Only plain numeric dtypes may cross the wire; object or structured dtypes never do.
 DType = Literal["float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"]
+_WIRE_DTYPE: dict[str, DType] = {name: name for name in get_args(DType)}  # numpy's dtype name -> the wire's
 _FLOAT_DTYPES = {"float16", "float32", "float64", "bfloat16"}
 _ITEMSIZE = {
     "float16": 2, "float32": 4, "float64": 8, "bfloat16": 2,
@@ -72,8 +73,12 @@ def _dump_view(value: Any, handler: Any, info: Any) -> Any:
 
 
 # Decoded messages hold `bytes`; blobs made here from arrays hold a read-only view of the array's memory, so
-# building a message or checkpoint of a 1 GB model does not first copy that gigabyte.
-TensorBytes = Annotated[bytes, WrapValidator(_keep_view), WrapSerializer(_dump_view)]
+# building a message or checkpoint of a 1 GB model does not first copy that gigabyte. Pydantic validates
+# `bytes` (a view passes through `_keep_view`); type checkers see both kinds a blob can hold.
+if TYPE_CHECKING:
+    TensorBytes = bytes | memoryview
+else:
+    TensorBytes = Annotated[bytes, WrapValidator(_keep_view), WrapSerializer(_dump_view)]
 
 
 class TensorBlob(Frozen):
@@ -113,9 +118,9 @@ class TensorBlob(Frozen):
 
     @classmethod
     def from_numpy(cls, name: str, array: np.ndarray) -> TensorBlob:
-        dtype = str(array.dtype)
-        if dtype not in _ITEMSIZE:
-            raise ValueError(f"tensor {name!r}: dtype {dtype} is not allowed on the wire")
+        dtype = _WIRE_DTYPE.get(str(array.dtype))
+        if dtype is None:
+            raise ValueError(f"tensor {name!r}: dtype {array.dtype} is not allowed on the wire")
         little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).view()
         little.flags.writeable = False  # the blob aliases the array (no copy); it never writes through it
         return cls(name=name, dtype=dtype, shape=tuple(int(d) for d in array.shape),

@@ -46,7 +46,7 @@ class SiteAgent:
         self._transport_factory = transport_factory or (lambda **kw: MqttTransport(config.broker_settings(), **kw))
         self.data = load_site_data(config.data)
         # "auto" until torch is loaded: then the device it found (cuda or cpu), on every later status.
-        self.device = config.device
+        self.device: str = config.device
         self._trainer: Trainer | None = None
         self._loading: Future[Trainer] | None = None
         self._open_state()
@@ -108,7 +108,8 @@ class SiteAgent:
         self.session = session
         log.info("joined run %s, session %s", c.run_id, session)
 
-    def _status(self, state: str, detail: str = "", *, round_no: int = 0, update_bytes: int = 0) -> m.SiteStatus:
+    def _status(self, state: m.SiteState, detail: str = "", *, round_no: int = 0,
+                update_bytes: int = 0) -> m.SiteStatus:
         c, d = self.config, self.data
         hist = label_histogram(d.task.kind, d.y_train, d.task.n_outputs) if c.share_label_histogram else None
         return m.SiteStatus(run_id=c.run_id, sender=c.site_id, round=round_no, state=state, device=self.device,
@@ -208,7 +209,8 @@ class SiteAgent:
                 log.warning("refused the model of round %d: its tensors do not hash to %s", msg.round,
                             msg.model_hash[:12])
                 return
-            self.models = {k: v for k, v in self.models.items() if v.session == msg.session and v.round >= msg.round - 1}
+            self.models = {k: v for k, v in self.models.items()
+                           if v.session == msg.session and v.round >= msg.round - 1}
             self.models[(msg.session, msg.model_hash)] = msg
             self.uplink.on_model(msg)
         elif isinstance(msg, m.UploadTurn):
@@ -263,7 +265,8 @@ class SiteAgent:
             weights.setdefault(name, value)
         missing = [n for n in names if n not in weights]
         if missing:
-            log.warning("no local value for %d tensors (e.g. %s): using the round-1 initialisation", len(missing), missing[0])
+            log.warning("no local value for %d tensors (e.g. %s): using the round-1 initialisation",
+                        len(missing), missing[0])
             from fedmqtt.training.weights import initial_arrays
 
             init = initial_arrays(model.model.name, dict(model.model.args), self._run_seed(task))
@@ -283,7 +286,8 @@ class SiteAgent:
             return
         self.local.resolve(task.accepted_round, task.round)
         self.best.promote(task.best_round)
-        self.channel.send(topics.site_status_topic(c.run_id, c.site_id), self._status("training", f"round {task.round}"))
+        self.channel.send(topics.site_status_topic(c.run_id, c.site_id),
+                          self._status("training", f"round {task.round}"))
         start = self._compose(model, task)
         eval_weights = self._compose(model, task, evaluate=True) if "eval" in model.extras else None
         self.best.remember(task.round, eval_weights if eval_weights is not None else start)
@@ -330,7 +334,7 @@ class SiteAgent:
         weights = self._compose(model, task, evaluate=True)
         metrics, counts, undefined = self.trainer.evaluate(model.model, weights, task.splits)
         best_round, best_weights = self.best.slot()
-        if best_weights is not None:  # seed 000: the best round's own (composed) model, on the same splits
+        if best_weights is not None:  # Hwang et al.: the best round's own (composed) model, on the same splits
             best, _, why = self.trainer.evaluate(model.model, best_weights, task.splits)
             metrics.update({f"best.{split}": values for split, values in best.items()})
             undefined.update({f"best.{k}": v for k, v in why.items()})
@@ -339,7 +343,8 @@ class SiteAgent:
                               tag=task.tag, metrics=metrics, n_samples=counts, undefined=undefined,
                               best_round=best_round)
         self.channel.send(topics.site_report_topic(c.run_id, c.site_id), report)
-        self.channel.send(topics.site_status_topic(c.run_id, c.site_id), self._status("online", "final model evaluated"))
+        self.channel.send(topics.site_status_topic(c.run_id, c.site_id),
+                          self._status("online", "final model evaluated"))
         log.info("evaluated model %s: test %s", task.model_hash[:8], metrics.get("test"))
 
 

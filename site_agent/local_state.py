@@ -69,7 +69,7 @@ class LocalState:
 
 
 class BestSlot:
-    """Seed 000's best-round protocol on the site (docs/algorithms.md 17.1): keep the composed model last
+    """Hwang et al.'s best-round protocol on the site (docs/algorithms.md 17.1): keep the composed model last
     evaluated; when a downlink names that round as the best so far, copy it into the "best" slot.
     Both live on disk, so a restarted agent still has them."""
 

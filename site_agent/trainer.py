@@ -57,7 +57,7 @@ class Trainer:
         self.device = device
         self.amp = pick_amp(amp, device)
         self._spec: ModelSpec | None = None
-        # Regression targets here are lengths of stay: predictions below 0 days are clamped (seed 002).
+        # Regression targets here are lengths of stay: predictions below 0 days are clamped (Scheltjens et al.).
         self._nonnegative = data.task.kind == "regression"
         self._model: torch.nn.Module | None = None
         self._manifest: tuple[ModelSpec, dict[str, dict[str, Any]]] | None = None
@@ -81,8 +81,8 @@ class Trainer:
         """Validate the model this site would use (docs/algorithms.md 17.1), then train with the algorithm's rule."""
         extras, local = extras or {}, local or {}
         model = self._load(spec, eval_weights if eval_weights is not None else weights)
-        val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, task=self.data.task, device=self.device,
-                                        nonnegative=self._nonnegative)
+        val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, task=self.data.task,
+                                        device=self.device, nonnegative=self._nonnegative)
         if eval_weights is not None:
             load_arrays(model, weights)
         manifest = self.manifest(spec)

@@ -54,7 +54,8 @@ def _reflow_all(typer_app: typer.Typer) -> None:
         info.help = reflow(info.help or inspect.getdoc(info.callback))
         info.epilog = reflow(info.epilog)
     for group in typer_app.registered_groups:
-        _reflow_all(group.typer_instance)
+        if group.typer_instance is not None:
+            _reflow_all(group.typer_instance)
 
 
 _reflow_all(app)

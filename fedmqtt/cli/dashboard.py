@@ -66,6 +66,7 @@ def dashboard(
             settings = layout.settings("observer")
             run_id = run_id or layout.run_id
         else:
+            assert credentials is not None  # exactly one of --federation, --credentials, --run (checked above)
             settings = load_toml(credentials, BrokerSettings, section="broker")
             if not run_id:
                 raise FedMqttError("--credentials needs --run-id (the run to watch)")
@@ -95,7 +96,7 @@ def _access(host: str, federation: Path | None, cert: Path | None, key: Path | N
 
     if (cert is None) != (key is None):
         raise FedMqttError("--cert and --key go together")
-    if cert is None:
+    if cert is None or key is None:  # both None (they go together)
         if federation is None:
             raise FedMqttError("HTTPS needs a certificate: pass --cert and --key, or --federation DIR to have its "
                                "CA issue one")

@@ -32,7 +32,7 @@ def demo(
         run_demo(out=out, rounds=rounds, seed=seed, timeout_s=timeout, algorithm=algorithm, progress=progress)
     except FedMqttError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=1) from None
     except KeyboardInterrupt:
         typer.echo("\ninterrupted: broker, PS and sites stopped", err=True)
-        raise typer.Exit(code=130)
+        raise typer.Exit(code=130) from None

@@ -16,7 +16,8 @@ def start(
                                 "yet, start the run from its config)."),
     force: bool = typer.Option(False, "--force", help="Start afresh even though out_dir holds checkpoints of an "
                                "earlier start (they are deleted)."),
-    algorithm: str = typer.Option(None, "--algorithm", "-a", help="Override the config's algorithm (see `fedmqtt algorithms`)."),
+    algorithm: str = typer.Option(None, "--algorithm", "-a",
+                                  help="Override the config's algorithm (see `fedmqtt algorithms`)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages too."),
 ) -> None:
     """Wait for the sites, run every round (aggregate, checkpoint, publish), then write the final model and report.
@@ -37,7 +38,8 @@ def start(
         latest = runner.store.latest()
         state = getattr(runner, "state", None)
         done = f" (rounds before {state.round} are done)" if state is not None else ""
-        saved = f"last checkpoint: {latest}{done}" if latest is not None else "no checkpoint yet (round 1 had not closed)"
+        saved = (f"last checkpoint: {latest}{done}" if latest is not None
+                 else "no checkpoint yet (round 1 had not closed)")
         typer.echo(f"PS stopped; {saved}. Continue with:\n  fedmqtt ps start --config {config} --resume", err=True)
         raise typer.Exit(code=1)
     typer.echo(f"report: {cfg.out_dir / 'report.json'}")

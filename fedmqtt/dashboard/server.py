@@ -119,7 +119,8 @@ class BrokerListener(threading.Thread):
         max_bytes = self.settings.max_payload_bytes
         while not self.stop.is_set():
             raw = self.transport.get(0.2)
-            note = "" if self.transport.connected else "broker connection lost: reconnecting (the page shows the last known state)"
+            note = ("" if self.transport.connected
+                    else "broker connection lost: reconnecting (the page shows the last known state)")
             with self.board.lock:
                 if self.view.broker_connected != self.transport.connected:
                     self.view.broker_connected = self.transport.connected

@@ -163,7 +163,8 @@ class RunView:
         view.min_sites = int(config.get("min_sites") or len(config.get("sites") or ()))
         for r in rounds:
             n = int(r["round"])
-            view.rounds[n] = {"round": n, "sites": list(r.get("sites", [])), "stragglers": list(r.get("stragglers", [])),
+            view.rounds[n] = {"round": n, "sites": list(r.get("sites", [])),
+                              "stragglers": list(r.get("stragglers", [])),
                               "per_site": {s: dict(v) for s, v in (r.get("per_site") or {}).items()},
                               "mean": dict(r.get("mean") or {}), "train_loss": r.get("train_loss"),
                               "duration_s": r.get("duration_s")}
@@ -174,7 +175,8 @@ class RunView:
         final = report.get("final") or {}
         for name in final.get("per_site") or {}:
             view._site(str(name))
-        view.final = {"per_site": {s: (v.get("metrics") or {}).get("test", {}) for s, v in (final.get("per_site") or {}).items()},
+        view.final = {"per_site": {s: (v.get("metrics") or {}).get("test", {})
+                                   for s, v in (final.get("per_site") or {}).items()},
                       "mean": (final.get("mean") or {}).get("test", {}) if isinstance(final.get("mean"), dict) else {}}
         view.best_round = report.get("best_round")
         view.recruitment = report.get("recruitment")
@@ -187,7 +189,8 @@ class RunView:
             site.state = "finished"
             if site.rounds:
                 last = (per_round.get(str(max(site.rounds))) or {}).get(site.name) or {}
-                site.last_compute = {k: float(last[k]) for k in ("wall_s", "cpu_s") if isinstance(last.get(k), (int, float))}
+                site.last_compute = {k: float(last[k]) for k in ("wall_s", "cpu_s")
+                                     if isinstance(last.get(k), (int, float))}
             missing = ((final.get("per_site") or {}).get(site.name) or {}).get("missing")
             if missing:  # it left the run (killed, offline, past the deadline): say so, not "finished"
                 site.state, site.detail = "offline", str(missing)
@@ -210,7 +213,8 @@ class RunView:
 
     def snapshot(self, *, now: float) -> dict[str, Any]:
         rounds = [self.rounds[n] for n in sorted(self.rounds)]
-        durations = [r["duration_s"] for r in rounds if isinstance(r.get("duration_s"), (int, float)) and r["duration_s"] > 0]
+        durations = [r["duration_s"] for r in rounds
+                     if isinstance(r.get("duration_s"), (int, float)) and r["duration_s"] > 0]
         per_round = sum(durations) / len(durations) if durations else None
         left = max(self.rounds_total - self.round, 0) if self.rounds_total else None
         eta = None if per_round is None or left is None or self.ps_state == "done" else per_round * left

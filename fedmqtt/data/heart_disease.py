@@ -93,7 +93,7 @@ def _parse_line(path: Path, line_no: int, line: str) -> list[float]:
             f"({', '.join(RAW_COLUMNS)}), found {len(fields)}"
         )
     values: list[float] = []
-    for name, field in zip(RAW_COLUMNS, fields):
+    for name, field in zip(RAW_COLUMNS, fields, strict=True):
         if field in ("?", ""):
             values.append(math.nan)
             continue

@@ -45,7 +45,7 @@ def load_medmnist(path: Path, *, splits: Sequence[str] = SPLITS) -> tuple[np.nda
         raise DataError(f"{path}: cannot read MedMNIST .npz: {exc}") from exc
     task = _task(path, list(all_labels.values()))
     images = [_images(path, s, raw_images[s]) for s in splits]
-    labels = [_labels(path, s, all_labels[s], len(im), task) for s, im in zip(splits, images)]
+    labels = [_labels(path, s, all_labels[s], len(im), task) for s, im in zip(splits, images, strict=True)]
     if len({im.shape[1:] for im in images}) != 1:
         raise DataError(f"{path}: the splits' images differ in shape: {[im.shape[1:] for im in images]}")
     return np.concatenate(images), np.concatenate(labels), task

@@ -170,7 +170,7 @@ def apply_cap(parts: list[np.ndarray], cap: int | None, rng: np.random.Generator
 
 
 def heterogeneity_level(alpha: float) -> str:
-    """16.4 (seed 003, Table II): the heterogeneity level a Dirichlet alpha stands for."""
+    """16.4 (Milasheuski et al., Table II): the heterogeneity level a Dirichlet alpha stands for."""
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     levels = ((0.1, "extreme"), (0.3, "high"), (0.5, "high/medium"), (0.7, "medium"), (10.0, "low"))
@@ -257,7 +257,7 @@ def _feature_skew(spec: PartitionSpec, y: np.ndarray | None, features: Mapping[s
     parts = [present[p] for p in split(values[present], k)]
     missing = np.flatnonzero(~np.isfinite(values))
     if missing.size:  # a missing value has no place on the axis: spread those items uniformly (seeded)
-        parts = [np.concatenate([p, missing[m]]) for p, m in zip(parts, iid(missing.size, k, rng))]
+        parts = [np.concatenate([p, missing[m]]) for p, m in zip(parts, iid(missing.size, k, rng), strict=True)]
     return parts
 
 
@@ -293,7 +293,7 @@ def _guess_task(y: np.ndarray) -> TaskInfo:
 
 
 def annotated_labels(n_labels: int, n_sites: int, per_site: int, seed: int) -> list[list[int]]:
-    """Partial labels (seed 004's setting): which `per_site` of the `n_labels` label columns each site
+    """Partial labels (Kulkarni et al.'s setting): which `per_site` of the `n_labels` label columns each site
     annotates.
 
     The labels are shuffled (seeded, a stream of its own so the item split is unchanged) and dealt round
@@ -358,13 +358,14 @@ def write_partition_manifest(path: Path, spec: PartitionSpec, parts: Sequence[np
     if spec.labels_per_site is not None and source.get("task", "multilabel") != "multilabel":
         raise DataError(f"labels_per_site (partial labels) needs multi-label data; this is {source['task']}")
     if spec.labels_per_site is not None and parts:
-        annotated = list(annotated_labels(len(histograms[0]), len(parts), spec.labels_per_site, spec.seed))
+        per_site = annotated_labels(len(histograms[0]), len(parts), spec.labels_per_site, spec.seed)
+        annotated = list(per_site)
         # a site reports positives of the labels it annotates only (as its masked labels give at run time)
         histograms = [{k: (c if int(k) in a else 0) for k, c in h.items()}
-                      for h, a in zip(histograms, annotated)]
+                      for h, a in zip(histograms, per_site, strict=True)]
     manifest = PartitionManifest(spec=spec, source=dict(source), sites=[
         SitePart(site=name, n=len(p), histogram=dict(h), indices=[int(i) for i in p], annotated=a)
-        for name, p, h, a in zip(names, parts, histograms, annotated)])
+        for name, p, h, a in zip(names, parts, histograms, annotated, strict=True)])
     doc = manifest.model_dump(mode="json")
     flat = []
     for k, site in enumerate(doc["sites"]):  # placeholders keep a 50k-index list on one line

@@ -8,7 +8,7 @@ all hours (ICU; mask channels untouched). A channel constant or entirely missing
 split is 0 in every split (fedmqtt.data.splits: relative std floor; docs/data-preparation.md). ECG
 records are standardised per record and lead by the adapter.
 
-ICU length of stay: seed 002 used one global train/val/test split; here every site splits its own stays
+ICU length of stay: Scheltjens et al. used one global train/val/test split; here every site splits its own stays
 with the same fractions, so the union of the sites' test splits is a site-stratified global test split of
 the same size, and pooled test metrics come from the sites' test predictions.
 """

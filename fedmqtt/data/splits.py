@@ -230,14 +230,14 @@ def standardise(part: np.ndarray, fill: np.ndarray, mean: np.ndarray, std: np.nd
 
 def constant_columns(std: np.ndarray, names: Sequence[str]) -> list[str]:
     """Names of the columns `standardise` sets to 0 (constant or all-missing in train)."""
-    return [str(names[j]) for j in np.flatnonzero(np.isinf(std))]
+    return [str(names[j]) for j in np.flatnonzero(np.isinf(std)).tolist()]
 
 
 def warn_extreme(z_train: np.ndarray, names: Sequence[str], where: str) -> list[str]:
     """Log (and return) one line per training feature whose standardised value exceeds Z_WARN."""
     flat = np.abs(z_train.reshape(-1, z_train.shape[-1])) if z_train.size else np.zeros((0, len(names)))
     lines = []
-    for j in np.flatnonzero(flat.max(axis=0, initial=0.0) > Z_WARN):
+    for j in np.flatnonzero(flat.max(axis=0, initial=0.0) > Z_WARN).tolist():
         lines.append(f"{where}: standardised training feature {names[j]!r} reaches |z| = "
                      f"{float(flat[:, j].max()):.3g} (> {Z_WARN:g}); check that column for outliers or unit errors")
         log.warning("%s", lines[-1])

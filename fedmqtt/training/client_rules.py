@@ -63,7 +63,7 @@ def plan_terms(settings: TrainSettings, manifest: Mapping[str, Any], *, extras: 
     """The gradient terms of `settings.algorithm` for round `round_no`."""
     algo, hyper = settings.algorithm, settings.hyper
     if algo in ("fedprox", "fedpxn") and round_no == 1 and hyper.get("prox_skip_first_round"):
-        return GradTerms()  # seed 000's variant: no proximal term in round 1 (option, off by default)
+        return GradTerms()  # Hwang et al.'s variant: no proximal term in round 1 (option, off by default)
     train = _train_names(manifest)
     problem = optimiser_problem(algo, settings.optimizer, hyper)
     if problem:

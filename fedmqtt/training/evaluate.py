@@ -41,7 +41,7 @@ def predict(
             `(n, C)`; multilabel -> per-label sigmoid `(n, L)`; regression -> values `(n,)`.
         device: where the forward passes run; batches are moved there one at a time.
         batch_size: rows per forward pass.
-        nonnegative: regression only, clamp predictions at 0 (length of stay, seed 002's final ReLU).
+        nonnegative: regression only, clamp predictions at 0 (length of stay, Scheltjens et al.'s final ReLU).
     """
     dev = torch.device(device)
     was_training = model.training

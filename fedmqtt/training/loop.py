@@ -74,7 +74,7 @@ def make_loss(name: str) -> LossFn:
 def _bce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if y.ndim == 1:  # binary: one logit per row
         return F.binary_cross_entropy_with_logits(logits.reshape(-1), y)
-    # Multi-label with partial labels: NaN = not annotated, left out of the mean (seed 004). The target
+    # Multi-label with partial labels: NaN = not annotated, left out of the mean (Kulkarni et al.). The target
     # is zeroed there too, so no NaN reaches the graph even through a zero weight.
     annotated = ~torch.isnan(y)
     per_entry = F.binary_cross_entropy_with_logits(
@@ -93,7 +93,7 @@ def _mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _msle(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # Seed 002: the prediction is clamped at 0 before the log (its model ends in a ReLU), so the loss VALUE
+    # Scheltjens et al.: the prediction is clamped at 0 before the log (their model ends in a ReLU), so the loss VALUE
     # (and what evaluation reads, evaluate.predict(nonnegative=True)) is that of max(pred, 0). Its gradient
     # passes through the clamp (straight-through): with the clamp's own zero gradient a fresh network whose
     # outputs start negative never learns. Where pred >= 0 nothing changes.
@@ -307,14 +307,20 @@ def _gradient_terms(model: nn.Module, terms: GradTerms, dev: torch.device) -> Ca
         return None
     anchor = {n: named[n].detach().clone() for n in {*prox, *dyn}}
 
+    def grad(name: str) -> torch.Tensor:
+        g = named[name].grad
+        if g is None:  # the term has nowhere to go: the parameter took no part in the loss
+            raise RuntimeError(f"parameter {name!r} has no gradient to add the algorithm's term to")
+        return g
+
     def apply() -> None:
         with torch.no_grad():
             for n in prox:
-                named[n].grad.add_(named[n] - anchor[n], alpha=terms.prox_mu)
+                grad(n).add_(named[n] - anchor[n], alpha=terms.prox_mu)
             for n, s in dyn.items():
-                named[n].grad.add_(s + named[n] - anchor[n], alpha=terms.dyn_alpha)
+                grad(n).add_(s + named[n] - anchor[n], alpha=terms.dyn_alpha)
             for n, c in shift.items():
-                named[n].grad.add_(c)
+                grad(n).add_(c)
 
     return apply
 

@@ -44,7 +44,7 @@ class LocalOptimiser:
             self.defaults.update(momentum=momentum, nesterov=nesterov, dampening=0.0)
         else:
             self.defaults.update(betas=ADAM_BETAS, eps=ADAM_EPS)
-        self.state: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -52,23 +52,27 @@ class LocalOptimiser:
 
     @torch.no_grad()
     def step(self) -> None:
-        live = [p for p in self.params if p.grad is not None]
-        if any(p.grad.is_sparse for p in live):
+        with_grad = [(p, g) for p in self.params if (g := p.grad) is not None]
+        live: list[torch.Tensor] = [p for p, _ in with_grad]
+        grads = [g for _, g in with_grad]
+        if any(g.is_sparse for g in grads):
             raise RuntimeError("the local optimisers take dense gradients only")
         if self.kind == "sgd":
-            self._sgd(live)
+            self._sgd(live, grads)
         else:
-            self._adam(live)
+            self._adam(live, grads)
 
-    def _sgd(self, live: list[nn.Parameter]) -> None:
+    def _sgd(self, live: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         d = self.defaults
         buffers = [self.state.get(p, {}).get("momentum_buffer") for p in live] if d["momentum"] else []
-        sgd(live, [p.grad for p in live], buffers, weight_decay=d["weight_decay"], momentum=d["momentum"],
+        sgd(live, grads, buffers, weight_decay=d["weight_decay"], momentum=d["momentum"],
             lr=d["lr"], dampening=d["dampening"], nesterov=d["nesterov"], maximize=False)
-        for p, buf in zip(live, buffers):  # sgd() creates the buffers on the first step
-            self.state.setdefault(p, {})["momentum_buffer"] = buf
+        # sgd() creates the buffers on the first step; without momentum there are none (`buffers` is empty)
+        for p, buf in zip(live, buffers, strict=False):
+            if buf is not None:
+                self.state.setdefault(p, {})["momentum_buffer"] = buf
 
-    def _adam(self, live: list[nn.Parameter]) -> None:
+    def _adam(self, live: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         d = self.defaults
         for p in live:
             if p not in self.state:  # as torch.optim.Adam._init_group (not capturable, not fused)
@@ -76,7 +80,7 @@ class LocalOptimiser:
                                  "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                                  "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
         state = [self.state[p] for p in live]
-        adam(live, [p.grad for p in live], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
+        adam(live, grads, [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
              [s["step"] for s in state], has_complex=any(torch.is_complex(p) for p in live),
              decoupled_weight_decay=self.kind == "adamw", amsgrad=False, beta1=ADAM_BETAS[0], beta2=ADAM_BETAS[1],
              lr=d["lr"], weight_decay=d["weight_decay"], eps=ADAM_EPS, maximize=False)

@@ -53,7 +53,8 @@ def wait_page(driver, predicate: Callable[[dict], bool], timeout_s: float, what:
 
 def _publish_as(settings, topic: str, payload: bytes) -> None:
     """A real paho client with a site's own credentials (the site is dead, so its login is free)."""
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"hostile-{time.monotonic_ns()}", protocol=mqtt.MQTTv5)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"hostile-{time.monotonic_ns()}",
+                         protocol=mqtt.MQTTv5)
     client.username_pw_set(settings.username, settings.password)
     client.connect(settings.host, settings.port)
     client.loop_start()

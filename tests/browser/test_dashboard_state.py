@@ -57,12 +57,14 @@ def test_live_view_accumulates_rounds_and_says_history_is_missing() -> None:
 def test_a_site_cannot_speak_for_another_and_other_runs_are_dropped() -> None:
     view = RunView(run_id=RUN)
     _feed(view, topics.site_status_topic(RUN, "a"), m.SiteStatus(run_id=RUN, sender="b", round=0, state="error"))
-    _feed(view, topics.site_status_topic("other", "a"), m.SiteStatus(run_id="other", sender="a", round=0, state="online"))
+    _feed(view, topics.site_status_topic("other", "a"),
+          m.SiteStatus(run_id="other", sender="a", round=0, state="online"))
     assert view.sites == {} and view.invalid == 2
 
 
 @settings(max_examples=200, deadline=None)
-@given(kind=st.sampled_from(["ps/status", "ps/metrics", "site/a/status", "site/a/update"]), payload=st.binary(max_size=300))
+@given(kind=st.sampled_from(["ps/status", "ps/metrics", "site/a/status", "site/a/update"]),
+       payload=st.binary(max_size=300))
 def test_garbage_is_counted_never_raised_or_shown(kind: str, payload: bytes) -> None:
     view = RunView(run_id=RUN)
     view.on_message(f"{topics.run_prefix(RUN)}/{kind}", payload, now=1.0, max_bytes=MAX)
@@ -128,7 +130,8 @@ def test_status_says_live_finished_or_offline() -> None:
 def _report(tmp: Path) -> Path:
     run = tmp / "run"
     run.mkdir()
-    rounds = [{"round": r, "sites": ["a", "b"], "stragglers": [], "per_site": {"a": {"loss": 1 / r}, "b": {"loss": 2 / r}},
+    rounds = [{"round": r, "sites": ["a", "b"], "stragglers": [],
+               "per_site": {"a": {"loss": 1 / r}, "b": {"loss": 2 / r}},
                "mean": {"loss": 1.5 / r}, "train_loss": None, "duration_s": 1.0} for r in (1, 2, 3)]
     report = {"run_id": "rep", "algorithm": "fedprox", "config": {"rounds": 3, "sites": ["b", "a"], "quorum": 1},
               "rounds": rounds,
@@ -149,7 +152,8 @@ def test_http_is_read_only_with_a_strict_csp(dashboard, tmp_path: Path) -> None:
         state = json.loads(resp.read())
     run = state["runs"][0]
     assert run["algorithm"] == "fedprox" and [r["round"] for r in run["rounds"]] == [1, 2, 3]
-    assert run["status"] == "finished" and (run["quorum"], run["min_sites"], run["sites_expected"]) == (1, 2, ["a", "b"])
+    assert run["status"] == "finished"
+    assert (run["quorum"], run["min_sites"], run["sites_expected"]) == (1, 2, ["a", "b"])
     assert run["best_round"]["round"] == 3 and {s["name"]: s["usage"].get("cpu_s") for s in run["sites"]}["a"] == 1.5
     sites = {s["name"]: s for s in run["sites"]}
     assert sites["a"]["state"] == "finished" and sites["a"]["last_compute"] == {"wall_s": 0.7, "cpu_s": 0.5}
@@ -158,8 +162,8 @@ def test_http_is_read_only_with_a_strict_csp(dashboard, tmp_path: Path) -> None:
     for method, path, code in (("POST", "api/state", 405), ("PUT", "", 405), ("GET", "static/..%2Fstate.py", 404),
                                ("GET", "static/state.py", 404)):
         try:
-            urllib.request.urlopen(urllib.request.Request(url + path, method=method, data=b"x" if method != "GET" else None),
-                                   timeout=10)
+            request = urllib.request.Request(url + path, method=method, data=b"x" if method != "GET" else None)
+            urllib.request.urlopen(request, timeout=10)
         except urllib.error.HTTPError as exc:
             assert exc.code == code, (method, path, exc.code)
         else:

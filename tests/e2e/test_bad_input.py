@@ -57,8 +57,8 @@ def test_ps_rejects_bad_updates_and_finishes(cli_federation, paho_client) -> Non
     raw = good.model_dump()
     nan = dict(raw, tensors=[dict(raw["tensors"][0], data=np.full(
         int(np.prod(raw["tensors"][0]["shape"])), np.nan, np.float32).tobytes()), *raw["tensors"][1:]])
-    wrong_shape = good.model_copy(update={"tensors": (TensorBlob.from_numpy(model.tensors[0].name, np.zeros(3, np.float32)),
-                                                      *model.tensors[1:])})
+    small = TensorBlob.from_numpy(model.tensors[0].name, np.zeros(3, np.float32))
+    wrong_shape = good.model_copy(update={"tensors": (small, *model.tensors[1:])})
     # Execute
     _publish(intruder, topics.site_status_topic("e2e-bad", "cleveland"), b"{not json")
     _publish(intruder, update_topic, b"\x00garbage\xff")

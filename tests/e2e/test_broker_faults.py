@@ -65,7 +65,8 @@ def test_run_survives_broker_sigkill_and_site_restart(cli_federation, tmp_path, 
 
     # The same run without faults, in one process.
     sim = SimulationConfig(run_id="e2e-broker", algorithm="fedavg", rounds=ROUNDS, seed=0, out_dir=tmp_path / "sim",
-                           model=DEMO_MODEL, train=FAST_TRAIN, sites={s: d for s, d in bundled_sites().items() if s in SITES})
+                           model=DEMO_MODEL, train=FAST_TRAIN,
+                           sites={s: d for s, d in bundled_sites().items() if s in SITES})
     run_simulation(sim, progress=False)
     from safetensors.numpy import load_file
 

@@ -63,8 +63,8 @@ UPDATE_DEFECTS = [
     ("future schema", lambda d: d.update(schema_version=2)),
     ("far round", lambda d: d.update(round=2**40)),
     ("unknown model version", lambda d: d.update(base_model_hash=secrets.token_hex(32))),
-    ("bfloat16 tensor", lambda d: d["tensors"][0].update(dtype="bfloat16",
-                                                          data=d["tensors"][0]["data"][: len(d["tensors"][0]["data"]) // 2])),
+    ("bfloat16 tensor", lambda d: d["tensors"][0].update(
+        dtype="bfloat16", data=d["tensors"][0]["data"][: len(d["tensors"][0]["data"]) // 2])),
     ("bytes do not fit the shape", lambda d: d["tensors"][0].update(data=d["tensors"][0]["data"][:-4])),
     ("NaN weights", lambda d: d["tensors"][0].update(data=np.full(len(d["tensors"][0]["data"]) // 4, np.nan,
                                                                    np.float32).tobytes())),

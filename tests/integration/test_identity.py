@@ -47,7 +47,8 @@ def _intruder(federation: RunningFederation, user: str, client_id: str) -> tuple
 
 
 def _logged_client_id(federation: RunningFederation, user: str) -> str:
-    """The id of the last connection of `user` in the broker's log: "New client connected from A as ID (.., u'USER')"."""
+    """The id of the last connection of `user` in the broker's log:
+    "New client connected from A as ID (.., u'USER')"."""
     pattern = re.compile(r"New client connected from \S+ as (\S+) \(.*u'" + re.escape(user) + r"'\)")
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:

@@ -324,7 +324,8 @@ def tls_broker(tmp_path_factory, mosquitto_bin):
     files = {
         "ca": _write_pem(d / "ca.crt", ca), "other_ca": _write_pem(d / "other-ca.crt", other_ca),
         "server_key": _write_pem(d / "server.key", key=server_key),
-        "client_cert": _write_pem(d / "client.crt", client_cert), "client_key": _write_pem(d / "client.key", key=client_key),
+        "client_cert": _write_pem(d / "client.crt", client_cert),
+        "client_key": _write_pem(d / "client.key", key=client_key),
     }
     password = secrets.token_urlsafe(16)
     write_password_file(d / "passwd", {"site-a": password})

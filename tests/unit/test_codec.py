@@ -54,7 +54,8 @@ def _all_messages() -> list[BaseModel]:
         m.EvalTask(run_id=RUN, sender="ps", round=3, site_id="site-b", model_hash="h" * 64, splits=("test",)),
         m.RecruitmentResult(run_id=RUN, sender="ps", round=0, site_id="site-b", recruited=False, score=0.98,
                             rank=4, candidates=4, detail="not recruited: score 0.9843, rank 4 of 4"),
-        m.UploadTurn(run_id=RUN, sender="ps", round=3, site_id="site-b", session="0a1b2c3d4e5f6071", grant=1_764_000_000_123),
+        m.UploadTurn(run_id=RUN, sender="ps", round=3, site_id="site-b", session="0a1b2c3d4e5f6071",
+                     grant=1_764_000_000_123),
         m.ClientUpdate(
             run_id=RUN,
             sender="site-a",

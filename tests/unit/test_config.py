@@ -140,8 +140,8 @@ DAEMON_ERRORS = [
     pytest.param(_daemon_dict(credentials=None), "credentials: Field required", id="missing-credentials"),
     pytest.param(_daemon_dict(round_timeout_s=0), "round_timeout_s:", id="zero-timeout"),
     pytest.param(_daemon_dict(train={"optimizer": "lbfgs"}), "train.optimizer:", id="bad-optimizer"),
-    pytest.param(_daemon_dict(selection="fraction", fraction=0.2, quorum=2), "fewer than quorum 2: no round could close",
-                 id="fraction-below-quorum"),
+    pytest.param(_daemon_dict(selection="fraction", fraction=0.2, quorum=2),
+                 "fewer than quorum 2: no round could close", id="fraction-below-quorum"),
     pytest.param(_daemon_dict(stall_s=-1), "stall_s:", id="negative-stall"),
 ]
 

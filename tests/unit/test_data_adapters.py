@@ -51,7 +51,7 @@ def test_stroke_spec_encodes_a_table(tmp_path: Path) -> None:
     """Numeric, binary, fixed one-hot columns; bmi N/A and smoking 'Unknown' are NaN; BOM/CRLF tolerated."""
     x, y, names = load_table(write_stroke(tmp_path / "s.csv"), STROKE_SPEC)
     assert x.shape == (5, 18) and x.dtype == np.float64 and y.tolist() == [1, 1, 0, 0, 0]
-    row = dict(zip(names, x[0]))
+    row = dict(zip(names, x[0], strict=True))
     assert row["age"] == 67 and row["ever_married"] == 1 and row["Residence_type"] == 1
     assert row["gender_Male"] == 1 and row["gender_Female"] == 0
     assert row["smoking_status_formerly smoked"] == 1
@@ -143,7 +143,7 @@ def test_medmnist_binary_and_multilabel(tmp_path: Path) -> None:
     """Two classes make a binary task; (n, k) labels a multilabel one."""
     two = {f"{s}_labels": np.array([[0], [1], [1], [0]][: n], dtype=np.uint8) for s, n in
            (("train", 12), ("val", 4), ("test", 6))}
-    two = {k: np.resize(v, (n, 1)) for (k, v), n in zip(two.items(), (12, 4, 6))}
+    two = {k: np.resize(v, (n, 1)) for (k, v), n in zip(two.items(), (12, 4, 6), strict=True)}
     assert load_medmnist(write_npz(tmp_path / "pneu.npz", **two))[2].kind == "binary"
     multi = {f"{s}_labels": np.eye(3, dtype=np.uint8)[np.arange(n) % 3] for s, n in
              (("train", 12), ("val", 4), ("test", 6))}
@@ -300,7 +300,7 @@ def test_physionet_hourly_grid_static_and_outcomes(tmp_path: Path) -> None:
     assert stay[0, hr] == 77 and stay[1, hr] == 77 and stay[2, hr] == 90 and stay[47, hr] == 90
     assert icu.observed[1, :, hr].sum() == 2 and stay[47, temp] == 38.0
     assert np.isnan(stay[:3, weight]).all() and stay[3, weight] == 80.5
-    static = dict(zip(STATIC_NAMES, icu.static[1]))
+    static = dict(zip(STATIC_NAMES, icu.static[1], strict=True))
     assert static["Age"] == 54 and static["Gender"] == 0
     assert np.isnan(static["Height"]) and np.isnan(static["Weight"])
     assert [static[f"ICUType_{t}"] for t in (1, 2, 3, 4)] == [0, 0, 0, 1] and icu.icu_type.tolist() == [2, 4]
@@ -480,7 +480,7 @@ def test_real_ecg_sample() -> None:
     ecg = load_ecg_dir(shared("ecg", "CinC 2021 sample records") / "cinc2021_sample")
     assert ecg.x.shape == (50, 12, 5000) and np.isfinite(ecg.x).all()
     assert {s: int((ecg.sources == s).sum()) for s in ("E", "HR", "JS")} == {"E": 20, "HR": 10, "JS": 20}
-    counts = dict(zip(ecg.task.label_names, ecg.y.sum(axis=0).astype(int).tolist()))
+    counts = dict(zip(ecg.task.label_names, ecg.y.sum(axis=0).astype(int).tolist(), strict=True))
     assert counts["284470004|63593006"] == 20 and counts["426783006"] == 15 and counts["427084000"] == 23
     assert sum(ecg.unknown_codes.values()) == 26 and "251238007" in ecg.unknown_codes
 

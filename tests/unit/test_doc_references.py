@@ -36,7 +36,8 @@ CITATION = re.compile(r"docs/algorithms\.md,?\s+(?:section\s+|§\s*)?(\d+(?:\.\d
 
 
 def sources() -> list[Path]:
-    files = [ROOT / "README.md", ROOT / "mosquitto.conf", ROOT / "pyproject.toml", *sorted((ROOT / "docs").rglob("*.md"))]
+    files = [ROOT / "README.md", ROOT / "mosquitto.conf", ROOT / "pyproject.toml",
+             *sorted((ROOT / "docs").rglob("*.md"))]
     for folder in CODE_DIRS:
         files.extend(p for p in sorted((ROOT / folder).rglob("*.py")) if not SKIP_PARTS & set(p.parts))
     return [f for f in files if f.is_file()]

@@ -110,12 +110,12 @@ def test_toy_round(counts: tuple[int, int], expected: float) -> None:
     assert local == pytest.approx([0.19, 0.95], abs=1e-12)  # the document's numbers, derived here
     updates = [
         _update(f"site-{i + 1}", n, w=np.array([w], np.float64))
-        for i, (n, w) in enumerate(zip(counts, local))
+        for i, (n, w) in enumerate(zip(counts, local, strict=True))
     ]
     # Execute
     new = _aggregate(1, {"w": np.zeros(1, np.float64)}, updates)
     # Assert
-    closed_form = sum(n * w for n, w in zip(counts, local)) / sum(counts)
+    closed_form = sum(n * w for n, w in zip(counts, local, strict=True)) / sum(counts)
     assert float(new["w"][0]) == pytest.approx(closed_form, abs=1e-12)
     assert float(new["w"][0]) == pytest.approx(expected, abs=1e-12)
 

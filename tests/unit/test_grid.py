@@ -99,7 +99,7 @@ def test_partition_axis_writes_a_manifest_per_seed(tmp_path: Path) -> None:
     manifests = [tmp_path / "out" / "partitions" / f"skew-s{s}" / "partition.json" for s in (0, 1)]
     assert [read_partition_manifest(m).spec.seed for m in manifests] == [10, 11]
     assert (manifests[0].parent / "partition.png").is_file()
-    for cfg, manifest in zip(configs, manifests):
+    for cfg, manifest in zip(configs, manifests, strict=True):
         assert sorted(cfg.sites) == ["site-0", "site-1", "site-2"]
         spec = cfg.sites["site-1"]
         assert (spec.partition, spec.site, spec.path) == (manifest.resolve(), "site-1", tmp_path / "stroke.csv")

@@ -443,7 +443,7 @@ def test_best_round_is_the_highest_mean_val_auroc_ties_keep_the_earlier() -> Non
     expected_best = [1, 1, 3, 3]
     sent: dict[int, tuple[str, dict[str, np.ndarray]]] = {1: (state.model_hash, state.weights)}
     # Execute / Assert round by round
-    for r, (aurocs, best_round) in enumerate(zip(rounds, expected_best), start=1):
+    for r, (aurocs, best_round) in enumerate(zip(rounds, expected_best, strict=True), start=1):
         state, _ = _run_round(machine, state, aurocs)
         sent[r + 1] = (state.model_hash, state.weights)
         assert state.best is not None and state.best.round == best_round

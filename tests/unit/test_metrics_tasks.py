@@ -198,13 +198,14 @@ def test_best_round_all_undefined_round_is_not_eligible() -> None:
 def test_best_round_starts_at_minus_infinity_and_ties_keep_earlier() -> None:
     """Negative scores (CinC) are eligible; an equal later score does not replace the earlier round."""
     negative = {1: {"a": {"cinc_score": -0.3}}, 2: {"a": {"cinc_score": -0.4}}}
-    assert best_round(negative, "cinc_score") == (1, pytest.approx(-0.3))  # seed 000's start at 0: none
+    assert best_round(negative, "cinc_score") == (1, pytest.approx(-0.3))  # Hwang et al.'s start at 0: none
     tied = {2: {"a": {"auroc": 0.8}}, 1: {"a": {"auroc": 0.8}}, 3: {"a": {"auroc": 0.79}}}
     assert best_round(tied, "auroc") == (1, pytest.approx(0.8))  # rounds are visited in order
 
 
 def test_best_round_minimises_loss_metrics() -> None:
-    """Loss-type metrics (seed 004 BCE, seed 002 MSLE) select the minimum; ties keep the earlier round."""
+    """Loss-type metrics (BCE as Kulkarni et al., MSLE as Scheltjens et al.) select the minimum; ties keep the
+    earlier round."""
     assert direction_of("loss") == direction_of("msle") == "min" and direction_of("auroc") == "max"
     history = {1: {"a": {"loss": 0.5}}, 2: {"a": {"loss": 0.4}}, 3: {"a": {"loss": 0.4}}}
     assert best_round(history, "loss") == (2, pytest.approx(0.4))

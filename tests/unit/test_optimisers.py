@@ -44,7 +44,7 @@ def test_weights_equal_torch_optim_bit_for_bit(kind: str, lr: float, weight_deca
                   seed=seed, steps=steps, dtype=dtype, frozen=frozen)
     theirs = _train(lambda p: CLASSES[kind](p, lr=lr, weight_decay=weight_decay, **sgd),
                     seed=seed, steps=steps, dtype=dtype, frozen=frozen)
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         assert torch.equal(a, b)
 
 

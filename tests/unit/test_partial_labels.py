@@ -69,7 +69,7 @@ def test_sites_see_only_their_labels(tmp_path: Path) -> None:
     manifest = read_partition_manifest(write_manifest(tmp_path, pooled, spec))
     expected = annotated_labels(N_LABELS, 3, 2, seed=5)
     full = load_dataset(pooled).y
-    for part, annotated in zip(manifest.sites, expected):
+    for part, annotated in zip(manifest.sites, expected, strict=True):
         assert part.annotated == annotated
         positives = full[np.asarray(part.indices)][:, annotated].sum(axis=0)
         assert part.histogram == {str(k): int(positives[annotated.index(k)]) if k in annotated else 0

@@ -46,7 +46,7 @@ def test_label_skew_table_manifest_and_png(tmp_path: Path) -> None:
     manifest = read_partition_manifest(out / "partition.json")
     assert manifest.spec.cap == 25 and manifest.source["n_items"] == 60
     assert manifest.source["options"] == {"spec": "stroke"}
-    for line, site in zip(lines[1:4], manifest.sites):
+    for line, site in zip(lines[1:4], manifest.sites, strict=True):
         assert int(line.split()[1]) == site.n == len(site.indices) <= 25
         assert [int(v) for v in line.split()[2:]] == [site.histogram["0"], site.histogram["1"]]
     assert (out / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -41,7 +41,7 @@ def as_sets(parts: list[np.ndarray], values: np.ndarray) -> list[list[float]]:
 
 
 def test_cut_rule_unstratified_example() -> None:
-    """16.1: 10 items with p = (0.55, 0.3, 0.15) split 5/3/2 (the seed's plain floor gives 5/3/1)."""
+    """16.1: 10 items with p = (0.55, 0.3, 0.15) split 5/3/2 (Milasheuski et al.'s plain floor gives 5/3/1)."""
     assert cut_sizes(10, (0.55, 0.3, 0.15)).tolist() == [5, 3, 2]
 
 
@@ -195,7 +195,7 @@ def test_deterministic_and_every_index_once(spec: PartitionSpec) -> None:
     feats = {"f": np.random.default_rng(1).normal(size=997)}
     first = partition(spec, y, features=feats)
     again = partition(spec, y, features=feats)
-    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert np.array_equal(np.sort(np.concatenate(first)), np.arange(997))
     assert all(p.dtype == np.int64 and np.all(np.diff(p) > 0) for p in first if len(p) > 1)
 
@@ -206,7 +206,7 @@ def test_another_seed_gives_another_split(spec: PartitionSpec) -> None:
     y = labels(997)
     a = partition(spec, y)
     b = partition(spec.model_copy(update={"seed": 6}), y)
-    assert any(not np.array_equal(p, q) for p, q in zip(a, b))
+    assert any(not np.array_equal(p, q) for p, q in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize(("spec", "expected"), [
@@ -232,13 +232,13 @@ def test_cap_subsamples_last() -> None:
     spec = PartitionSpec(kind="label_skew", n_sites=6, alpha=0.5, seed=4)
     full = partition(spec, y)
     capped = partition(spec.model_copy(update={"cap": 300}), y)
-    for f, c in zip(full, capped):
+    for f, c in zip(full, capped, strict=True):
         assert len(c) == min(len(f), 300) and set(c.tolist()) <= set(f.tolist())
     again = partition(spec.model_copy(update={"cap": 300}), y)
-    assert all(np.array_equal(a, b) for a, b in zip(capped, again))
+    assert all(np.array_equal(a, b) for a, b in zip(capped, again, strict=True))
 
 
-def test_seed_003_setting_most_sites_hit_the_cap() -> None:
+def test_milasheuski_setting_most_sites_hit_the_cap() -> None:
     """16 DECISION: oversampled stroke (~2 x 4861 rows), 6 sites, cap 500: most sites end with exactly 500."""
     y = np.array([0] * 4861 + [1] * 4861)
     parts = partition(PartitionSpec(kind="label_skew", n_sites=6, alpha=0.5, cap=500, seed=0), y)
@@ -264,7 +264,7 @@ def test_natural_partition_by_group_column() -> None:
     (0.7, "low"), (9.99, "low"), (10, "homogeneous"), (1e6, "homogeneous"),
 ])  # fmt: skip
 def test_heterogeneity_levels(alpha: float, level: str) -> None:
-    """16.4 (seed 003, Table II): the level of a Dirichlet alpha, lower bounds inclusive."""
+    """16.4 (Milasheuski et al., Table II): the level of a Dirichlet alpha, lower bounds inclusive."""
     assert heterogeneity_level(alpha) == level
 
 

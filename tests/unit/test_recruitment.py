@@ -53,7 +53,7 @@ def test_los_bins_follow_the_code() -> None:
 
 
 def test_sampling_is_seeded_by_run_and_round() -> None:
-    """Seed 002: 10 % of 189 gives 19 and of 54 gives 5; the draw repeats for the same (seed, round)."""
+    """Scheltjens et al.: 10 % of 189 gives 19 and of 54 gives 5; the draw repeats for the same (seed, round)."""
     pool = [f"s{i:03d}" for i in range(189)]
     assert len(sample_sites(pool, 0.1, seed=0, round_no=1)) == 19
     assert len(sample_sites(pool[:54], 0.1, seed=0, round_no=1)) == 5

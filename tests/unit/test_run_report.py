@@ -53,7 +53,7 @@ def _regression_site(path: Path, seed: int) -> Path:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(30, 2))
     y = 3.0 + x[:, 0].clip(min=0) + 0.1 * rng.random(30)
-    path.write_text("a,b,los\n" + "".join(f"{a:.6f},{b:.6f},{t:.6f}\n" for (a, b), t in zip(x, y)))
+    path.write_text("a,b,los\n" + "".join(f"{a:.6f},{b:.6f},{t:.6f}\n" for (a, b), t in zip(x, y, strict=True)))
     return path
 
 

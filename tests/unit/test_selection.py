@@ -55,7 +55,8 @@ def test_recruitment_tells_every_candidate_and_trains_only_the_recruited() -> No
     assert state.recruited == ("b", "a", "d") and state.selected == ("a", "b", "d")
     tasks = [e.site_id for e in effects if isinstance(e, fx.PublishTrainTask)]
     assert tasks == ["a", "b", "d"]
-    assert state.recruitment["threshold"] > 0 and [r["site"] for r in state.recruitment["ranking"]] == ["b", "a", "d", "c"]
+    assert state.recruitment["threshold"] > 0
+    assert [r["site"] for r in state.recruitment["ranking"]] == ["b", "a", "d", "c"]
 
 
 def test_a_site_without_a_histogram_is_not_rankable() -> None:

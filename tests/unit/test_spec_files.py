@@ -34,8 +34,9 @@ def test_simulation_sites_and_feature_specs_by_path(tmp_path: Path) -> None:
     (tmp_path / "sites" / "a.toml").write_text('[data]\nformat = "table"\npath = "../data/a.csv"\n'
                                               'options = { spec = "cols.toml" }\n')
     table(tmp_path / "b.csv")
-    (tmp_path / "sim.toml").write_text('rounds = 1\n[sites]\na = "sites/a.toml"\n'
-                                       'b = { format = "table", path = "b.csv", options = { spec = "sites/cols.toml" } }\n')
+    (tmp_path / "sim.toml").write_text(
+        'rounds = 1\n[sites]\na = "sites/a.toml"\n'
+        'b = { format = "table", path = "b.csv", options = { spec = "sites/cols.toml" } }\n')
     # Execute
     cfg = load_simulation_config(tmp_path / "sim.toml")
     # Assert
@@ -48,7 +49,8 @@ def test_simulation_sites_and_feature_specs_by_path(tmp_path: Path) -> None:
 
 def test_missing_or_invalid_spec_files_name_the_file(tmp_path: Path) -> None:
     table(tmp_path / "a.csv")
-    (tmp_path / "sim.toml").write_text('[sites]\na = { format = "table", path = "a.csv", options = { spec = "no.toml" } }\n')
+    (tmp_path / "sim.toml").write_text(
+        '[sites]\na = { format = "table", path = "a.csv", options = { spec = "no.toml" } }\n')
     with pytest.raises(ConfigError, match=r"site 'a': .*no\.toml: FeatureSpec file not found"):
         load_simulation_config(tmp_path / "sim.toml")
     (tmp_path / "sim.toml").write_text('[sites]\na = "nowhere.toml"\n')

@@ -34,7 +34,7 @@ def test_summing_spooled_updates_is_exact_and_releases_their_pages(tmp_path: Pat
                for i, a in enumerate(arrays)]
     weights = [0.2, 0.3, 0.5]
     expected = np.zeros(n, np.float64)
-    for w, a in zip(weights, arrays):
+    for w, a in zip(weights, arrays, strict=True):
         expected += np.float64(w) * a.astype(np.float64)
     del arrays
     out = np.empty(n, np.float32)

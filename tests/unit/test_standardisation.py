@@ -75,7 +75,7 @@ def test_registry_tables_and_icu_share_the_rule(tmp_path: Path) -> None:
     path = tmp_path / "h.csv"
     x, y = _site(n=30)
     lines = ["age,ph,lactate,noise,label"]
-    for row, label in zip(x, y):
+    for row, label in zip(x, y, strict=True):
         lines.append(",".join("" if np.isnan(v) else repr(float(v)) for v in row) + f",{label}")
     path.write_text("\n".join(lines) + "\n")
     spec = {"label": "label", "numeric": list(NAMES)}

@@ -45,7 +45,7 @@ def test_worked_example() -> None:
     assert list(theta) == pytest.approx([1.2490457724, 0.3217505544], abs=1e-10)
     f = [gompertz(t) for t in theta]
     assert f == pytest.approx([1.2507234720, 5.0000000000], abs=1e-10)
-    assert [n * math.exp(v) for n, v in zip((1, 3), f)] == pytest.approx(
+    assert [n * math.exp(v) for n, v in zip((1, 3), f, strict=True)] == pytest.approx(
         [3.4928690367, 445.2394773074], abs=1e-10
     )
     np.testing.assert_allclose(new["w"], [-0.0077838584, -0.9922161416], rtol=0, atol=1e-10)

@@ -95,7 +95,7 @@ def test_toy_round(counts: tuple[int, int], expected: float) -> None:
     assert local == pytest.approx([0.19, 0.95], abs=1e-12)
     updates = [
         _update(f"site-{k + 1}", n, **{"fc.weight": np.array([w])})
-        for k, (n, w) in enumerate(zip(counts, local))
+        for k, (n, w) in enumerate(zip(counts, local, strict=True))
     ]
     # Execute
     new = _round({"fc.weight": np.zeros(1)}, updates).weights

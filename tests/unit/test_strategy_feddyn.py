@@ -51,12 +51,12 @@ def test_three_round_toy_table() -> None:
     assert alphas == [0.1, 0.1]  # equal sizes: alpha_i = alpha
     theta_send, s = 0.0, [0.0, 0.0]
     for round_no, (models_exp, s_exp, s_bar_exp, avg_exp, send_exp, tol) in enumerate(TABLE, start=1):
-        paths = [_local(a, theta_send, s_k, alpha=alpha) for a, s_k, alpha in zip(A, s, alphas)]
+        paths = [_local(a, theta_send, s_k, alpha=alpha) for a, s_k, alpha in zip(A, s, alphas, strict=True)]
         if round_no == 2:
             assert paths[0][1] == pytest.approx(1.11871, abs=1e-12)  # the step done by hand in the doc
         models = [p[-1] for p in paths]
-        s = [s_k + (m - theta_send) for s_k, m in zip(s, models)]
-        updates = [SiteUpdate(site, {"w": np.array([m])}, 10, 2) for site, m in zip(("s1", "s2"), models)]
+        s = [s_k + (m - theta_send) for s_k, m in zip(s, models, strict=True)]
+        updates = [SiteUpdate(site, {"w": np.array([m])}, 10, 2) for site, m in zip(("s1", "s2"), models, strict=True)]
         # Execute
         result = rule.aggregate_train(
             RoundInput(round_no, {"w": np.array([theta_send])}, updates, enrolled, MANIFEST)

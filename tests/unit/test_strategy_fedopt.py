@@ -40,7 +40,7 @@ def _input(round_no: int = 1, current: dict[str, np.ndarray] | None = None) -> R
 @pytest.mark.parametrize("variant", sorted(TABLE))
 @pytest.mark.parametrize("v_init", ["tau^2", "0"])
 def test_worked_table(variant: str, v_init: str) -> None:
-    """Delta = [2, 0], m = [0.2, 0]; v and w_{t+1} as printed, for v_0 = tau^2 and v_0 = 0 (seed 000)."""
+    """Delta = [2, 0], m = [0.2, 0]; v and w_{t+1} as printed, for v_0 = tau^2 and v_0 = 0 (Hwang et al.)."""
     # Prepare
     v_expected, w_expected = TABLE[variant][:2] if v_init == "tau^2" else TABLE[variant][2:]
     params = {**PARAMS, **({"b2": 0.99} if variant != "fedadagrad" else {})}

@@ -47,7 +47,7 @@ def test_server_is_fedavg_and_mu_goes_to_every_site() -> None:
 
 
 def test_first_round_skip_option_is_forwarded() -> None:
-    """prox_skip_first_round (seed 000) travels to the sites as 1.0 only when it is on."""
+    """prox_skip_first_round (Hwang et al.) travels to the sites as 1.0 only when it is on."""
     assert FedProx({"mu": 0.1, "prox_skip_first_round": True}).site_hyper("x", {}) == {
         "mu": 0.1,
         "prox_skip_first_round": 1.0,

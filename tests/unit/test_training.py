@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from fedmqtt.data.heart_disease import bundled_path, load_site_file  # noqa: E402
 from fedmqtt.data.splits import split_and_normalise  # noqa: E402
 from fedmqtt.errors import ConfigError  # noqa: E402
-from fedmqtt.training.client_rules import GradTerms
+from fedmqtt.training.client_rules import GradTerms  # noqa: E402
 from fedmqtt.training.evaluate import evaluate_split, predict_scores  # noqa: E402
 from fedmqtt.training.loop import derive_seed, train_local  # noqa: E402
 from fedmqtt.training.models import build_model, gn_groups, tensor_manifest  # noqa: E402

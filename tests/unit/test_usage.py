@@ -43,8 +43,10 @@ def test_amp_auto_follows_the_gpu() -> None:
 
 
 def test_usage_totals_per_site_and_missing_energy_stays_missing() -> None:
-    usage = {1: {"a": {"wall_s": 1.0, "cpu_s": 2.0, "energy_j": None}, "b": {"wall_s": 2.0, "cpu_s": 1.0, "energy_j": 5.0}},
-             2: {"a": {"wall_s": 1.5, "cpu_s": 2.5, "energy_j": None}, "b": {"wall_s": 2.0, "cpu_s": 1.0, "energy_j": 7.0}}}
+    usage = {1: {"a": {"wall_s": 1.0, "cpu_s": 2.0, "energy_j": None},
+                 "b": {"wall_s": 2.0, "cpu_s": 1.0, "energy_j": 5.0}},
+             2: {"a": {"wall_s": 1.5, "cpu_s": 2.5, "energy_j": None},
+                 "b": {"wall_s": 2.0, "cpu_s": 1.0, "energy_j": 7.0}}}
     totals = usage_section(usage)["per_site_total"]
     assert totals["a"] == {"rounds": 2, "wall_s": 2.5, "cpu_s": 4.5, "energy_j": None}
     assert totals["b"] == {"rounds": 2, "wall_s": 4.0, "cpu_s": 2.0, "energy_j": 12.0}

@@ -29,6 +29,7 @@ for point in sorted(grid.glob("*/grid_point.json")):
         losses.setdefault(s, []).append(m["loss"])
         print(" ", s, "annotates", ann, "train/val/test", len(d.y_train), len(d.y_val), len(d.y_test),
               "test positives", np.nansum(d.y_test, axis=0).astype(int).tolist(), "loss", round(m["loss"], 3))
-means = [statistics.fmean(v) for v in zip(*losses.values())]
-print("constant baseline test loss per site:", {s: f"{statistics.fmean(v):.3f} ± {statistics.stdev(v):.3f}" for s, v in losses.items()},
+means = [statistics.fmean(v) for v in zip(*losses.values(), strict=True)]  # per seed: every site has one loss
+per_site = {s: f"{statistics.fmean(v):.3f} ± {statistics.stdev(v):.3f}" for s, v in losses.items()}
+print("constant baseline test loss per site:", per_site,
       "site mean", f"{statistics.fmean(means):.3f} ± {statistics.stdev(means):.3f}")

@@ -55,9 +55,13 @@ def _set_in_channels(module: nn.Module, in_channels: int) -> None:
         for name, child in parent.named_children():
             if isinstance(child, nn.Conv2d):
                 if child.in_channels != in_channels:
+                    # _ConvNd types its sizes for any N; a Conv2d's are pairs
+                    kernel_h, kernel_w = child.kernel_size
+                    stride_h, stride_w = child.stride
+                    padding = child.padding if isinstance(child.padding, str) else (child.padding[0], child.padding[1])
                     setattr(parent, name, nn.Conv2d(
-                        in_channels, child.out_channels, child.kernel_size, stride=child.stride,
-                        padding=child.padding, bias=child.bias is not None))
+                        in_channels, child.out_channels, (kernel_h, kernel_w), stride=(stride_h, stride_w),
+                        padding=padding, bias=child.bias is not None))
                 return
 
 
@@ -87,7 +91,7 @@ def densenet121(n_outputs: int = 1, in_channels: int = 3, norm: str = "bn") -> B
 def efficientnet_b0(
     n_outputs: int = 1, in_channels: int = 3, norm: str = "bn", dropout: float = 0.2
 ) -> Backbone:
-    """EfficientNet-B0 (seed 000 skin, BN or GN), random init; its classifier dropout stays in `body`."""
+    """EfficientNet-B0 (Hwang et al.'s skin task, BN or GN), random init; its classifier dropout stays in `body`."""
     _check("efficientnet_b0", n_outputs, in_channels, norm)
     rate = probability("efficientnet_b0", "dropout", dropout)
     net = _torchvision_models().efficientnet_b0(weights=None)

@@ -1,7 +1,9 @@
-"""Seed 002 on PhysioNet 2012 set-a: length of stay with a GRU over ~100 sites; all vs sampled vs
-recruited clients (Federated-AC, -SC, -ARC, -SRC) and a gamma_th sweep.
+"""Scheltjens et al.'s client recruitment on PhysioNet 2012 set-a: length of stay with a GRU over ~100 sites;
+all vs sampled vs recruited clients (Federated-AC, -SC, -ARC, -SRC) and a gamma_th sweep.
 
-    python bench/seed002_los.py --data ../shared/datasets/physionet2012 --sites 100 --rounds 15 --out runs/seed002
+    python bench/recruitment_los.py --data DIR --sites 100 --rounds 15 --out runs/recruitment
+
+DIR holds PhysioNet 2012 set-a (the `physionet2012` data format).
 
 Everything runs in simulation (`run_simulation`: the real PS and site agents over an in-memory broker).
 The held-out test set is the union of every site's own test split (recruited or not): each run's final
@@ -89,7 +91,7 @@ def held_out_scores(runs: list[Path], sites: dict[str, DataSpec]) -> tuple[Score
 def run_variant(name: str, args, sites, gamma_th: float) -> dict:  # noqa: ANN001
     selection, fraction = VARIANTS[name]
     out = args.out / f"{name}-th{gamma_th}"
-    cfg = SimulationConfig(run_id=f"seed002-{name.lower()}", rounds=args.rounds, seed=args.seed, out_dir=out,
+    cfg = SimulationConfig(run_id=f"recruitment-{name.lower()}", rounds=args.rounds, seed=args.seed, out_dir=out,
                            model=MODEL, train=TRAIN, sites=sites, selection=selection, fraction=fraction,
                            recruitment={"gamma_th": gamma_th}, selection_metric="msle")
     t0 = time.time()
@@ -109,7 +111,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gamma-th", type=float, default=0.1)
     ap.add_argument("--sweep", default="0.05,0.1,0.2,0.3,0.5,1.0")
-    ap.add_argument("--out", type=Path, default=Path("runs/seed002"))
+    ap.add_argument("--out", type=Path, default=Path("runs/recruitment"))
     ap.add_argument("--sweep-train", action="store_true", help="also train ARC at every gamma_th of the sweep")
     ap.add_argument("--skip-variants", action="store_true", help="only the sweep")
     args = ap.parse_args()
