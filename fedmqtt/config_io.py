@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TypeVar
 
+# Other modules take `tomllib` from here, so the version switch is written once per package that needs it.
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser as a package (the `tomli` dependency)

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import annotated_types as at
-import tomllib
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from fedmqtt.config_io import tomllib
 from fedmqtt.data.spec import OPTIONS, DataSpec
 from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.simulation_config import SimulationConfig
