@@ -1,6 +1,6 @@
 """Durable checkpoints: one file per round, written atomically (temp file, fsync, os.replace).
 
-The best round's weights (seed 000's protocol) live in a file of their own, `best-round-<r>.msgpack`, written
+The best round's weights (Hwang et al.'s protocol) live in a file of their own, `best-round-<r>.msgpack`, written
 once when round r becomes the best; checkpoints name it and its SHA-256. That keeps a second model out of the
 PS's memory for the rest of the run and out of every later checkpoint.
 """

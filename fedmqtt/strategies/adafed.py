@@ -275,7 +275,7 @@ upload the non-BN tensors; keep the BN layers (affine parameters and buffers) on
         "Server: the site list and the distance matrix d (W follows from d and lambda). Sites: their BN "
         "layers; their personal tensors arrive with each task."
     ),
-    papers=("Chen, Lu, Wang, Qin, Qin (seed 001): Federated learning with adaptive batchnorm for "
+    papers=("Chen, Lu, Wang, Qin, Qin: Federated learning with adaptive batchnorm for "
             "personalized healthcare, AAAI 2022; journal version (FedAP): Lu, Wang, Chen, Qin, Xu, "
             "Dimitriadis, Qin: Personalized federated learning with adaptive batchnorm for healthcare, IEEE "
             "Transactions on Big Data (arXiv 2112.00734); the authors' code (microsoft/PersonalizedFL, "

@@ -9,7 +9,7 @@ from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 
 class Base(ServerRule):
-    """Base (seed 001 baseline): every site trains alone; w_{t+1} = w_t, no tensor travels."""
+    """Base (the baseline of Chen et al.): every site trains alone; w_{t+1} = w_t, no tensor travels."""
 
     name = "base"
     summary = "Base: local training only, nothing is shared (the no-federation reference)"
@@ -38,12 +38,12 @@ w_{t+1} = w_t: no tensor travels in either direction; rounds only pace training,
 train its own model on the plain loss for E epochs per round; keep the whole model on disk
 """,
     state="Sites: their whole model. Server: none.",
-    papers=("Chen et al. (seed 001) and Milasheuski et al. (seed 003) use it as the no-federation "
+    papers=("Chen et al. and Milasheuski et al. use it as the no-federation "
             "baseline.",),
     differences=(
         "The best round is chosen like every other rule's, by the unweighted mean over sites of the "
         "validation metric (17.1), and the reported number is the unweighted mean of the sites' test "
-        "metrics; seed 001's code trains Base for 100 rounds of 3 local epochs, here the run's own settings "
+        "metrics; Chen et al.'s code trains Base for 100 rounds of 3 local epochs, here the run's own settings "
         "apply.",
     ),
 )

@@ -14,7 +14,7 @@ from fedmqtt.strategies.strategy_doc import StrategyDoc
 class FedBNParams(WeightingParams):
     norm_types: tuple[NormFamily, ...] = Field(
         default=ALL_NORMS,
-        description="normalization layers kept local: all (seed 000) or ['batchnorm'] (original FedBN)",
+        description="normalization layers kept local: all (Hwang et al.) or ['batchnorm'] (original FedBN)",
     )
     _expand = field_validator("norm_types", mode="before")(expand_norm_types)
 
@@ -64,12 +64,12 @@ train the whole model on the plain loss; store the new normalization tensors; up
     state="Sites: their normalization tensors (affine parameters and buffers), on disk. Server: none.",
     papers=("Li, Jiang, Zhang, Kamp, Dou: FedBN: federated learning on non-IID features via local batch "
             "normalization, ICLR 2021 (arXiv 2102.07623).",
-            "Hwang et al. (seed 000): keeps every normalization type local (BatchNorm, GroupNorm, "
+            "Hwang et al.: keeps every normalization type local (BatchNorm, GroupNorm, "
             "LayerNorm).",),
     differences=(
         "Normalization layers are found by module type (tags in the site's tensor manifest), never by "
         "substrings such as `bn` in parameter names, which miss layers named otherwise.",
-        "By default every normalization type stays local (seed 000); the original FedBN keeps only "
+        "By default every normalization type stays local (Hwang et al.); the original FedBN keeps only "
         "BatchNorm: `norm_types = [\"batchnorm\"]` reproduces it.",
         "Sample weights p_i by default; the original code averages with 1/N (equal-sized clients): "
         "`weighting = \"uniform\"` reproduces it.",

@@ -27,11 +27,11 @@ class FedDkwParams(StrategyParams):
     )
     # pooled (default): the label distribution of all the sites' data together, the paper's "global
     # distribution", so a large hospital counts for its patients; also this rule's behaviour so far.
-    # mean: the plain mean of the sites' normalised distributions (seed 003's code), every site alike.
+    # mean: the plain mean of the sites' normalised distributions (Milasheuski et al.'s code), every site alike.
     global_distribution: Literal["pooled", "mean"] = Field(
         default="pooled",
         description="P_g: pooled (sum of counts / total, the paper's global distribution) or mean (average "
-                    "of the sites' normalised distributions, seed 003's code)",
+                    "of the sites' normalised distributions, Milasheuski et al.'s code)",
     )
 
 
@@ -160,10 +160,10 @@ as FedAvg, plus the label histogram of its training split in the update (only if
     papers=("Li et al.: FedDkw: federated learning with dynamic Kullback-Leibler-divergence weight, ACM "
             "Transactions on Asian and Low-Resource Language Information Processing 2023 (the rule follows "
             "its abstract).",
-            "Milasheuski et al. (seed 003): the heterogeneity study that uses it on health data.",),
+            "Milasheuski et al.: the heterogeneity study that uses it on health data.",),
     differences=(
         "The global distribution P_g is a parameter. The default pools the counts (the paper's global "
-        "distribution: a large hospital counts for its patients); seed 003's code averages the sites' "
+        "distribution: a large hospital counts for its patients); Milasheuski et al.'s code averages the sites' "
         "normalised distributions, every site alike: `global_distribution = \"mean\"` reproduces it. With "
         "sites of different sizes the two give different weights.",
         "KL is floored at `kl_floor` = 1e-6 before 1/KL, which the paper leaves undefined for a site that "

@@ -22,7 +22,7 @@ class FedDynParams(StrategyParams):
     alpha: float = Field(default=0.01, gt=0.0, description="regularisation strength alpha, > 0")
     scale_alpha_by_size: bool = Field(
         default=True,
-        description="alpha_i = alpha * n_bar / n_i (reference code); false: alpha for all (seed 000)",
+        description="alpha_i = alpha * n_bar / n_i (reference code); false: alpha for all (Hwang et al.)",
     )
     max_grad_norm: float = Field(
         default=DEFAULT_MAX_GRAD_NORM, ge=0.0,
@@ -135,7 +135,7 @@ after training: s_i <- s_i + (theta_i^t - theta_send)         (pending until the
         "outside the gradient), anchors the linear term on the previous plain average and corrects every "
         "state entry, BatchNorm running variances included (a route to negative variances and NaN).",
         "alpha_i = alpha * n_bar / n_i by default, as the authors' code (smaller sites get a stronger "
-        "regulariser); the paper and seed 000 use one alpha: `scale_alpha_by_size = false`.",
+        "regulariser); the paper and Hwang et al. use one alpha: `scale_alpha_by_size = false`.",
         "The plain average theta_avg is what is evaluated and reported, never theta_send.",
     ),
     example="""

@@ -76,7 +76,7 @@ def combine_rows(arrays: Sequence[np.ndarray]) -> np.ndarray:
 
 
 class FedFBN(ServerRule):
-    """FedFBN (Kulkarni et al. 2023, seed 004 Algorithm 1): BatchNorm frozen and never sent;
+    """FedFBN (Kulkarni et al. 2023, Algorithm 1): BatchNorm frozen and never sent;
     w_{t+1} = (1/|S_t|) sum_{i in S_t} w_i^t over every other tensor, regardless of n_i.
 
     Output layer (HEAD tensors): averaged like the rest when the sites share one label set (no
@@ -156,7 +156,7 @@ BN modules in eval mode after every model.train(), weight and bias frozen and ou
 train every other parameter on the plain loss; with surgical aggregation send its label set once
 """,
     state="Server: the global output rows per label (surgical aggregation). Sites: none beyond the model.",
-    papers=("Kulkarni, Kanhere, Yi, Parekh (seed 004): Optimizing federated learning for medical image "
+    papers=("Kulkarni, Kanhere, Yi, Parekh: Optimizing federated learning for medical image "
             "classification on distributed non-iid datasets with partial labels (arXiv 2303.06180).",
             "Kulkarni, Kanhere, Yi, Parekh: Surgical aggregation: a collaborative learning framework for "
             "harmonizing distributed medical imaging datasets with diverse tasks (arXiv 2301.06683).",),

@@ -17,12 +17,12 @@ from fedmqtt.strategies.strategy_doc import StrategyDoc
 
 class FedAdagradParams(WeightingParams):
     eta_g: float = Field(default=0.01, gt=0.0, description="server learning rate eta_g, > 0")
-    tau: float = Field(default=1e-3, gt=0.0, description="degree of adaptivity tau (seed 000: gamma), > 0")
+    tau: float = Field(default=1e-3, gt=0.0, description="degree of adaptivity tau (Hwang et al.: gamma), > 0")
     b1: float = Field(default=0.9, ge=0.0, lt=1.0, description="first-moment decay b1, in [0, 1)")
     v_init: float | None = Field(
         default=None,
         ge=0.0,
-        description="initial second moment v_0; unset: tau^2 (Reddi et al.); 0: seed 000",
+        description="initial second moment v_0; unset: tau^2 (Reddi et al.); 0: Hwang et al.",
     )
 
 
@@ -137,7 +137,7 @@ as FedAvg: plain local loss, local optimiser; send w_i^t, n_i, tau_i
           "none.",
     papers=("Reddi, Charles, Zaheer, Garrett, Rush, Konecny, Kumar, McMahan: Adaptive federated "
             "optimization, ICLR 2021 (arXiv 2003.00295), Algorithm 2.",
-            "Hwang et al. (seed 000), appendix A.2: the settings used on medical data.",),
+            "Hwang et al., appendix A.2: the settings used on medical data.",),
     differences=(
         "No bias correction, as Reddi et al.'s Algorithm 2. Recent Flower versions scale FedAdam's eta by "
         "Adam's bias-correction factor sqrt(1 - b2^k) / (1 - b1^k), with k growing with the round (older "
@@ -145,11 +145,11 @@ as FedAvg: plain local loss, local optimiser; send w_i^t, n_i, tau_i
         "agree as k grows; there is no setting here that adds it.",
         "FedAdagrad keeps first-moment momentum b1 (default 0.9), as in Reddi et al.'s algorithm; Flower's "
         "FedAdagrad fixes b1 = 0 (m_t = Delta_t). `b1 = 0` reproduces Flower's rule.",
-        "v_0 = tau^2, the paper's requirement v_0 >= tau^2; seed 000 and Flower start from v_0 = 0: "
+        "v_0 = tau^2, the paper's requirement v_0 >= tau^2; Hwang et al. and Flower start from v_0 = 0: "
         "`v_init = 0` reproduces them (the difference shows only on coordinates with tiny updates).",
-        "Sample-weighted pseudo-gradient (seed 000); Reddi et al. use the plain mean: "
+        "Sample-weighted pseudo-gradient (Hwang et al.); Reddi et al. use the plain mean: "
         "`weighting = \"uniform\"`.",
-        "BatchNorm running statistics are averaged with p_i and never pushed through the moments: seed 000 "
+        "BatchNorm running statistics are averaged with p_i and never pushed through the moments: Hwang et al. "
         "(and frameworks that treat every array alike) move them with the adaptive step, which can drive a "
         "running variance negative.",
     ),

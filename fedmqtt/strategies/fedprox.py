@@ -14,7 +14,7 @@ from fedmqtt.strategies.strategy_doc import StrategyDoc
 class FedProxParams(StrategyParams):
     mu: float = mu_field()
     prox_skip_first_round: bool = Field(
-        default=False, description="seed 000: no proximal term in round 1 (client option, sent as 1.0)"
+        default=False, description="Hwang et al.: no proximal term in round 1 (client option, sent as 1.0)"
     )
 
 
@@ -58,7 +58,7 @@ i.e. every step adds mu * (w - w_t) to the minibatch gradient, at every step of 
             "MLSys 2020 (arXiv 1812.06127).",),
     differences=(
         "The penalty is the squared norm (mu/2)||w - w_t||^2 as in the paper, applied from the first step of "
-        "every round. Some published code (seed 000's, microsoft/PersonalizedFL) uses the unsquared norm or "
+        "every round. Some published code (Hwang et al.'s, microsoft/PersonalizedFL) uses the unsquared norm or "
         "skips the term in round 1 and on the first batch of every epoch; `prox_skip_first_round = true` "
         "reproduces the round-1 skip only.",
         "The term is written into the gradient explicitly, never delegated to the optimiser's weight decay, "

@@ -1,4 +1,4 @@
-"""FedPxN (Hwang et al., seed 000; docs/algorithms.md section 4): FedBN plus a proximal term on non-NORM."""
+"""FedPxN (Hwang et al.; docs/algorithms.md section 4): FedBN plus a proximal term on non-NORM."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class FedPxNParams(FedBNParams):
 
 
 class FedPxN(FedBN):
-    """FedPxN (Hwang et al., seed 000 Algorithm 2): sites minimise F_i(w) + (mu/2)||u - u_t||^2 over the
+    """FedPxN (Hwang et al., Algorithm 2): sites minimise F_i(w) + (mu/2)||u - u_t||^2 over the
     non-NORM parameters u only; the server is exactly FedBN's (NORM local, p_i-weighted mean of the rest).
     """
 
@@ -43,11 +43,11 @@ u = non-normalization TRAIN parameters, u_t = their received values (anchor)
 minimise h_i(w) = F_i(w) + (mu/2) * ||u - u_t||^2      normalization parameters get no proximal gradient
 """,
     state="Sites: their normalization tensors, as FedBN. Server: none.",
-    papers=("Hwang, Yang, Kim, Dua, Kim, Yang, Choi (seed 000): Towards the practical utility of federated "
+    papers=("Hwang, Yang, Kim, Dua, Kim, Yang, Choi: Towards the practical utility of federated "
             "learning in the medical domain, CHIL 2023 (arXiv 2207.03075), section 3.4 and Algorithm 2.",),
     differences=(
         "The proximal term excludes normalization parameters, as the paper describes; in the released code "
-        "of seed 000 the eICU and skin modules compare the algorithm name with a misspelt string and so "
+        "of Hwang et al., the eICU and skin modules compare the algorithm name with a misspelt string and so "
         "apply the term to every parameter. A unit test checks that normalization parameters get exactly "
         "zero proximal gradient here.",
         "Squared norm from the first step of every round, as FedProx (section 2).",

@@ -38,7 +38,7 @@ def norm_family(spec: TensorSpec) -> str | None:
 def keeps_norm_local(spec: TensorSpec, norm_types: Sequence[str]) -> bool:
     """Whether `spec` belongs to a normalization layer of one of `norm_types` (families, see `norm_family`).
 
-    A normalization type outside the known families is local only when every family is (seed 000's intent).
+    A normalization type outside the known families is local only when every family is (Hwang et al.'s intent).
     """
     family = norm_family(spec)
     if family is None:
