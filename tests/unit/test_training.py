@@ -170,3 +170,14 @@ def test_mlp_learns_cleveland() -> None:
     values, reasons = evaluate_split(model, data.x_test, data.y_test)
     assert reasons == {}
     assert values["auroc"] is not None and values["auroc"] > 0.7
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU-resident path cannot run here")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_train_local_on_the_gpu_by_any_name(device: str) -> None:
+    """`device = "cuda"` (no index) keeps the split on the GPU and trains; it once crashed at the first batch
+    because the data's `cuda:0` never equalled the configured `cuda`."""
+    x, y = _toy(65)
+    settings = TrainSettings(epochs=2, batch_size=16, lr=1e-2, optimizer="adam")
+    stats = train_local(_fresh("bn"), x, y, settings, seed=11, device=device)
+    assert stats.steps == 2 * 4 and stats.mean_loss is not None and np.isfinite(stats.mean_loss)
