@@ -28,8 +28,8 @@ from fedmqtt.simulation_config import (  # re-exported: callers import the confi
 from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_PRETRAIN_FRACTION", "DEFAULT_TRAIN", "IN_PROCESS", "SGD_TRAIN",
-           "SimulationConfig", "algorithm_defaults", "bundled_sites", "constant_baseline", "finish_report",
-           "load_simulation_config", "pretrain_pooled", "run_simulation"]
+           "SimulationConfig", "algorithm_defaults", "bundled_sites", "finish_report", "load_simulation_config",
+           "pretrain_pooled", "run_baselines", "run_simulation"]
 
 
 def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -77,17 +77,15 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
 
 
 def finish_report(config: SimulationConfig, report: dict[str, Any]) -> dict[str, Any]:
-    """What only a simulation can add to a run's report (it holds every site's data): for regression, the
-    constant-predictor baseline (`constant_baseline`), and every site's data spec (`site_data`). Rewrites
+    """What only a simulation can add to a run's report (it holds every site's data): the `baselines` the
+    model is measured against (`run_baselines`), and every site's data spec (`site_data`). Rewrites
     report.json and report.md, and writes per_site.csv (every site's final metrics; report.md summarises when
     there are many sites)."""
     import json
 
     from ps_daemon.report import per_site_csv, render_markdown
 
-    baseline = constant_baseline(config)
-    if baseline is not None:
-        report = {**report, "baseline": baseline}
+    report = {**report, **run_baselines(config, report)}
     # Every site's data spec, so `fedmqtt report --held-out` can score this run on any site's test split.
     site_data = {site: spec.model_dump(mode="json") for site, spec in sorted(config.sites.items())}
     report = {**report, "site_data": site_data}
@@ -99,39 +97,19 @@ def finish_report(config: SimulationConfig, report: dict[str, Any]) -> dict[str,
     return report
 
 
-def constant_baseline(config: SimulationConfig) -> dict[str, Any] | None:
-    """Regression only: every site's val/test metrics when predicting the pooled training mean for all.
-
-    A regression model that does not beat this learnt nothing from the features (e.g. length of stay
-    predicted at its average); the report shows both side by side. None for classification tasks.
-    """
-    import numpy as np
-
-    from fedmqtt.means import mean_defined
-    from fedmqtt.metrics import task_metrics
+def run_baselines(config: SimulationConfig, report: dict[str, Any]) -> dict[str, Any]:
+    """The report's `baselines` (fedmqtt.baseline_report): every metric-optimal constant and the pooled
+    reference model, fitted on the pooled training rows, and the site-alone predictor, scored on every
+    site's val/test split, with warnings where the final model does not beat them. Regression reports
+    also keep `baseline` (the pooled training mean), the single entry older readers know."""
+    from fedmqtt.baseline_report import baselines_section, legacy_baseline
     from site_agent.data import load_site_data
 
-    sites = sorted(config.sites.items())
-    first = load_site_data(sites[0][1])  # the task, before loading every site for nothing
-    task = first.task
-    if task.kind != "regression":
-        return None
-    data = {sites[0][0]: first, **{site: load_site_data(spec) for site, spec in sites[1:]}}
-    y_train = np.concatenate([np.asarray(d.y_train, dtype=np.float64).reshape(-1) for d in data.values()])
-    level = float(np.nanmean(y_train))
-    per_site: dict[str, Any] = {}
-    for site, d in data.items():
-        metrics = {}
-        for split in ("val", "test"):
-            y = np.asarray(getattr(d, f"y_{split}"), dtype=np.float64).reshape(-1)
-            y = y[np.isfinite(y)]
-            metrics[split] = task_metrics(task, y, np.full(y.shape, level))[0]
-        per_site[site] = {"metrics": metrics}
-    mean = {split: {k: mean_defined(e["metrics"][split].get(k) for e in per_site.values())
-                    for k in sorted({k for e in per_site.values() for k in e["metrics"][split]})}
-            for split in ("val", "test")}
-    return {"what": f"constant prediction, the pooled training mean {level:.4g}", "level": level,
-            "per_site": per_site, "mean": mean}
+    data = {site: load_site_data(spec) for site, spec in sorted(config.sites.items())}
+    model = "the pooled model" if config.algorithm == "central" else "the federated model"
+    section = baselines_section(data, report["final"]["mean"].get("test", {}), seed=config.seed, model_name=model)
+    legacy = legacy_baseline(section)
+    return {"baselines": section, **({"baseline": legacy} if legacy is not None else {})}
 
 
 def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:

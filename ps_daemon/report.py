@@ -129,8 +129,8 @@ def report_metrics(report: dict[str, Any]) -> tuple[str, ...]:
 def final_table(report: dict[str, Any], metrics: tuple[str, ...] | None = None) -> list[list[str]]:
     """Rows of per-site test metrics, then the mean; 'n/a' with the reason where undefined.
 
-    `metrics` None: those of the run's task (`report_metrics`). A report with a `baseline` (a constant
-    predictor, see fedmqtt.simulation) gets a last row with its mean, to compare the model against.
+    `metrics` None: those of the run's task (`report_metrics`). A report with baselines (see
+    fedmqtt.baseline_report) gets a last row per baseline with its mean, to compare the model against.
     """
     metrics = report_metrics(report) if metrics is None else metrics
     rows = [["site", "n_test", *[f"test {m}" for m in metrics], "note"]]
@@ -145,27 +145,77 @@ def final_table(report: dict[str, Any], metrics: tuple[str, ...] | None = None) 
                      "; ".join(notes)])
     mean = report["final"]["mean"].get("test", {})
     rows.append(["mean", "", *[_fmt(mean.get(m)) for m in metrics], "unweighted, over sites where defined"])
-    baseline = report.get("baseline")
-    if baseline:
-        base = baseline["mean"].get("test", {})
-        rows.append(["baseline mean", "", *[_fmt(base.get(m)) for m in metrics], baseline["what"]])
+    for base in baseline_rows(report):
+        rows.append([base.label, "", *[base.cell(m) for m in metrics], base.note])
     return rows
 
 
+# A constant scores the same on these whatever its value (fedmqtt.baselines.RANKING_METRICS).
+_RANKING = frozenset({"auroc", "auprc", "balanced_accuracy"})
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineRow:
+    """One baseline's mean test metrics over sites, as the report's tables show it."""
+
+    label: str
+    test: dict[str, float | None]
+    note: str
+    constant: bool  # a constant per site: ranking metrics are 0.5 by construction, not a score
+
+    def cell(self, metric: str) -> str:
+        return "0.5 (constant)" if self.constant and metric in _RANKING else _fmt(self.test.get(metric))
+
+
+def baseline_rows(report: dict[str, Any]) -> list[BaselineRow]:
+    """Every baseline the report holds: `baselines` (simulations: each metric-optimal constant, the pooled
+    reference model, the site alone), else the single `baseline` older reports had."""
+    section = report.get("baselines")
+    if not section:
+        old = report.get("baseline")
+        return [BaselineRow("baseline mean", old["mean"].get("test", {}), old["what"], True)] if old else []
+    rows = [BaselineRow(f"constant for {c['name']}", c["mean"]["test"], c["what"], True)
+            for c in section.get("constants", [])]
+    reference = section.get("pooled_reference") or {}
+    if reference.get("fitted"):
+        rows.append(BaselineRow("pooled reference", reference["mean"]["test"], reference["what"], False))
+    if alone := section.get("site_alone"):
+        rows.append(BaselineRow("site alone", alone["mean"]["test"], alone["what"], True))
+    return rows
+
+
+def baseline_warnings(report: dict[str, Any]) -> list[str]:
+    """Where the model does not beat a constant, or the partition leaks the label (fedmqtt.baseline_report)."""
+    return list((report.get("baselines") or {}).get("warnings", []))
+
+
 def summary_table(report: dict[str, Any], metrics: tuple[str, ...] | None = None) -> list[list[str]]:
-    """For many sites: per test metric the number of sites where defined, mean, median, min and max."""
+    """For many sites: per test metric the number of sites where defined, mean, median, min and max, then
+    the mean of the constant optimal for that metric, of the pooled reference and of the site alone."""
     import numpy as np
 
     metrics = report_metrics(report) if metrics is None else metrics
     entries = report["final"]["per_site"].values()
     missing = sum(1 for e in entries if "missing" in e)
-    rows = [["test metric", "sites", "mean", "median", "min", "max", "baseline mean"]]
-    base = (report.get("baseline") or {}).get("mean", {}).get("test", {})
+    section = report.get("baselines")
+    bases = baseline_rows(report)
+    by_label = {b.label: b for b in bases}
+    # The metric-optimal constant of each metric (the constants' rows come first, in the section's order).
+    constants = (section or {}).get("constants", [])
+    constant_for = {m: b for b, c in zip(bases[:len(constants)], constants, strict=True) for m in c["metrics"]}
+    heads = ["best constant", "pooled reference", "site alone"] if section else [b.label for b in bases]
+    rows = [["test metric", "sites", "mean", "median", "min", "max", *heads]]
     for m in metrics:
         values = [e["metrics"].get("test", {}).get(m) for e in entries if "missing" not in e]
         v = np.array([x for x in values if x is not None], dtype=np.float64)
         stats = [_fmt(float(f(v))) if v.size else "n/a" for f in (np.mean, np.median, np.min, np.max)]
-        rows.append([m, f"{v.size} of {len(values) + missing}", *stats, _fmt(base.get(m))])
+        if section:
+            best = "0.5 (constant)" if m in _RANKING else constant_for[m].cell(m) if m in constant_for else "n/a"
+            others = [by_label[k].cell(m) if k in by_label else "n/a" for k in ("pooled reference", "site alone")]
+            cells = [best, *others]
+        else:
+            cells = [b.cell(m) for b in bases]
+        rows.append([m, f"{v.size} of {len(values) + missing}", *stats, *cells])
     return rows
 
 
@@ -205,9 +255,31 @@ def _md_table(rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows[1:])]
 
 
+def _baseline_notes(report: dict[str, Any]) -> list[str]:
+    """What the baseline rows are, and a warning line per metric the model does not win on."""
+    section = report.get("baselines")
+    if not section:
+        old = report.get("baseline")
+        return ["", f"Baseline: {old['what']}. A model no better than it has learnt nothing useful from the "
+                "features."] if old else []
+    seed = report.get("config", {}).get("seed")
+    lines = ["", f"One run{'' if seed is None else f' (seed {seed})'}: point values without confidence "
+             "intervals; `fedmqtt report` over several seeds adds them and paired tests.",
+             "", f"Baselines, fitted on {section['fitted_on']} and scored on every site's test split: a model "
+             "no better than the constant for a metric has learnt nothing that metric can see; the pooled "
+             "reference is what a central analyst would get from the same rows; the site alone predicts each "
+             "site's own training constant."]
+    if note := section.get("ranking_note"):
+        lines += ["", f"{note[0].upper()}{note[1:]}."]
+    reference = section.get("pooled_reference") or {}
+    if reference and not reference.get("fitted"):
+        lines += ["", f"No pooled reference model: {reference['why']}."]
+    return lines + [line for w in baseline_warnings(report) for line in ("", f"**Warning:** {w}.")]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """report.md: final test metrics (a summary when there are more than MAX_SITE_ROWS sites; the full
-    table is per_site.csv, `per_site_csv`), the constant-predictor baseline when the report has one, mean
+    table is per_site.csv, `per_site_csv`), the baselines and their warnings when the report has them, mean
     validation metrics per round and the cost of local training. Only the task's metrics are shown."""
     metrics = report_metrics(report)
     md = [f"# fedmqtt run `{report['run_id']}` ({report['algorithm']})", "", "## Final model, test split", ""]
@@ -217,9 +289,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         md += _md_table(summary_table(report, metrics))
     else:
         md += _md_table(final_table(report, metrics))
-    if report.get("baseline"):
-        md += ["", f"Baseline: {report['baseline']['what']}. A model no better than it has learnt nothing "
-               "useful from the features."]
+    md += _baseline_notes(report)
     md += ["", "## Mean validation metrics per round (model received at the start of the round)", "",
            "| round | sites | " + " | ".join(f"val {m}" for m in metrics) + " | train loss |",
            "|---|---|" + "---|" * len(metrics) + "---|"]

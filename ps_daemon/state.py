@@ -43,7 +43,7 @@ class RoundRecord:
 
 @dataclass(frozen=True)
 class BestRound:
-    """Seed 000's protocol: the round whose model had the best mean validation metric."""
+    """Hwang et al.'s protocol: the round whose model had the best mean validation metric."""
 
     round: int
     score: float

@@ -1,4 +1,4 @@
-"""`fedmqtt report`: tables, rank-sum p-values and curves from finished runs and grids."""
+"""`fedmqtt report`: tables with intervals, paired comparisons and curves from finished runs and grids."""
 
 from __future__ import annotations
 
@@ -34,12 +34,15 @@ def report_command(
         None, "--test-sites", help="Simulation TOML whose sites make the held-out union, for runs that do "
         "not record their sites' data (grids and simulations do)."),
 ) -> None:
-    """Tabulate runs: mean ± std over seeds per site and on average, rank-sum p-values, curves.
+    """Tabulate runs: mean ± std over seeds per site and on average with a 95 % interval, paired tests, curves.
 
-    Per partition: the test metric's table (best per column marked) and Wilcoxon rank-sum p-values
-    between algorithms. With --out: report.md and PNGs of the validation metric per round (mean over
-    sites, and per site). When a run trained on recruited sites only, its own test table covers only
-    those sites: the held-out union table then scores every run on the same patients.
+    Per partition: the seeds it rests on, the test metric's table (best per column marked; the site
+    average's bootstrap interval, sites resampled) and every pair of algorithms compared on (site, seed)
+    pairs: Wilcoxon signed-rank p, Holm-corrected over the table, median difference with its interval and
+    the rank-biserial correlation. With --out: report.md and PNGs of the validation metric per round (mean
+    over sites, and per site). When a run trained on recruited sites only, its own test table covers only
+    those sites: the held-out union table then scores every run on the same patients, beside every
+    metric-optimal constant.
     """
     from fedmqtt.errors import FedMqttError
     from fedmqtt.experiments.heldout import render_union_text, trained_on_subset

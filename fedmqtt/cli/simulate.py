@@ -24,7 +24,7 @@ def simulate(
 ) -> None:
     """Run the PS and every site in this process, without a broker (same code path as a deployment)."""
     from fedmqtt.simulation import load_simulation_config, run_simulation
-    from ps_daemon.report import final_table, render_table
+    from ps_daemon.report import baseline_warnings, final_table, render_table
 
     cfg = load_simulation_config(config, algorithm=algorithm, rounds=rounds, seed=seed, out_dir=out)
     train = {k: v for k, v in {"optimizer": optimizer, "lr": lr, "epochs": epochs}.items() if v is not None}
@@ -34,6 +34,8 @@ def simulate(
     cfg.daemon_config()  # validate the algorithm and its hyper-parameters before anything starts
     report = run_simulation(cfg, progress=progress)
     typer.echo(render_table(final_table(report)))
+    for warning in baseline_warnings(report):  # the model does not beat a baseline, or the partition leaks
+        typer.echo(f"warning: {warning}")
     typer.echo(f"report: {cfg.out_dir / 'report.json'}")
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fedmqtt.baselines import RANKING_METRICS, Constant
+from fedmqtt.data.base import TaskInfo
 from fedmqtt.errors import ConfigError
 from fedmqtt.experiments.runs import POINT_FILE, RunRecord, finite_or_none
 from fedmqtt.experiments.tables import Cell, align, make_cell, markdown_rows
@@ -56,7 +58,7 @@ def held_out_sites(records: Sequence[RunRecord], extra: dict[str, Any] | None = 
 
 @dataclass(frozen=True)
 class UnionRow:
-    """One run's final model (or the constant baseline) on every site's test split."""
+    """One run's final model (or a metric-optimal constant) on every site's test split."""
 
     label: str
     trained_on: str  # "6 of 6", "2 of 6 (recruited)"
@@ -76,8 +78,8 @@ class UnionTable:
 
 def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]) -> UnionTable:
     """Each run's final model on the union of `sites`' test splits, recruited or not: the metric pooled
-    over patients and the per-site mean side by side. Regression runs with a constant-predictor baseline
-    in their report add its row (the pooled training mean predicted for every patient)."""
+    over patients and the per-site mean side by side. Then a row per metric-optimal constant of the first
+    report that has them (`report_constants`), predicted for every patient."""
     import numpy as np
 
     from fedmqtt.metrics import task_metrics
@@ -98,7 +100,7 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
                 "per_site": per_site}
 
     rows: list[UnionRow] = []
-    baseline_level: float | None = None
+    constants: list[UnionConstant] = []
     for rec in records:
         report = json.loads((rec.path / "report.json").read_text())
         config = report.get("config", {})
@@ -115,13 +117,35 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
                                  f"not evaluated: {exc}"))
             continue
         rows.append(UnionRow(name, trained, **score(preds)))
-        if baseline_level is None and isinstance(report.get("baseline"), dict):
-            baseline_level = report["baseline"].get("level")
-    if baseline_level is not None:
-        constant = {s: np.full(len(splits[s].y), float(baseline_level)) for s in names}
-        rows.append(UnionRow("constant (pooled training mean)", "-",
-                             note=f"predicts {baseline_level:.4g} for everyone", **score(constant)))
+        constants = constants or report_constants(report, splits[names[0]].task)
+    for c in constants:
+        note = c.constant.describe() + ("; any constant scores 0.5 here" if metric in RANKING_METRICS else "")
+        rows.append(UnionRow(c.label, "-", note=note,
+                             **score({s: c.constant.predict(len(splits[s].y)) for s in names})))
     return UnionTable(metric=metric, sites=names, patients=patients, rows=tuple(rows))
+
+
+@dataclass(frozen=True)
+class UnionConstant:
+    label: str
+    constant: Constant
+
+
+def report_constants(report: dict[str, Any], task: TaskInfo) -> list[UnionConstant]:
+    """The metric-optimal constants a simulation's report holds (`baselines`, fitted on the pooled training
+    rows), or for an older regression report its single `baseline` (the pooled training mean)."""
+    import numpy as np
+
+    section = report.get("baselines")
+    if isinstance(section, dict) and section.get("constants"):
+        return [UnionConstant(f"constant for {c['name']}", Constant(tuple(c["metrics"]), c["name"], c["formula"],
+                                                                    np.asarray(c["value"]), task.kind))
+                for c in section["constants"]]
+    old = report.get("baseline")
+    if isinstance(old, dict) and old.get("level") is not None:
+        mean = Constant(("mse",), "MSE", "the pooled training mean", np.asarray(float(old["level"])), task.kind)
+        return [UnionConstant("constant (pooled training mean)", mean)]
+    return []
 
 
 def _trained_on(report: dict[str, Any], n_sites: int) -> str:

@@ -12,16 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedmqtt.experiments.heldout import UnionTable, render_union_markdown
+from fedmqtt.experiments.paired import PairedTable, paired_table
 from fedmqtt.experiments.runs import RunRecord, Which
-from fedmqtt.experiments.tables import (
-    SummaryTable,
-    WilcoxonTable,
-    compact,
-    render_markdown,
-    render_text,
-    summary_table,
-    wilcoxon_table,
-)
+from fedmqtt.experiments.tables import SummaryTable, compact, render_markdown, render_text, summary_table
 
 PER_SITE_FILE = "report-per-site.md"  # every site's column, when the printed tables summarise over sites
 
@@ -29,11 +22,11 @@ PER_SITE_FILE = "report-per-site.md"  # every site's column, when the printed ta
 @dataclass(frozen=True)
 class SeedReport:
     """The seeds' tables of one metric: `tables` with every site's column, `shown` as printed (with many
-    sites, min / median / max over them), and the rank-sum tests per partition."""
+    sites, min / median / max over them), and the paired comparisons per partition."""
 
     tables: list[SummaryTable]
     shown: list[SummaryTable]
-    tests: list[WilcoxonTable]
+    tests: list[PairedTable]
 
     @property
     def summarised(self) -> bool:
@@ -47,7 +40,7 @@ class SeedReport:
 def seed_report(records: Sequence[RunRecord], metric: str, *, which: Which = "final") -> SeedReport:
     tables = summary_table(records, metric, which=which)
     return SeedReport(tables=tables, shown=[compact(t) for t in tables],
-                      tests=wilcoxon_table(records, metric, which=which))
+                      tests=paired_table(records, metric, which=which))
 
 
 def write_report(out: Path, records: Sequence[RunRecord], metric: str, seeds: SeedReport,

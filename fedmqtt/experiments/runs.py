@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from fedmqtt.errors import ConfigError
 from fedmqtt.means import mean_defined
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GRID_FILE = "grid.json"  # written by run_grid in the grid's out_dir
 POINT_FILE = "grid_point.json"  # written by run_grid beside each run's report.json: its labels and config
@@ -29,6 +32,7 @@ class RunRecord:
     model (docs/algorithms.md 17.1), read from `report["best"]["per_site"]` (the layout of `final.per_site`)
     when the report has it, else None. `curve`: (aggregations completed, site -> validation metrics),
     from `rounds[r].per_site` (the model received at round r has seen r - 1) and the final evaluation.
+    `references`: the baselines of a simulated run's report (`references`).
     """
 
     path: Path
@@ -42,6 +46,8 @@ class RunRecord:
     best_round: int | None
     curve: tuple[tuple[int, SiteMetrics], ...]
     selection: str = "all"  # all | fraction | recruited: a recruited run is not another seed of an all-sites run
+    # The report's baselines as per-site test metrics (`references`): the tables' reference rows.
+    references: dict[str, SiteMetrics] = field(default_factory=dict)
 
     def test(self, which: Which) -> SiteMetrics | None:
         return self.final_test if which == "final" else self.best_test
@@ -112,7 +118,40 @@ def load_run(run_dir: Path) -> RunRecord:
     best_round = report.get("best_round") or {}
     return RunRecord(path=run_dir, sites=sites, final_test={s: _split(per_site[s], "test") for s in sites},
                      best_test=None if best is None else {s: _split(best.get(s, {}), "test") for s in sites},
-                     best_round=best_round.get("round"), curve=tuple(curve), **labels)
+                     best_round=best_round.get("round"), curve=tuple(curve), references=references(report),
+                     **labels)
+
+
+BEST_CONSTANT = "best constant"
+POOLED_REFERENCE = "pooled reference"
+SITE_ALONE = "site alone"
+OLD_CONSTANT = "constant (pooled training mean)"  # the single `baseline` of older regression reports
+
+
+def references(report: dict[str, Any]) -> dict[str, SiteMetrics]:
+    """Per-site test metrics of the baselines a simulated run's report holds (fedmqtt.baseline_report):
+    BEST_CONSTANT (per metric the constant optimal for it, so one row serves any metric), POOLED_REFERENCE
+    when fitted, SITE_ALONE; an older regression report's single `baseline` as OLD_CONSTANT."""
+    section = report.get("baselines")
+    if not isinstance(section, dict):
+        old = report.get("baseline")
+        if isinstance(old, dict) and isinstance(old.get("per_site"), dict):
+            return {OLD_CONSTANT: {s: _split(e, "test") for s, e in old["per_site"].items()}}
+        return {}
+    out: dict[str, SiteMetrics] = {}
+    best: SiteMetrics = {}
+    for constant in section.get("constants", []):
+        for site, entry in constant.get("per_site", {}).items():
+            test = _split(entry, "test")
+            best.setdefault(site, {}).update({m: test.get(m) for m in constant.get("metrics", [])})
+    if best:
+        out[BEST_CONSTANT] = best
+    reference = section.get("pooled_reference") or {}
+    if reference.get("fitted"):
+        out[POOLED_REFERENCE] = {s: _split(e, "test") for s, e in reference.get("per_site", {}).items()}
+    if isinstance(section.get("site_alone"), dict):
+        out[SITE_ALONE] = {s: _split(e, "test") for s, e in section["site_alone"].get("per_site", {}).items()}
+    return out
 
 
 def _selection(config: dict[str, Any]) -> str:
@@ -138,6 +177,22 @@ def group_by(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:
     out: dict[K, list[T]] = {}
     for item in items:
         out.setdefault(key(item), []).append(item)
+    return out
+
+
+def site_seed_matrix(records: Sequence[RunRecord], sites: Sequence[str], seeds: Sequence[int], which: Which,
+                     metric: str) -> np.ndarray:
+    """A method's test values as a sites x seeds matrix (NaN where undefined or not run); two runs of one
+    seed (the same run listed twice, say) are averaged."""
+    import numpy as np
+
+    out = np.full((len(sites), len(seeds)), np.nan)
+    for j, seed in enumerate(seeds):
+        runs = [r for r in records if r.seed == seed]
+        for i, site in enumerate(sites):
+            values = [v for r in runs if (v := r.value(which, site, metric)) is not None]
+            if values:
+                out[i, j] = sum(values) / len(values)
     return out
 
 

@@ -1,4 +1,5 @@
-"""The seeds' tables: mean ± std over seeds per site and on average, rank-sum p-values, as text and Markdown."""
+"""The seeds' tables: mean ± std over seeds per site and on average, the mean's bootstrap interval, the seeds
+they rest on, and the paired comparisons (fedmqtt.experiments.paired), as text and Markdown."""
 
 from __future__ import annotations
 
@@ -7,10 +8,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedmqtt.experiments.runs import MEAN, RunRecord, Which, algorithm_label, group_by
+from fedmqtt.baselines import RANKING_METRICS, RANKING_NOTE
+from fedmqtt.experiments.paired import PairedTable, paired_note, paired_rows
+from fedmqtt.experiments.runs import (
+    BEST_CONSTANT,
+    MEAN,
+    POOLED_REFERENCE,
+    SITE_ALONE,
+    RunRecord,
+    Which,
+    algorithm_label,
+    group_by,
+    site_seed_matrix,
+)
+from fedmqtt.experiments.stats import CONFIDENCE, N_RESAMPLES, Interval, mean_interval
 from fedmqtt.means import direction_of
 
-ALPHA = 0.05  # seed 000: rank-sum test at p < 0.05
 MAX_SITE_COLUMNS = 12  # wider tables are summarised over sites on screen; the per-site table goes to a file
 
 
@@ -30,6 +43,9 @@ class SummaryRow:
     algorithm: str
     norm: str
     cells: dict[str, Cell]
+    seeds: tuple[int, ...] = ()
+    interval: Interval | None = None  # bootstrap interval of the MEAN column (fedmqtt.experiments.stats)
+    reference: bool = False  # a baseline of the runs' reports, not a method: never marked best, not compared
 
 
 @dataclass(frozen=True)
@@ -56,18 +72,40 @@ def summary_table(records: Sequence[RunRecord], metric: str, *, which: Which = "
     """One table per partition: per (algorithm, norm) and column, mean ± std over seeds of the test metric.
 
     Site columns hold each seed's value at that site; the `MEAN` column each seed's unweighted mean over the
-    sites where the metric is defined, then mean ± std of those over seeds. Undefined values are left out
-    (a cell with none is n/a). Per column the best mean is marked (max, or min for loss-type metrics).
+    sites where the metric is defined, then mean ± std of those over seeds, with its bootstrap interval
+    (sites resampled, fedmqtt.experiments.stats). Undefined values are left out (a cell with none is n/a).
+    Per column the best mean is marked (max, or min for loss-type metrics).
     """
     tables = []
     for partition, recs in group_by(records, lambda r: r.partition).items():
-        columns = (*sorted({s for r in recs for s in r.sites}), MEAN)
-        rows = [SummaryRow(alg, norm, {c: make_cell([r.value(which, c, metric) for r in grp]) for c in columns})
-                for (alg, norm), grp in _by_algorithm_and_norm(recs).items()]
+        sites = sorted({s for r in recs for s in r.sites})
+        columns = (*sites, MEAN)
+        rows = []
+        groups = [((alg, norm), grp, False) for (alg, norm), grp in _by_algorithm_and_norm(recs).items()]
+        groups += [((label, "-"), grp, True) for label, grp in _reference_runs(recs, metric).items()]
+        for (alg, norm), grp, reference in groups:
+            seeds = tuple(sorted({r.seed for r in grp}))
+            rows.append(SummaryRow(alg, norm, {c: make_cell([r.value(which, c, metric) for r in grp]) for c in columns},
+                                   seeds=seeds, reference=reference,
+                                   interval=mean_interval(site_seed_matrix(grp, sites, seeds, which, metric))))
         tables.append(SummaryTable(metric=metric, which=which, partition=partition, columns=columns,
                                    rows=_mark_best(rows, columns, metric), show_norm=len({r.norm for r in recs}) > 1,
                                    missing_best=which == "best" and any(r.best_test is None for r in recs)))
     return tables
+
+
+def _reference_runs(records: Sequence[RunRecord], metric: str) -> dict[str, list[RunRecord]]:
+    """Per baseline the runs' reports hold (RunRecord.references), one record per seed (the first run of that
+    seed holding it: the data, so the baseline, is the same for every algorithm of a seed) whose test
+    metrics are the baseline's; only baselines with a value of `metric` somewhere."""
+    out: dict[str, list[RunRecord]] = {}
+    for label in dict.fromkeys(k for r in records for k in r.references):
+        first = {r.seed: r for r in reversed(records) if label in r.references}
+        runs = [replace(first[seed], algorithm=label, norm="-", final_test=first[seed].references[label],
+                        best_test=first[seed].references[label]) for seed in sorted(first)]
+        if any(r.value("final", s, metric) is not None for r in runs for s in r.sites):
+            out[label] = runs
+    return out
 
 
 def _by_algorithm_and_norm(records: Sequence[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
@@ -81,10 +119,10 @@ def _mark_best(rows: list[SummaryRow], columns: Sequence[str], metric: str) -> t
     pick = max if direction_of(metric) == "max" else min
     best: dict[str, float] = {}
     for col in columns:
-        means = [m for r in rows if (m := r.cells[col].mean) is not None]
+        means = [m for r in rows if not r.reference and (m := r.cells[col].mean) is not None]
         if len(set(means)) >= 2:  # one value, or all tied: nothing stands out
             best[col] = pick(means)
-    return tuple(replace(r, cells={c: replace(cell, best=c in best and cell.mean == best[c])
+    return tuple(replace(r, cells={c: replace(cell, best=not r.reference and c in best and cell.mean == best[c])
                                    for c, cell in r.cells.items()}) for r in rows)
 
 
@@ -107,45 +145,6 @@ def compact(table: SummaryTable) -> SummaryTable:
     return replace(table, columns=columns, rows=_mark_best(rows, columns, table.metric))
 
 
-@dataclass(frozen=True)
-class WilcoxonTable:
-    """Two-sided rank-sum p-values between every pair of algorithms (of one partition)."""
-
-    metric: str
-    which: Which
-    partition: str
-    names: tuple[str, ...]
-    n: dict[str, int]  # sample size per algorithm
-    p: dict[tuple[str, str], float | None]  # both orders; None when a sample has fewer than 2 values
-
-
-def wilcoxon_table(records: Sequence[RunRecord], metric: str, *, which: Which = "final") -> list[WilcoxonTable]:
-    """`scipy.stats.ranksums(a, b).pvalue` for every pair of algorithms, per partition.
-
-    The sample of an algorithm (with its norm, "alg/norm", when the partition has several norms) is
-    every defined per-site test value of `metric` over its seeds x the partition's sites: one value per
-    (seed, site), the site-average is not in it, undefined (None) values are left out. Rank-sum is
-    unpaired and uses the normal approximation (seed 000 reports it at p < 0.05). With fewer than two
-    values in either sample the p-value is None (scipy would warn and return NaN).
-    """
-    from scipy.stats import ranksums
-
-    out = []
-    for partition, recs in group_by(records, lambda r: r.partition).items():
-        groups = group_by(recs, algorithm_label(recs))
-        samples = {name: [v for r in grp for s in r.sites if (v := r.value(which, s, metric)) is not None]
-                   for name, grp in groups.items()}
-        names = tuple(samples)
-        p: dict[tuple[str, str], float | None] = {}
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                ok = len(samples[a]) >= 2 and len(samples[b]) >= 2
-                p[(a, b)] = p[(b, a)] = float(ranksums(samples[a], samples[b]).pvalue) if ok else None
-        out.append(WilcoxonTable(metric=metric, which=which, partition=partition, names=names,
-                                 n={k: len(v) for k, v in samples.items()}, p=p))
-    return out
-
-
 def format_cell(cell: Cell) -> str:
     """"0.812 ± 0.013", "0.812" (one seed), "n/a"; "(n=2)" when some seeds are undefined."""
     if cell.mean is None:
@@ -155,24 +154,28 @@ def format_cell(cell: Cell) -> str:
 
 
 def _summary_rows(table: SummaryTable, mark: Callable[[str], str]) -> list[list[str]]:
-    head = ["algorithm", *(["norm"] if table.show_norm else []), "seeds", *table.columns]
+    head = ["algorithm", *(["norm"] if table.show_norm else []), "seeds", *table.columns,
+            f"{MEAN} {CONFIDENCE:.0%} CI"]
     rows = [head]
     for row in table.rows:
         cells = [mark(format_cell(c)) if c.best else format_cell(c) for c in row.cells.values()]
         seeds = str(max(c.runs for c in row.cells.values()))
-        rows.append([row.algorithm, *([row.norm] if table.show_norm else []), seeds, *cells])
+        interval = "n/a" if row.interval is None else f"[{row.interval[0]:.3f}, {row.interval[1]:.3f}]"
+        label = f"({row.algorithm})" if row.reference else row.algorithm
+        rows.append([label, *([row.norm] if table.show_norm else []), seeds, *cells, interval])
     return rows
 
 
-def _p_rows(table: WilcoxonTable) -> list[list[str]]:
-    def fmt(a: str, b: str) -> str:
-        if a == b:
-            return "-"
-        p = table.p[(a, b)]
-        return "n/a" if p is None else f"{p:.3g}" + ("*" if p < ALPHA else "")
-
-    return [["algorithm", "n", *table.names],
-            *([a, str(table.n[a]), *(fmt(a, b) for b in table.names)] for a in table.names)]
+def seeds_line(table: SummaryTable) -> str:
+    """Which seeds the table rests on; with one seed, that no interval spans seeds."""
+    seeds = sorted({s for row in table.rows for s in row.seeds})
+    fewer = [f"{row.algorithm}{f'/{row.norm}' if table.show_norm else ''}: {', '.join(map(str, row.seeds))}"
+             for row in table.rows if list(row.seeds) != seeds]
+    also = f" ({'; '.join(fewer)})" if fewer else ""
+    if len(seeds) == 1:
+        return (f"one seed ({seeds[0]}){also}: no confidence interval across seeds; intervals resample sites "
+                "only")
+    return f"seeds: {', '.join(map(str, seeds))}{also}; intervals resample sites, not seeds"
 
 
 def _title(metric: str, which: Which, partition: str) -> str:
@@ -184,33 +187,43 @@ def _notes(metric: str, tables: Sequence[SummaryTable]) -> list[str]:
     best = "highest" if direction_of(metric) == "max" else "lowest"
     notes = [(f"mean ± sample std (ddof=1) over seeds; {MEAN} = per-run unweighted mean over the sites where "
               f"defined, then over seeds; (n=k): only k seeds defined; best per column marked ({best} mean)."),
-             ("rank-sum p: scipy.stats.ranksums, two-sided, samples = per-site test values over seeds x sites; "
-              f"* p < {ALPHA}.")]
+             (f"{MEAN} {CONFIDENCE:.0%} CI: percentile bootstrap (scipy.stats.bootstrap, {N_RESAMPLES} "
+              "resamples, seeded) of the mean column, resampling sites with replacement and using each draw "
+              "in every seed (a site's values in different seeds are not independent); n/a below two sites."),
+             paired_note(metric)]
+    if any(r.reference for t in tables for r in t.rows):
+        notes.append("rows in parentheses are references from the runs' reports (one run per seed), never marked "
+                     "best nor compared: "
+                     f"{BEST_CONSTANT} = the constant optimal for {metric}, {POOLED_REFERENCE} = a linear model, "
+                     f"both fitted on the pooled training rows; {SITE_ALONE} = each site's own training constant "
+                     "(docs/algorithms.md 17.6).")
+    if metric in RANKING_METRICS:
+        notes.append(f"{RANKING_NOTE}.")
     if any(t.missing_best for t in tables):
         notes.append("some reports hold no best-round test metrics (report['best']): those runs are n/a.")
     return notes
 
 
-def render_text(tables: Sequence[SummaryTable], tests: Sequence[WilcoxonTable]) -> str:
-    """Plain text: aligned tables, best cells suffixed with "*"."""
+def render_text(tables: Sequence[SummaryTable], tests: Sequence[PairedTable]) -> str:
+    """Plain text: aligned tables, best cells suffixed with "*", the seeds, then the paired comparisons."""
     out: list[str] = []
     for table, test in zip(tables, tests, strict=True):
-        out += [_title(table.metric, table.which, table.partition), align(_summary_rows(table, lambda s: s + " *")),
-                ""]
-        if len(test.names) >= 2:  # one algorithm: nothing to compare
-            out += ["rank-sum p-values", align(_p_rows(test)), ""]
+        out += [_title(table.metric, table.which, table.partition), seeds_line(table),
+                align(_summary_rows(table, lambda s: s + " *")), ""]
+        if test.comparisons:  # one algorithm: nothing to compare
+            out += ["paired comparisons", align(paired_rows(test)), ""]
     return "\n".join(out + (_notes(tables[0].metric, tables) if tables else []))
 
 
-def render_markdown(tables: Sequence[SummaryTable], tests: Sequence[WilcoxonTable], *,
+def render_markdown(tables: Sequence[SummaryTable], tests: Sequence[PairedTable], *,
                     title: str = "fedmqtt experiment report", plots: Sequence[Path] = ()) -> str:
     """Markdown: one section per partition, best cells in bold, then the plots (paths relative to the file)."""
     md = [f"# {title}", ""]
     for table, test in zip(tables, tests, strict=True):
-        md += [f"## {_title(table.metric, table.which, table.partition)}", "",
+        md += [f"## {_title(table.metric, table.which, table.partition)}", "", f"{seeds_line(table)}.", "",
                *markdown_rows(_summary_rows(table, lambda s: f"**{s}**")), ""]
-        if len(test.names) >= 2:
-            md += ["Wilcoxon rank-sum p-values:", "", *markdown_rows(_p_rows(test)), ""]
+        if test.comparisons:
+            md += ["Paired comparisons:", "", *markdown_rows(paired_rows(test)), ""]
     md += [f"- {n}" for n in (_notes(tables[0].metric, tables) if tables else [])]
     md += ["", *(f"![{p.stem}]({p.name})" for p in plots)] if plots else []
     return "\n".join(md).rstrip("\n") + "\n"

@@ -130,7 +130,7 @@ after training: s_i <- s_i + (theta_i^t - theta_send)         (pending until the
     differences=(
         "Local gradients are clipped at L2 norm `max_grad_norm` = 10 by default, as in the paper's code "
         "(clip after the FedDyn terms are added, before the step); `max_grad_norm = 0` turns clipping off.",
-        "Both terms are written into the loss and apply to trainable parameters only. Seed 000's code "
+        "Both terms are written into the loss and apply to trainable parameters only. Hwang et al.'s code "
         "delegates the quadratic term to the optimiser's weight decay (which Adam rescales and AdamW applies "
         "outside the gradient), anchors the linear term on the previous plain average and corrects every "
         "state entry, BatchNorm running variances included (a route to negative variances and NaN).",

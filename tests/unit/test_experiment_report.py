@@ -1,4 +1,4 @@
-"""`fedmqtt report` on synthetic report.json files: seeds' tables, rank-sum p-values, n/a, plots."""
+"""`fedmqtt report` on synthetic report.json files: seeds' tables, paired comparisons, n/a, plots."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scipy.stats import ranksums
+from scipy.stats import wilcoxon
 from typer.testing import CliRunner
 
 from fedmqtt.cli import app
+from fedmqtt.experiments.paired import paired_table
 from fedmqtt.experiments.plots import plot_curves
 from fedmqtt.experiments.runs import MEAN, load_runs
-from fedmqtt.experiments.tables import format_cell, render_markdown, render_text, summary_table, wilcoxon_table
+from fedmqtt.experiments.tables import format_cell, render_markdown, render_text, summary_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 Values = dict[str, float | None]  # site -> value of one metric
@@ -98,7 +99,7 @@ def test_undefined_values_left_out_and_shown_as_na(tmp_path: Path) -> None:
             write_run(tmp_path, "fedavg", 2, {"a": 0.6, "b": None})]
     # Execute
     (table,) = summary_table(load_runs(runs), "auroc")
-    text = render_text([table], wilcoxon_table(load_runs(runs), "auroc"))
+    text = render_text([table], paired_table(load_runs(runs), "auroc"))
     # Assert
     cells = table.rows[0].cells
     assert (cells["a"].mean, cells["a"].n, cells["a"].runs) == (pytest.approx(0.7), 2, 3)
@@ -108,30 +109,33 @@ def test_undefined_values_left_out_and_shown_as_na(tmp_path: Path) -> None:
     assert "n/a" in text and not any(c.best for c in cells.values())
 
 
-def test_wilcoxon_p_values_equal_scipy_ranksums(tmp_path: Path) -> None:
-    """The samples are the defined per-site values over seeds x sites; p = scipy.stats.ranksums."""
+def test_paired_p_values_equal_scipy_wilcoxon_on_site_seed_pairs(tmp_path: Path) -> None:
+    """Two methods are paired by (site, seed) where both are defined; p = scipy.stats.wilcoxon of the
+    differences, then Holm over the table's three comparisons. (Until issue "results are claims" this was an
+    unpaired rank-sum over pooled sites and seeds.)"""
     # Prepare
     runs = two_algorithms(tmp_path)
     runs.append(write_run(tmp_path, "base", 0, {"a": None, "b": 0.5}))
     # Execute
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # one value in "base": no scipy SmallSampleWarning either
-        (test,) = wilcoxon_table(load_runs(runs), "auroc")
+        warnings.simplefilter("error")  # one pair with "base": no scipy warning either
+        (test,) = paired_table(load_runs(runs), "auroc")
     # Assert
-    sample_a = [v for seed in A.values() for v in seed.values()]
-    sample_b = [v for seed in B.values() for v in seed.values()]
-    assert test.names == ("fedavg", "fedprox", "base") and test.n == {"fedavg": 6, "fedprox": 6, "base": 1}
-    expected = float(ranksums(sample_a, sample_b).pvalue)
-    assert test.p[("fedavg", "fedprox")] == pytest.approx(expected)
-    assert test.p[("fedprox", "fedavg")] == test.p[("fedavg", "fedprox")]
-    assert test.p[("fedavg", "base")] is None
+    assert test.names == ("fedavg", "fedprox", "base")
+    first, with_base, _ = test.comparisons
+    diffs = [A[seed][site] - B[seed][site] for seed in A for site in ("a", "b")]
+    assert (first.a, first.b, first.result.n) == ("fedavg", "fedprox", 6)
+    assert first.result.p == pytest.approx(float(wilcoxon(diffs).pvalue))
+    assert first.result.median == pytest.approx(statistics.median(diffs))
+    assert first.p_holm == pytest.approx(min(1.0, 3 * first.result.p))  # the smallest of three p-values
+    assert with_base.result.n == 1 and with_base.result.median == pytest.approx(A[0]["b"] - 0.5)
 
 
 def test_render_marks_best_bold_in_markdown_and_star_in_text(tmp_path: Path) -> None:
     """Markdown shows the best cell in bold, text with " *"; p < 0.05 carries "*"."""
     # Prepare
     records = load_runs(two_algorithms(tmp_path))
-    tables, tests = summary_table(records, "auroc"), wilcoxon_table(records, "auroc")
+    tables, tests = summary_table(records, "auroc"), paired_table(records, "auroc")
     # Execute
     md = render_markdown(tables, tests, plots=[tmp_path / "rounds_auroc.png"])
     text = render_text(tables, tests)
@@ -152,7 +156,7 @@ def test_best_round_metrics_when_the_report_has_them(tmp_path: Path) -> None:
     # Assert
     assert table.rows[0].cells["a"].mean == pytest.approx(0.9)
     assert table.rows[1].cells["a"].mean is None and table.missing_best
-    assert "no best-round test metrics" in render_text([table], wilcoxon_table(load_runs(runs), "auroc"))
+    assert "no best-round test metrics" in render_text([table], paired_table(load_runs(runs), "auroc"))
 
 
 def test_load_runs_from_grid_dir_and_plain_run_dirs(tmp_path: Path) -> None:
@@ -195,7 +199,7 @@ def test_report_cli_prints_tables_and_writes_markdown_and_pngs(tmp_path: Path) -
                                       "--out", str(tmp_path / "out")])
     # Assert
     assert result.exit_code == 0, result.output
-    assert "rank-sum p-values" in result.output and len(runs) == 6
+    assert "paired comparisons" in result.output and "seeds: 0, 1, 2" in result.output and len(runs) == 6
     assert (tmp_path / "out" / "report.md").read_text().startswith("# fedmqtt experiment report")
     assert (tmp_path / "out" / "rounds_auroc_natural.png").read_bytes()[:8] == PNG
 
@@ -225,7 +229,7 @@ def test_many_sites_print_a_summary_over_sites_and_write_every_site_to_a_file(tm
     assert done.exit_code == 0, done.output
     header = next(line for line in done.output.splitlines() if line.startswith("algorithm"))
     assert header.split() == ["algorithm", "seeds", "min", "of", "21", "sites", "median", "site", "max", "site",
-                              "mean"]
+                              "mean", "mean", "95%", "CI"]
     fedprox = next(line for line in done.output.splitlines() if line.startswith("fedprox"))
     assert fedprox.split()[2:6] == ["0.600", "*", "0.700", "*"] and "0.800" in fedprox  # min, median, max
     assert "report-per-site.md" in done.output

@@ -42,7 +42,9 @@ def test_union_scores_every_site_as_the_sites_do(runs: dict[str, Path]) -> None:
     records = load_runs([runs["all"], runs["recruited"]])
     sites = SimulationConfig().sites
     table = union_table(records, "auroc", dict(sites))
-    all_row, rec_row = table.rows
+    all_row, rec_row, constant = table.rows
+    assert constant.label == "constant for log-loss and accuracy" and constant.pooled == 0.5
+    assert "any constant scores 0.5" in constant.note
     assert all_row.per_site == pytest.approx(own_test(runs["all"], "auroc"), abs=1e-9)
     own = own_test(runs["recruited"], "auroc")
     assert own[NOT_RECRUITED] is None  # its own report: not recruited, no metrics
@@ -106,9 +108,10 @@ def test_conflicting_site_data_is_refused(runs: dict[str, Path]) -> None:
         (runs["all"] / "grid_point.json").unlink()
 
 
-def test_regression_union_has_the_constant_baseline_row(tmp_path: Path) -> None:
-    """A regression run's held-out table ends with the constant predictor (the pooled training mean) on
-    the same patients: per site as the simulation's own baseline, pooled over every test patient."""
+def test_regression_union_has_a_row_per_metric_optimal_constant(tmp_path: Path) -> None:
+    """A regression run's held-out table ends with every metric-optimal constant of the simulation's report on
+    the same patients: per site as the report's own scores, pooled over every test patient. (Until issue
+    "results are claims" it had one row, the pooled training mean, whatever the metric.)"""
     from fedmqtt.data.spec import DataSpec
     from schemas.messages import ModelSpec, TrainSettings
 
@@ -128,11 +131,24 @@ def test_regression_union_has_the_constant_baseline_row(tmp_path: Path) -> None:
                                                loss="msle"))
     report = run_simulation(cfg, progress=False)
     table = union_table(load_runs([cfg.out_dir]), "mae", dict(sites))
-    model_row, constant = table.rows
-    assert constant.label.startswith("constant") and constant.per_site is not None
-    own = {s: e["metrics"]["test"]["mae"] for s, e in report["baseline"]["per_site"].items()}
-    assert constant.per_site == pytest.approx(own, abs=1e-9)
+    model_row, *constants = table.rows
+    assert [c.label for c in constants] == ["constant for MSE", "constant for MAE", "constant for MSLE",
+                                            "constant for MAPE"]
+    median = next(c for c in report["baselines"]["constants"] if c["name"] == "MAE")
+    own = {s: e["metrics"]["test"]["mae"] for s, e in median["per_site"].items()}
+    assert constants[1].per_site == pytest.approx(own, abs=1e-9)
     splits = load_test_splits(dict(sites))
     y = np.concatenate([splits[s].y for s in sorted(splits)]).astype(np.float64)
-    assert constant.pooled == pytest.approx(float(np.mean(np.abs(y - report["baseline"]["level"]))), rel=1e-9)
+    assert constants[1].pooled == pytest.approx(float(np.mean(np.abs(y - median["value"]))), rel=1e-9)
+    assert constants[0].note.startswith(f"best constant for MSE: mean y = {report['baseline']['level']:.4g}")
     assert model_row.pooled is not None
+
+
+def test_union_reads_the_single_baseline_of_an_older_report(tmp_path: Path) -> None:
+    """A report written before `baselines` existed still gets its constant row (the pooled training mean)."""
+    from fedmqtt.data.base import TaskInfo
+    from fedmqtt.experiments.heldout import report_constants
+
+    (old,) = report_constants({"baseline": {"level": 2.5}}, TaskInfo("regression"))
+    assert old.label == "constant (pooled training mean)" and old.constant.predict(3).tolist() == [2.5] * 3
+    assert report_constants({}, TaskInfo("regression")) == []

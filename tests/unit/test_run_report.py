@@ -1,5 +1,5 @@
-"""Run reports that do not hide failure: task-specific metrics, a constant-predictor baseline for
-regression, a report.md for central runs, and readable tables with hundreds of sites."""
+"""Run reports that do not hide failure: task-specific metrics, metric-optimal constants and a pooled
+reference model, a report.md for central runs, and readable tables with hundreds of sites."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.simulation import SimulationConfig, run_simulation
-from ps_daemon.report import MAX_SITE_ROWS, final_table, per_site_csv, render_markdown, report_metrics
+from ps_daemon.report import MAX_SITE_ROWS, final_table, per_site_csv, render_markdown, report_metrics, summary_table
 from schemas.messages import ModelSpec, TrainSettings
 
 
@@ -57,7 +57,7 @@ def _regression_site(path: Path, seed: int) -> Path:
     return path
 
 
-def test_regression_simulation_has_a_constant_baseline_and_central_writes_report_md(tmp_path: Path) -> None:
+def test_regression_simulation_has_metric_optimal_constants_and_central_writes_report_md(tmp_path: Path) -> None:
     spec = {"label": "los", "task": "regression", "numeric": ["a", "b"]}
     sites = {s: DataSpec(format="table", path=_regression_site(tmp_path / f"{s}.csv", k), options={"spec": spec})
              for k, s in enumerate(("h1", "h2"))}
@@ -68,8 +68,40 @@ def test_regression_simulation_has_a_constant_baseline_and_central_writes_report
         cfg = SimulationConfig(algorithm=algorithm, rounds=2, sites=sites, model=model, train=train,
                                selection_metric="mae", out_dir=out)
         report = run_simulation(cfg, progress=False)
-        base = report["baseline"]
+        base = report["baseline"]  # the single entry older readers know: the pooled training mean
         assert 3.0 < base["level"] < 4.5 and base["mean"]["test"]["mae"] > 0
+        constants = {c["name"]: c for c in report["baselines"]["constants"]}
+        assert set(constants) == {"MSE", "MAE", "MSLE", "MAPE"} and constants["MSE"]["value"] == base["level"]
+        assert report["baselines"]["pooled_reference"]["fitted"]
         md = (out / "report.md").read_text()
-        assert "auroc" not in md and "baseline mean" in md and "pooled training mean" in md
+        # Until issue "results are claims" the table had one "baseline mean" row, the training mean, optimal
+        # for MSE only; now a row per metric-optimal constant, the pooled reference and the site alone.
+        assert "auroc" not in md and "| constant for MSLE |" in md and "expm1(mean log1p y)" in md
+        assert "| pooled reference |" in md and "| site alone |" in md
         assert (out / "per_site.csv").read_text().startswith("site,n_val,n_test")
+
+
+def test_many_sites_summary_shows_each_metrics_own_constant_and_the_warnings() -> None:
+    """With many sites the summary gives, per metric, the constant optimal for that metric (not one
+    constant for all), the pooled reference and the site alone; warnings follow the table."""
+    report = _report(40, kind="regression")
+
+    def entry(value: float) -> dict[str, Any]:
+        return {"mean": {"test": {"mae": value, "mse": value + 1, "msle": value + 2}}}
+    report["baselines"] = {
+        "fitted_on": "the pooled training rows of 40 sites (400 rows)",
+        "constants": [{"metrics": ["mse"], "name": "MSE", "what": "mean", **entry(10.0)},
+                      {"metrics": ["mae"], "name": "MAE", "what": "median", **entry(20.0)},
+                      {"metrics": ["msle"], "name": "MSLE", "what": "log mean", **entry(30.0)}],
+        "pooled_reference": {"fitted": False, "why": "inputs are images or signals"},
+        "site_alone": {"what": "own constant", **entry(0.5)},
+        "warnings": ["the site alone predicts the target better than the federated model (...): the partition "
+                     "leaks the label"]}
+    rows = summary_table(report)
+    assert rows[0][-3:] == ["best constant", "pooled reference", "site alone"]
+    by_metric = {r[0]: r[-3:] for r in rows[1:]}
+    assert by_metric == {"mae": ["20.000", "n/a", "0.500"], "mse": ["11.000", "n/a", "1.500"],
+                         "msle": ["32.000", "n/a", "2.500"]}
+    md = render_markdown(report)
+    assert "No pooled reference model: inputs are images or signals." in md
+    assert "**Warning:** the site alone predicts the target better" in md
