@@ -7,6 +7,8 @@ the model every update must match by tensor name, dtype and shape. Pure function
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ps_daemon.machine import Machine
@@ -29,8 +31,8 @@ def model_layout(weights: dict[str, np.ndarray]) -> dict[str, tuple[str, tuple[i
     return {n: (np.asarray(v).dtype.name, tuple(int(d) for d in np.shape(v))) for n, v in weights.items()}
 
 
-def _layout_mismatch(entries: list[tuple[str, str, tuple[int, ...]]], layout: dict[str, tuple[str, tuple[int, ...]]],
-                     what: str, *, complete: bool) -> str | None:
+def _layout_mismatch(entries: Sequence[tuple[str, str, tuple[int, ...]]],
+                     layout: dict[str, tuple[str, tuple[int, ...]]], what: str, *, complete: bool) -> str | None:
     names = [name for name, _, _ in entries]
     if len(set(names)) != len(names):
         return f"{what}: a tensor name appears twice"
@@ -41,7 +43,8 @@ def _layout_mismatch(entries: list[tuple[str, str, tuple[int, ...]]], layout: di
     for name, dtype, shape in entries:
         want_dtype, want_shape = layout[name]
         if dtype != want_dtype or tuple(shape) != want_shape:
-            return f"{what}: tensor {name[:64]!r} is {dtype}{list(shape)[:8]}, the model has {want_dtype}{list(want_shape)}"
+            return (f"{what}: tensor {name[:64]!r} is {dtype}{list(shape)[:8]}, "
+                    f"the model has {want_dtype}{list(want_shape)}")
     return None
 
 
@@ -56,12 +59,15 @@ def update_rejection(machine: Machine, state: DaemonState, site: str, msg: Clien
         return reason
     if msg.session != state.session:
         return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
+    if msg.no_step_reason:  # the site could not train: an answer without tensors (the schema checked it has none)
+        return None if msg.label_histogram is None else histogram_rejection(msg.label_histogram)
     layout = model_layout(machine.shared_model(state))
     reason = _layout_mismatch(_blob_entries(msg.tensors), layout, "tensors", complete=True)
     if reason is not None:
         return reason
     if msg.n_samples < 1 or msg.local_steps < 1:
-        return f"an update needs at least one training sample and one local step (got {msg.n_samples}, {msg.local_steps})"
+        return (f"an update needs at least one training sample and one local step (got {msg.n_samples}, "
+                f"{msg.local_steps}); a site that cannot take a step says why in no_step_reason")
     takes_cv = "delta_c" in getattr(machine.strategy, "uplink_extras", ())
     if msg.control_variates and not takes_cv:
         return f"control variates sent, but the run's algorithm {machine.strategy.name!r} takes none"

@@ -33,6 +33,7 @@ class TrainStats:
     steps: int
     mean_loss: float | None  # None when no step was taken (e.g. a single training row)
     seconds: float
+    no_step_reason: str = ""  # why no step was taken, when none was (the site says so instead of an update)
 
 
 def derive_seed(run_seed: int, site_id: str, round_no: int) -> int:
@@ -203,7 +204,16 @@ def train_local(
     if steps and not any(bool((p.detach() != p0).any()) for p, p0 in zip(params, start, strict=True)):
         log.warning("local training took %d step(s) and moved no weight (loss %s): its gradient is zero, "
                     "e.g. a regression whose outputs sit where the loss is flat, or lr too small", steps, mean_loss)
-    return TrainStats(int(xt.shape[0]), steps, mean_loss, time.perf_counter() - started)
+    why = "" if steps else _no_step_reason(int(xt.shape[0]), settings.batch_size)
+    return TrainStats(int(xt.shape[0]), steps, mean_loss, time.perf_counter() - started, why)
+
+
+def _no_step_reason(n_rows: int, batch_size: int) -> str:
+    """Why a local round took no optimiser step (epochs and steps_per_epoch are >= 1, so: too few rows)."""
+    if n_rows == 0:
+        return "no labelled training row"
+    return (f"{n_rows} labelled training row, and with batch_size {batch_size} a trailing batch of one row is "
+            "dropped: BatchNorm cannot train on one sample (docs/algorithms.md 0.5)")
 
 
 def _labelled_tensors(
