@@ -59,13 +59,15 @@ def update_rejection(machine: Machine, state: DaemonState, site: str, msg: Clien
         return reason
     if msg.session != state.session:
         return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
+    if msg.no_step_reason:  # the site could not train: an answer without tensors (the schema checked it has none)
+        return None if msg.label_histogram is None else histogram_rejection(msg.label_histogram)
     layout = model_layout(machine.shared_model(state))
     reason = _layout_mismatch(_blob_entries(msg.tensors), layout, "tensors", complete=True)
     if reason is not None:
         return reason
     if msg.n_samples < 1 or msg.local_steps < 1:
-        return ("an update needs at least one training sample and one local step "
-                f"(got {msg.n_samples}, {msg.local_steps})")
+        return (f"an update needs at least one training sample and one local step (got {msg.n_samples}, "
+                f"{msg.local_steps}); a site that cannot take a step says why in no_step_reason")
     takes_cv = "delta_c" in getattr(machine.strategy, "uplink_extras", ())
     if msg.control_variates and not takes_cv:
         return f"control variates sent, but the run's algorithm {machine.strategy.name!r} takes none"

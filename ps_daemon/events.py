@@ -39,6 +39,7 @@ class UpdateReceived:
     train_loss: float | None = None
     val_metrics: Metrics = field(default_factory=dict)
     undefined: Mapping[str, str] = field(default_factory=dict)
+    no_step_reason: str = ""  # the site could not take a step: an answer without tensors, left out of the aggregate
 
 
 @dataclass(frozen=True)

@@ -146,4 +146,4 @@ class InboundEvents:
             crash_point("after_update_cleared", msg.round)
         update = SiteUpdate(site, tensors, msg.n_samples, msg.local_steps, extras)
         return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
-                              msg.val_metrics, msg.undefined)
+                              msg.val_metrics, msg.undefined, msg.no_step_reason)

@@ -151,11 +151,18 @@ class Machine:
         reason = self._reject_update_reason(state, ev)
         if reason is not None:
             return state, [self._update_ignored(ev, reason)]
-        received = ReceivedUpdate(ev.update, ev.train_loss, dict(ev.val_metrics), dict(ev.undefined))
+        received = ReceivedUpdate(ev.update, ev.train_loss, dict(ev.val_metrics), dict(ev.undefined), ev.no_step_reason)
         state = replace(state, updates={**state.updates, ev.site_id: received}, last_progress=ev.now)
+        # A site that could not take a step has answered (for closing and for the quorum: waiting cannot bring
+        # its update) but is left out of the aggregate (S_t), and the round record names it with the reason.
+        said: list[fx.Effect] = [fx.Log("warning", f"site {ev.site_id} took no training step in round {state.round}: "
+                                        f"{ev.no_step_reason}; the round goes on without its update")
+                                 ] if ev.no_step_reason else []
         if self._all_answered(state) and len(state.updates) >= self.config.quorum:
-            return self._close_round(state, ev.now)
-        return state, [self._status(state, f"round {state.round}: {len(state.updates)}/{len(state.selected)} updates")]
+            state, effects = self._close_round(state, ev.now)
+            return state, [*said, *effects]
+        return state, [*said, self._status(state, f"round {state.round}: {len(state.updates)}/{len(state.selected)} "
+                                                  "updates")]
 
     def _report_in_evaluation(self, state: DaemonState, ev: ReportReceived) -> Result:
         if ev.tag != "final" or ev.model_hash != state.model_hash:
@@ -243,7 +250,9 @@ class Machine:
 
     def _reject_update_reason(self, state: DaemonState, ev: UpdateReceived) -> str | None:
         reason = self.admit_update(state, ev.site_id, ev.round, ev.base_model_hash)
-        return reason if reason is not None else check_update_shapes(ev.update, self.shared_model(state))
+        if reason is not None or ev.no_step_reason:  # an answer without an update carries no tensors to check
+            return reason
+        return check_update_shapes(ev.update, self.shared_model(state))
 
     def _all_answered(self, state: DaemonState) -> bool:
         # Only a site seen going offline is skipped: after a resume, a site not yet heard from may
@@ -254,7 +263,8 @@ class Machine:
         return all(s in state.final_reports or s in state.offline for s in state.selected)
 
     def _close_round(self, state: DaemonState, now: float) -> Result:
-        participants = tuple(sorted(state.updates))  # sorted: sums do not depend on arrival order
+        # sorted: sums do not depend on arrival order; a site that took no step has no update to aggregate
+        participants = tuple(sorted(s for s, u in state.updates.items() if not u.no_step_reason))
         self.strategy.load_state_dict(dict(state.strategy_state))
         try:
             # Overflow is judged below (a non-finite result is refused), not warned about mid-sum.
@@ -316,6 +326,7 @@ class Machine:
             per_site=per_site, mean=mean, train_loss=mean_defined(losses),
             n_samples={s: state.updates[s].update.n_samples for s in participants},
             started_at=state.round_started_at, closed_at=now, model_hash=state.model_hash,
+            skipped={s: u.no_step_reason for s, u in sorted(state.updates.items()) if u.no_step_reason},
         )
 
     def _better_best(self, state: DaemonState, record: RoundRecord) -> BestRound | None:

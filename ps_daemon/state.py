@@ -23,6 +23,7 @@ class ReceivedUpdate:
     train_loss: float | None
     val_metrics: MetricMap
     undefined: Mapping[str, str]
+    no_step_reason: str = ""  # an answer without an update (the site could not take a step): not aggregated
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class RoundRecord:
     started_at: float
     closed_at: float
     model_hash: str = ""  # the model version the sites trained from in this round
+    skipped: Mapping[str, str] = field(default_factory=dict)  # answered without an update: site -> why
 
 
 @dataclass(frozen=True)

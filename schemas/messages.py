@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 # FiniteFloat is imported for callers that used it from here before it moved to schemas.base.
 from schemas.base import (  # noqa: F401
@@ -162,7 +162,8 @@ class ResourceUsage(Frozen):
 
 
 class ClientUpdate(Header):
-    """`site/<site>/update`: a site's full post-training tensors and what the PS needs to weigh them."""
+    """`site/<site>/update`: a site's full post-training tensors and what the PS needs to weigh them; or, with
+    `no_step_reason`, why it could not take a single training step (no tensors then)."""
 
     kind: Literal["client_update"] = "client_update"
     session: Session = ""  # the session of the task it answers: an update of an earlier start is never taken
@@ -182,6 +183,18 @@ class ClientUpdate(Header):
     compute_seconds: NonNegativeSeconds = 0.0
     usage: ResourceUsage | None = None
     done: bool = True
+    # Set when the site could not take a single optimiser step this round (e.g. no labelled training row, or one
+    # row, whose batch of one is dropped): it answers with local_steps = 0, no tensors and this reason, and the PS
+    # closes the round without it instead of waiting for an update that can never come.
+    no_step_reason: Detail = ""
+
+    @model_validator(mode="after")
+    def _no_step_answer_carries_nothing_to_aggregate(self) -> ClientUpdate:
+        if self.no_step_reason and (self.local_steps or self.tensors or self.control_variates or self.layer_stats
+                                    or self.scalars):
+            raise ValueError("an update with no_step_reason has local_steps 0 and carries no tensors, control "
+                             "variates, layer statistics or scalars")
+        return self
 
 
 class EvalReport(Header):

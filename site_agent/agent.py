@@ -33,7 +33,7 @@ from site_agent.store import UplinkStore
 from site_agent.uplink import Uplink
 
 if TYPE_CHECKING:
-    from site_agent.trainer import Trainer
+    from site_agent.trainer import Trainer, TrainResult
 
 log = logging.getLogger("fedmqtt.site")
 Task = m.TrainTask | m.EvalTask
@@ -294,6 +294,9 @@ class SiteAgent:
         extras = {k: _arrays(v) for k, v in model.extras.items() if k != "eval"}
         result = self.trainer.train(model.model, start, task.settings, task.round, eval_weights=eval_weights,
                                     extras=extras, local=self.local.committed())
+        if result.no_step_reason:
+            self._answer_without_update(task, result)
+            return
         upload = sorted(result.weights) if task.upload is None else list(task.upload)
         kept = {n: v for n, v in result.weights.items() if n not in set(upload)}
         self.local.stage(task.round, {"model": kept, **result.algo_state})  # pending, before the uplink
@@ -312,6 +315,22 @@ class SiteAgent:
         self._offer_update(task, payload, update)
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
+
+    def _answer_without_update(self, task: m.TrainTask, result: TrainResult) -> None:
+        """No optimiser step was possible (too few rows): say so, with the validation of the received model,
+        instead of an update; the PS closes the round without us. Stored like an update, so a re-sent task gets
+        the same answer. Nothing is staged: our state did not change."""
+        c = self.config
+        log.warning("round %d: no training step possible: %s; answering without an update", task.round,
+                    result.no_step_reason)
+        answer = m.ClientUpdate(
+            run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session, base_model_hash=task.model_hash,
+            tensors=(), n_samples=result.n_samples, local_steps=0, val_metrics=result.val_metrics,
+            undefined=result.undefined, compute_seconds=result.seconds, usage=result.usage,
+            label_histogram=self._histogram(task), no_step_reason=result.no_step_reason)
+        payload = encode(answer, max_bytes=self.channel.max_bytes)
+        self.store.save("update", task.round, task.model_hash, payload)
+        self._offer_update(task, payload, answer)
 
     def _offer_update(self, task: m.TrainTask, payload: bytes, update: m.ClientUpdate | None) -> None:
         if self.uplink.offer(task, payload, update):  # large: announce it, send it in the PS's upload turn

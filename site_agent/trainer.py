@@ -46,6 +46,7 @@ class TrainResult:
     uplink_extras: dict[str, Any]  # algorithm fields for the update (SCAFFOLD delta_c, FedNova a_norm)
     algo_state: dict[str, dict[str, np.ndarray]]  # the site's new algorithm state (pending, 0.6)
     usage: ResourceUsage | None = None
+    no_step_reason: str = ""  # set when no optimiser step was possible: nothing to send but this reason
 
 
 class Trainer:
@@ -93,13 +94,17 @@ class Trainer:
                                 seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device,
                                 terms=terms, task=self.data.task, amp=self.amp)
         end = state_to_arrays(model)
+        val_undefined = {f"val.{k}": v for k, v in undefined.items()}
+        if not stats.steps:  # nothing learnt, nothing to send: no algorithm state, no statistics
+            return TrainResult(end, stats.n_samples, 0, None, stats.seconds, val, val_undefined, {}, {}, meter.usage,
+                               no_step_reason=stats.no_step_reason)
         uplink, algo_state = finish_round(settings, manifest, start=start, end=end, steps=stats.steps,
                                           extras=extras, local=local)
         kind = int(settings.hyper.get("feature_stats", 0))
         if kind:
             uplink["feature_stats"] = self._statistics(kind, spec, model, extras.get("pretrained"))
         return TrainResult(end, stats.n_samples, stats.steps, stats.mean_loss, stats.seconds,
-                           val, {f"val.{k}": v for k, v in undefined.items()}, uplink, algo_state, meter.usage)
+                           val, val_undefined, uplink, algo_state, meter.usage)
 
     def _statistics(self, kind: int, spec: ModelSpec, trained: torch.nn.Module,
                     pretrained: dict[str, np.ndarray] | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:

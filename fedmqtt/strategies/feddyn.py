@@ -14,7 +14,8 @@ from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, float_state
 from fedmqtt.strategies.strategy_doc import StrategyDoc
 
-# Acar et al.'s code clips every local gradient at norm 10 (torch.nn.utils.clip_grad_norm_, max_norm=10).
+# Acar et al.'s code clips every local gradient at norm 10 (torch.nn.utils.clip_grad_norm_, max_norm=10): the
+# gradient of the loss plus FedDyn's linear term, before the quadratic term's weight decay is added.
 DEFAULT_MAX_GRAD_NORM = 10.0
 
 
@@ -26,8 +27,8 @@ class FedDynParams(StrategyParams):
     )
     max_grad_norm: float = Field(
         default=DEFAULT_MAX_GRAD_NORM, ge=0.0,
-        description="sites clip the local gradient (loss + FedDyn terms) to this L2 norm, as the paper's "
-                    "code does (10); 0: no clipping",
+        description="sites clip the gradient of the loss plus FedDyn's linear term to this L2 norm before "
+                    "the quadratic term's alpha_i * theta is added, as the paper's code does (10); 0: no clipping",
     )
 
 
@@ -118,7 +119,8 @@ alpha_i = alpha * n_bar / n_i  (n_bar = n / N; scale_alpha_by_size = false: alph
     client="""
 R_i(theta) = F_i(theta) + alpha_i * <theta, s_i> + (alpha_i / 2) * ||theta - theta_send||^2
 gradient:    grad F_i(theta) + alpha_i * s_i + alpha_i * (theta - theta_send)      (TRAIN parameters only)
-the whole gradient (loss and both terms) is clipped to L2 norm max_grad_norm before each step
+each step, as the authors' code: g = clip(grad F_i(theta) + alpha_i * (s_i - theta_send), max_grad_norm),
+             then g + alpha_i * theta goes to the optimiser (the quadratic term is never clipped)
 after training: s_i <- s_i + (theta_i^t - theta_send)         (pending until the server accepts, 0.6)
 """,
     state=(
@@ -128,8 +130,10 @@ after training: s_i <- s_i + (theta_i^t - theta_send)         (pending until the
     papers=("Acar, Zhao, Matas, Mattina, Whatmough, Saligrama: Federated learning based on dynamic "
             "regularization, ICLR 2021 (arXiv 2111.04263), Algorithm 1; its authors' code.",),
     differences=(
-        "Local gradients are clipped at L2 norm `max_grad_norm` = 10 by default, as in the paper's code "
-        "(clip after the FedDyn terms are added, before the step); `max_grad_norm = 0` turns clipping off.",
+        "Local gradients are clipped at L2 norm `max_grad_norm` = 10 by default, in the order of the paper's "
+        "code: the gradient of the loss plus the linear term alpha_i * <theta, s_i - theta_send> is clipped, "
+        "then alpha_i * theta (their optimiser's weight decay) is added before the step; "
+        "`max_grad_norm = 0` turns clipping off.",
         "Both terms are written into the loss and apply to trainable parameters only. Hwang et al.'s code "
         "delegates the quadratic term to the optimiser's weight decay (which Adam rescales and AdamW applies "
         "outside the gradient), anchors the linear term on the previous plain average and corrects every "

@@ -32,7 +32,9 @@ class GradTerms:
     dyn_s: Mapping[str, np.ndarray] = field(default_factory=dict)  # FedDyn: + alpha*(s_i + w - theta_send)
     shift: Mapping[str, np.ndarray] = field(default_factory=dict)  # SCAFFOLD: + (c - c_i)
     freeze_norm: bool = False  # FedFBN: BN layers in eval mode and not trained
-    clip_norm: float = 0.0  # FedDyn: the whole gradient (terms included) clipped to this L2 norm; 0: off
+    # FedDyn: the gradient of the loss plus alpha*(s_i - theta_send) clipped to this L2 norm before alpha*w is
+    # added, as its authors' code does (loop._gradient_terms); 0: off
+    clip_norm: float = 0.0
 
 
 def optimiser_problem(algorithm: str, optimizer: str, hyper: Mapping[str, Any]) -> str | None:

@@ -33,6 +33,7 @@ class TrainStats:
     steps: int
     mean_loss: float | None  # None when no step was taken (e.g. a single training row)
     seconds: float
+    no_step_reason: str = ""  # why no step was taken, when none was (the site says so instead of an update)
 
 
 def derive_seed(run_seed: int, site_id: str, round_no: int) -> int:
@@ -180,7 +181,7 @@ def train_local(
     params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
     optimizer = _make_optimizer(params, settings)
     start = [p.detach().clone() for p in params]  # to tell a run that learnt nothing (warned below)
-    correct = _gradient_terms(model, terms, dev)
+    correct = _gradient_terms(model, terms, dev)  # the algorithm's terms and FedDyn's clip, between backward and step
     shuffle = torch.Generator().manual_seed(seed)
     steps, loss_rows = 0, 0
     # The loss sum stays on the device: reading it back every step would make the host wait for the GPU
@@ -199,8 +200,6 @@ def train_local(
                 loss.backward()
                 if correct is not None:
                     correct()
-                if terms.clip_norm > 0:  # FedDyn's code: clip after the terms are in, before the step
-                    torch.nn.utils.clip_grad_norm_(params, terms.clip_norm)
                 optimizer.step()
                 steps += 1
                 loss_sum += loss.detach().double() * len(idx)
@@ -210,7 +209,16 @@ def train_local(
     if steps and not any(bool((p.detach() != p0).any()) for p, p0 in zip(params, start, strict=True)):
         log.warning("local training took %d step(s) and moved no weight (loss %s): its gradient is zero, "
                     "e.g. a regression whose outputs sit where the loss is flat, or lr too small", steps, mean_loss)
-    return TrainStats(int(xt.shape[0]), steps, mean_loss, time.perf_counter() - started)
+    why = "" if steps else _no_step_reason(int(xt.shape[0]), settings.batch_size)
+    return TrainStats(int(xt.shape[0]), steps, mean_loss, time.perf_counter() - started, why)
+
+
+def _no_step_reason(n_rows: int, batch_size: int) -> str:
+    """Why a local round took no optimiser step (epochs and steps_per_epoch are >= 1, so: too few rows)."""
+    if n_rows == 0:
+        return "no labelled training row"
+    return (f"{n_rows} labelled training row, and with batch_size {batch_size} a trailing batch of one row is "
+            "dropped: BatchNorm cannot train on one sample (docs/algorithms.md 0.5)")
 
 
 def _labelled_tensors(
@@ -294,35 +302,49 @@ def _make_optimizer(params: list[nn.Parameter], settings: TrainSettings) -> Loca
 
 
 def _gradient_terms(model: nn.Module, terms: GradTerms, dev: torch.device) -> Callable[[], None] | None:
-    """A function adding the algorithm's terms to the gradients, or None when there are none.
+    """What runs between `backward()` and the optimiser's step: the algorithm's terms added to the gradients,
+    and FedDyn's clip. None when there is nothing to do.
 
     Written into the gradient explicitly, so `mu`, `alpha` and the SCAFFOLD shift mean exactly what
-    docs/algorithms.md says whatever the optimizer (never delegated to weight decay).
+    docs/algorithms.md says whatever the optimizer (never delegated to weight decay). FedDyn follows its
+    authors' code (Acar et al., FedDyn) step for step: the gradient of the loss plus the linear term
+    alpha * <w, s_i - w_send> is clipped to `clip_norm`, and only then is the quadratic term's alpha * w added
+    (their optimiser's weight decay), so the clip never sees it. Unclipped, the sum is the paper's
+    alpha * (s_i + w - w_send).
     """
     named = dict(model.named_parameters())
     prox = [n for n in terms.prox_names if n in named] if terms.prox_mu > 0 else []
     dyn = {n: torch.as_tensor(v, device=dev) for n, v in terms.dyn_s.items() if n in named}
     shift = {n: torch.as_tensor(v, device=dev) for n, v in terms.shift.items() if n in named}
-    if not (prox or dyn or shift):
+    if not (prox or dyn or shift or terms.clip_norm > 0):
         return None
     anchor = {n: named[n].detach().clone() for n in {*prox, *dyn}}
-
-    def grad(name: str) -> torch.Tensor:
-        g = named[name].grad
-        if g is None:  # the term has nowhere to go: the parameter took no part in the loss
-            raise RuntimeError(f"parameter {name!r} has no gradient to add the algorithm's term to")
-        return g
+    # FedDyn's linear coefficient s_i - w_send is fixed for the round: computed once, as the authors' code does.
+    linear = {n: s - anchor[n] for n, s in dyn.items()}
+    clipped = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
 
     def apply() -> None:
         with torch.no_grad():
             for n in prox:
-                grad(n).add_(named[n] - anchor[n], alpha=terms.prox_mu)
-            for n, s in dyn.items():
-                grad(n).add_(s + named[n] - anchor[n], alpha=terms.dyn_alpha)
+                _grad(named[n]).add_(named[n] - anchor[n], alpha=terms.prox_mu)
+            for n, c in linear.items():
+                _grad(named[n]).add_(c, alpha=terms.dyn_alpha)
             for n, c in shift.items():
-                grad(n).add_(c)
+                _grad(named[n]).add_(c)
+        if terms.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(clipped, terms.clip_norm)
+        with torch.no_grad():
+            for n in dyn:
+                _grad(named[n]).add_(named[n], alpha=terms.dyn_alpha)
 
     return apply
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """`p`'s gradient; zeros where the loss did not reach `p` (the algorithm's terms still apply to it)."""
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    return p.grad
 
 
 def _freeze_batchnorm(model: nn.Module) -> None:

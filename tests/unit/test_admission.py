@@ -71,6 +71,18 @@ def test_an_update_that_does_not_fit_the_open_round_is_refused(changes: dict[str
     assert reason is not None and needle in reason
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_a_site_that_could_not_take_a_step_is_heard_without_tensors(algorithm: str) -> None:
+    """An answer with no_step_reason carries no tensors (nor SCAFFOLD's control variates) and is admitted; a
+    zero-step update without a reason is still refused, naming the field that says why."""
+    machine, state = _open_round(algorithm)
+    answer = _update(state, tensors=(), n_samples=1, local_steps=0, no_step_reason="1 labelled training row")
+    assert update_rejection(machine, state, "site-a", answer) is None
+    assert "no_step_reason" in update_rejection(machine, state, "site-a", _update(state, local_steps=0))
+    stale = answer.model_copy(update={"round": 2})
+    assert "stale or future round" in update_rejection(machine, state, "site-a", stale)
+
+
 def test_first_update_wins_and_unselected_sites_are_refused() -> None:
     machine, state = _open_round()
     from fedmqtt.strategies import SiteUpdate
