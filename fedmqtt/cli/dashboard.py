@@ -32,10 +32,15 @@ def dashboard(
                                                  "login password (12+ characters). Default with --federation: a "
                                                  "random one, shown once, kept only as a scrypt hash."),
     new_password: bool = typer.Option(False, "--new-password", help="Replace the stored generated password."),
+    allow_host: list[str] = typer.Option([], "--allow-host", help="Another name browsers may use for this "
+                                         "dashboard (repeatable), e.g. a reverse proxy's. Requests for any name "
+                                         "but its own (--host, --name, the certificate's, loopback names on "
+                                         "loopback) are refused: DNS rebinding."),
 ) -> None:
     """Serve a read-only page with the run's progress, every site's state and the metrics per round."""
     from broker.federation import load_federation
     from fedmqtt.config_io import load_toml
+    from fedmqtt.dashboard.hosts import allowed_hosts
     from fedmqtt.dashboard.server import Board, BrokerListener, check_exposure, is_loopback, serve
     from fedmqtt.dashboard.state import RunView
     from fedmqtt.errors import FedMqttError
@@ -47,6 +52,8 @@ def dashboard(
         raise FedMqttError("give exactly one of --federation DIR, --credentials observer.toml (with --run-id) "
                            "or --run DIR (repeatable)")
     access = _access(host, federation, cert, key, name, password_file, new_password) if secure else None
+    hosts = allowed_hosts(host, names=name, certificate=access.certificate if access is not None else None,
+                          extra=allow_host)
     views: list[RunView] = []
     listener = None
     if run:
@@ -79,7 +86,8 @@ def dashboard(
         listener.connect()
         listener.start()
     try:
-        serve(board, host=host, port=port, access=access,
+        typer.echo(f"dashboard answers to the Host names {hosts.describe()} (--allow-host adds one)")
+        serve(board, host=host, port=port, access=access, hosts=hosts,
               on_ready=lambda url: typer.echo(f"dashboard: {url}  (Ctrl-C to stop)"))
     finally:
         if listener is not None:
@@ -119,4 +127,4 @@ def _access(host: str, federation: Path | None, cert: Path | None, key: Path | N
             typer.echo(f"dashboard password: the one shown when {where} was made (--new-password replaces it)")
     else:
         raise FedMqttError("HTTPS mode needs a login: pass --password-file (or --federation DIR for a generated one)")
-    return Access(tls=context, sessions=login.Sessions(hashed))
+    return Access(tls=context, sessions=login.Sessions(hashed), certificate=cert)

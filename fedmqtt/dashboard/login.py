@@ -2,7 +2,7 @@
 
 The password is checked once per login (scrypt is deliberately slow), never per request: a successful login
 gets a random session token in a Secure, HttpOnly, SameSite=Strict cookie. Sessions live in this process only,
-so restarting the dashboard logs everyone out. Failed logins are limited per client address.
+so restarting the dashboard logs everyone out. Login attempts are throttled before this check (throttle.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 15, 8, 1
 SCRYPT_MAXMEM = 64 * 1024 * 1024
 MIN_PASSWORD_CHARS = 12
 SESSION_S = 12 * 3600
-MAX_FAILURES = 5  # per client address and window, then 429 until the window has passed
-FAILURE_WINDOW_S = 60.0
 COOKIE = "fedmqtt_dashboard"
 HASH_FILE = "login.scrypt"
 
@@ -95,25 +93,15 @@ def stored_password(directory: Path, *, renew: bool = False) -> tuple[PasswordHa
 
 @dataclass
 class Sessions:
-    """Logged-in browsers (random tokens) and failed attempts per client address."""
+    """Logged-in browsers (random tokens)."""
 
     password: PasswordHash
     tokens: dict[str, float] = field(default_factory=dict)  # token -> expiry (monotonic)
-    failures: dict[str, list[float]] = field(default_factory=dict)
 
-    def throttled(self, client: str, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        recent = [t for t in self.failures.get(client, []) if now - t < FAILURE_WINDOW_S]
-        self.failures[client] = recent
-        return len(recent) >= MAX_FAILURES
-
-    def login(self, client: str, password: str, now: float | None = None) -> str | None:
-        """A new session token, or None (the failure is counted for `client`)."""
+    def login(self, password: str, now: float | None = None) -> str | None:
+        """A new session token for the right password, else None. Runs scrypt: throttle before calling."""
         now = time.monotonic() if now is None else now
         if not self.password.matches(password):
-            self.failures.setdefault(client, []).append(now)
-            if len(self.failures) > 10_000:  # bound memory under a spray from many addresses
-                self.failures.clear()
             return None
         self.tokens = {t: exp for t, exp in self.tokens.items() if exp > now}
         token = secrets.token_urlsafe(32)

@@ -4,26 +4,33 @@ Routes are GET only: the page, its static files, `/api/state` (a JSON snapshot) 
 events: the same snapshot, pushed when it changes). SSE instead of MQTT-over-websockets because the page must
 never hold broker credentials and Debian's Mosquitto 2.0.11 would not open a websockets listener here; one
 HTTP response stream needs nothing from the broker and nothing in the browser but EventSource.
+
+Every request is checked first for its Host (the dashboard's own names only: hosts.py), then for its method;
+every response, the event stream and errors included, carries the security headers (`harden`). A login, when
+on, is throttled before its password is hashed (throttle.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
-import ipaddress
 import json
 import logging
 import ssl
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
+from fedmqtt.dashboard.hosts import AllowedHosts, allowed_hosts, host_of, is_loopback
 from fedmqtt.dashboard.login import COOKIE, SESSION_S, Sessions
 from fedmqtt.dashboard.state import RunView
+from fedmqtt.dashboard.throttle import LoginThrottle
 from fedmqtt.errors import FedMqttError
 
 log = logging.getLogger("fedmqtt.dashboard")
@@ -32,18 +39,21 @@ log = logging.getLogger("fedmqtt.dashboard")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 LOGIN_CSP = CSP.replace("form-action 'none'", "form-action 'self'")  # the login form posts to this server only
+HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",  # frame-ancestors 'none' for browsers that predate it
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",  # the run's state is never kept by a browser or a proxy; the static files are tiny
+    "Cross-Origin-Resource-Policy": "same-origin",  # no other site may load /api/state as an image or script
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+HSTS = "max-age=86400"
+HASH_WORKERS = 2  # scrypt checks run at once (32 MiB each); the throttle bounds how many are queued
 PUBLIC = ("/login", "/static/style.css")  # what a browser may fetch before logging in
 MAX_REQUEST_BYTES = 4096  # the only body ever accepted is the login form
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 PUSH_EVERY_S = 0.5
 HEARTBEAT_S = 15.0
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def check_exposure(host: str, *, secure: bool) -> str:
@@ -62,6 +72,7 @@ class Access:
 
     tls: ssl.SSLContext
     sessions: Sessions
+    certificate: Path | None = None  # its names are among those the dashboard answers to
 
 
 class Board:
@@ -135,28 +146,40 @@ class BrokerListener(threading.Thread):
             self.transport.close()
 
 
+def host_guard(allowed: AllowedHosts) -> Any:
+    """Refuse a request for any name but the dashboard's own (DNS rebinding; hosts.py), before anything else."""
+    logged: set[str] = set()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.getall(hdrs.HOST, [])
+        if len(given) == 1 and allowed.allows(given[0]):
+            return await handler(request)
+        if len(given) != 1 or host_of(given[0]) is None:
+            raise web.HTTPBadRequest(text="one valid Host header is required\n")
+        if len(logged) < 20 and given[0] not in logged:  # say it to the operator, without a line per request
+            logged.add(given[0])
+            log.warning("dashboard: refused a request for Host %r (not one of %s; --allow-host adds a name)",
+                        given[0], allowed.describe())
+        raise web.HTTPMisdirectedRequest(text="unknown Host: this dashboard answers to its own names only\n")
+
+    return check
+
+
 @web.middleware
-async def security_headers(request: web.Request, handler: Any) -> web.StreamResponse:
+async def read_only(request: web.Request, handler: Any) -> web.StreamResponse:
     if request.method not in ("GET", "HEAD") and not (request.method == "POST" and request.path == "/login"):
         raise web.HTTPMethodNotAllowed(request.method, ["GET"])
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:  # 401, 404, redirects: the same headers as any page
-        _harden(request, exc)
-        raise
-    return _harden(request, response)
+    return await handler(request)
 
 
-def _harden(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+async def harden(request: web.Request, response: web.StreamResponse) -> None:
+    """The security headers, on every response: a signal run as any response is prepared, so the event
+    stream (prepared by its handler, past any middleware) and errors (401, 404, 405, 421, 429) get them too."""
     response.headers.setdefault("Content-Security-Policy", CSP)
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    # same-origin, not no-referrer: with no-referrer the browser sends `Origin: null` on the login form's POST,
-    # and the login checks Origin to refuse a form posted from another site.
-    response.headers["Referrer-Policy"] = "same-origin"
-    response.headers["Cache-Control"] = "no-store"
+    response.headers.update(HEADERS)
     if request.secure:
-        response.headers["Strict-Transport-Security"] = "max-age=86400"
-    return response
+        response.headers["Strict-Transport-Security"] = HSTS
 
 
 def login_required(sessions: Sessions) -> Any:
@@ -184,25 +207,57 @@ def login_page(message: str = "") -> str:
             f'{note}<button type="submit">Log in</button></form></body></html>')
 
 
+def same_origin_form(request: web.Request) -> bool:
+    """Whether a login POST comes from this server's own form, not a form on another site.
+
+    `Sec-Fetch-Site` is set by the browser and no page can forge it. `Referrer-Policy: no-referrer` makes a
+    browser send `Origin: null` with the form, so `null` is taken only when `Sec-Fetch-Site` says same-origin.
+    A request with neither header is not a browser's (a script has no session cookie to ride on).
+    """
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    if origin == "null":
+        return site == "same-origin"
+    return origin == f"{request.scheme}://{request.host}"
+
+
+def _login_answer(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=login_page(message), content_type="text/html",
+                        headers={"Content-Security-Policy": LOGIN_CSP, **(headers or {})})
+
+
 def add_login_routes(app: web.Application, sessions: Sessions) -> None:
+    throttle = LoginThrottle()
+    hashing = ThreadPoolExecutor(max_workers=HASH_WORKERS, thread_name_prefix="dashboard-scrypt")
+
+    async def stop_hashing(_app: web.Application) -> None:
+        hashing.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(stop_hashing)
+
     async def form(request: web.Request) -> web.Response:
-        return web.Response(text=login_page(), content_type="text/html", headers={"Content-Security-Policy": LOGIN_CSP})
+        return _login_answer(200, "")
 
     async def submit(request: web.Request) -> web.Response:
-        origin = request.headers.get("Origin")
-        if origin is not None and origin != f"{request.scheme}://{request.host}":
+        if not same_origin_form(request):
             raise web.HTTPForbidden(text="cross-site login refused\n")
-        client = request.remote or "?"
-        if sessions.throttled(client):
-            return web.Response(status=429, text=login_page("Too many failed logins: wait a minute."),
-                                content_type="text/html", headers={"Content-Security-Policy": LOGIN_CSP})
         password = str((await request.post()).get("password", ""))
-        # scrypt takes ~0.1 s of CPU: run it off the event loop so the live page keeps streaming meanwhile.
-        token = await asyncio.get_running_loop().run_in_executor(None, sessions.login, client, password)
+        client = request.remote or "?"
+        # Admitted or refused before the hash, with no await in between: concurrent attempts see each other.
+        verdict = throttle.admit(client)
+        if not verdict.allowed:
+            return _login_answer(429, f"Too many login attempts: try again in {verdict.retry_after_s} s.",
+                                 {"Retry-After": str(verdict.retry_after_s)})
+        # scrypt takes ~0.1 s of CPU: off the event loop, so the live page keeps streaming meanwhile.
+        token = await asyncio.get_running_loop().run_in_executor(hashing, sessions.login, password)
         if token is None:
-            log.warning("dashboard: failed login from %s", client)
-            return web.Response(status=401, text=login_page("Wrong password."), content_type="text/html",
-                                headers={"Content-Security-Policy": LOGIN_CSP})
+            log.warning("dashboard: failed login from %s (%d in a row)", client, throttle.failures(client))
+            return _login_answer(401, "Wrong password.")
+        throttle.succeeded(client)
         response = web.Response(status=303, headers={"Location": "/"})
         response.set_cookie(COOKIE, token, max_age=SESSION_S, path="/", secure=True, httponly=True, samesite="Strict")
         return response
@@ -211,9 +266,10 @@ def add_login_routes(app: web.Application, sessions: Sessions) -> None:
     app.router.add_post("/login", submit)
 
 
-def make_app(board: Board, sessions: Sessions | None = None) -> web.Application:
-    middlewares = [security_headers] + ([login_required(sessions)] if sessions is not None else [])
+def make_app(board: Board, sessions: Sessions | None = None, *, hosts: AllowedHosts) -> web.Application:
+    middlewares = [host_guard(hosts), read_only] + ([login_required(sessions)] if sessions is not None else [])
     app = web.Application(middlewares=middlewares, client_max_size=MAX_REQUEST_BYTES)
+    app.on_response_prepare.append(harden)
     if sessions is not None:
         add_login_routes(app, sessions)
     files = resources.files("fedmqtt.dashboard") / "static"
@@ -252,11 +308,15 @@ def make_app(board: Board, sessions: Sessions | None = None) -> web.Application:
     return app
 
 
-def serve(board: Board, *, host: str, port: int, access: Access | None = None, on_ready: Any = None) -> None:
+def serve(board: Board, *, host: str, port: int, access: Access | None = None, hosts: AllowedHosts | None = None,
+          on_ready: Any = None) -> None:
+    """Serve until interrupted; `hosts` defaults to the bind address's names and the certificate's."""
     check_exposure(host, secure=access is not None)
+    if hosts is None:
+        hosts = allowed_hosts(host, certificate=access.certificate if access is not None else None)
 
     async def main() -> None:
-        app = make_app(board, access.sessions if access is not None else None)
+        app = make_app(board, access.sessions if access is not None else None, hosts=hosts)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=access.tls if access is not None else None)

@@ -76,7 +76,8 @@ def chrome_tls() -> Iterator[object]:
 
 
 def _chrome(*, accept_insecure_certs: bool) -> Iterator[object]:
-    missing = ([CHROMEDRIVER] if not os.path.exists(CHROMEDRIVER) else []) + ([] if shutil.which("chromium") else ["chromium"])
+    missing = [CHROMEDRIVER] if not os.path.exists(CHROMEDRIVER) else []
+    missing += [] if shutil.which("chromium") else ["chromium"]
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -93,6 +94,7 @@ def _chrome(*, accept_insecure_certs: bool) -> Iterator[object]:
         options.add_argument(arg)
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
     options.accept_insecure_certs = accept_insecure_certs
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for CSP violations
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
     yield driver
