@@ -22,6 +22,7 @@ from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.topics import ParsedTopic
 from ps_daemon import effects as fx
+from ps_daemon.audit_trail import RunAudit, refusal_totals
 from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, Started, Tick
@@ -58,6 +59,7 @@ class DaemonRunner:
         self.resume = resume
         self.force = force
         self.reminders = Reminders(config, self.turns)
+        self.audit = RunAudit(config)  # <out_dir>/audit/ps.jsonl: starts, rounds, the end (docs/audit.md)
         self._stop = False
         self._started_at = time.time()
         self._seen_connects = 0
@@ -71,7 +73,7 @@ class DaemonRunner:
 
     # -- setup ----------------------------------------------------------------------------------
     def _load_state(self) -> DaemonState:
-        latest = self.store.latest()
+        latest, removed = self.store.latest(), 0
         if self.resume:
             if latest is None:
                 log.info("--resume: no checkpoint in %s yet (round 1 had not closed); starting the run from its "
@@ -85,6 +87,7 @@ class DaemonRunner:
                          else "the final evaluation")
                 log.info("resuming from checkpoint of round %d (%s): session %s continues with %s",
                          ckpt.round - 1, latest, state.session, where)
+                self.audit.started("resume", state)
                 return state
         elif latest is not None:
             if not self.force:
@@ -102,7 +105,10 @@ class DaemonRunner:
             extras["pretrained"] = load_file(str(self.config.pretrained))
         session = secrets.token_hex(8)
         log.info("run %s: new session %s", self.config.run_id, session)
-        return self.machine.initial_state(weights, manifest_from_dict(manifest), extras, session=session)
+        state = self.machine.initial_state(weights, manifest_from_dict(manifest), extras, session=session)
+        self.audit.started("resume" if self.resume else "force" if removed else "fresh", state,
+                           removed_checkpoints=removed)
+        return state
 
     def start(self) -> None:
         """Load or create the state, connect, subscribe, and publish the first effects."""
@@ -167,11 +173,19 @@ class DaemonRunner:
         self._run_effects(effects)
 
     def _run_effects(self, effects: list[fx.Effect]) -> None:
+        for effect in effects:  # recorded before the round's checkpoint (see audit_trail)
+            if isinstance(effect, fx.PublishRoundMetrics):
+                self.audit.round_closed(effect.record, refusal_totals(self.channel.stats.rejected,
+                                                                      self.status.rejections.values()))
+        finishing = any(isinstance(e, fx.Finish) for e in effects)
         self.state = self.outbound.run_effects(self.state, effects)
+        if finishing and self.finished is not None:
+            self.audit.finished(self.finished)
 
     def close(self) -> None:
         c = self.config
         if self.finished is None:  # say we are gone (a clean disconnect does not fire the Will)
+            self.audit.stopped(self.state, signalled=self._stop)
             final = encode(self.status.message("offline", session=self.state.session, detail="PS stopped"))
             self.channel.close(final=(topics.ps_status_topic(c.run_id), final))
         else:

@@ -8,6 +8,7 @@ import typer
 
 from fedmqtt.cli import (
     algorithms,
+    audit,
     broker,
     dashboard,
     demo,
@@ -30,6 +31,7 @@ app.add_typer(broker.app, name="broker")
 app.add_typer(ps.app, name="ps")
 app.add_typer(site.app, name="site")
 app.add_typer(topics.app, name="topics")
+app.add_typer(audit.app, name="audit")
 # Single commands: each module's Typer holds one command, mounted at the top level.
 for module in (demo, simulate, algorithms, grid, report, partition, recruit):
     app.registered_commands.extend(module.app.registered_commands)

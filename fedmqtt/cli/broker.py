@@ -51,6 +51,7 @@ def init(
     Writes mosquitto.conf, the password file (mosquitto_passwd), the ACL, TLS certificates and one credentials
     file per party. Off loopback the broker listens with TLS; each credentials file carries the CA.
     """
+    from broker.audit_trail import record_init
     from broker.federation import OwnCertificates, init_federation
 
     own = None
@@ -64,6 +65,7 @@ def init(
         force=force, tls=tls, mtls=mtls, bind=bind, tls_port=tls_port, insecure_plaintext=insecure_plaintext,
         own_certs=own, max_inflight=max_inflight,
     )
+    record_init(layout, force=force)
     if insecure_plaintext:
         typer.secho("WARNING: --insecure-plaintext: passwords and models cross the network unencrypted.",
                     fg=typer.colors.RED, err=True)
@@ -80,6 +82,7 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
     """Run Mosquitto for the federation in the foreground until Ctrl-C."""
     import os
 
+    from broker.audit_trail import record_broker
     from broker.bridge import HOSPITAL_FILE
     from broker.federation import load_federation
     from broker.process import BrokerProcess
@@ -94,6 +97,7 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
         # add-site/remove-site/rotate read this to make the running broker reload (SIGHUP). Written whole or
         # not at all: a reader that came at the wrong moment saw an empty file (an e2e test did).
         write_atomic(layout.pid_path, f"{proc.pid}\n".encode("ascii"), durable=False)
+        record_broker(layout, "broker-start", pid=proc.pid, listeners=[x.describe() for x in layout.listeners()])
         typer.echo(f"mosquitto pid {proc.pid}; log {layout.log_path}; Ctrl-C stops")
         _echo_listeners(layout)
         try:
@@ -102,6 +106,7 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
         except KeyboardInterrupt:
             typer.echo("stopping mosquitto")
         finally:
+            record_broker(layout, "broker-stop", pid=proc.pid, cause="signal" if proc.alive else "mosquitto exited")
             if layout.pid_path.is_file() and layout.pid_path.read_text(encoding="ascii").strip() == str(proc.pid):
                 os.unlink(layout.pid_path)
     if not proc.alive:
@@ -186,9 +191,11 @@ def add_site_cmd(
     A running broker reloads at once. The PS takes its list of sites from its own config: add the site
     there too for the next run.
     """
+    from broker.audit_trail import record_party_change
     from broker.federation import add_site, load_federation
 
     layout, path = add_site(load_federation(fed_dir), site)
+    record_party_change(layout, "party-add", site)
     typer.echo(f"added {site}: hand over {path} (and only that file)")
     _reload(layout)
 
@@ -199,9 +206,11 @@ def remove_site_cmd(
     site: str = typer.Option(..., "--site", help="The site id to remove."),
 ) -> None:
     """Take one hospital out: its password, ACL rights, credentials (and client certificate, on the CRL) go."""
+    from broker.audit_trail import record_party_change
     from broker.federation import load_federation, remove_site
 
     layout = remove_site(load_federation(fed_dir), site)
+    record_party_change(layout, "party-remove", site)
     typer.echo(f"removed {site}")
     _reload(layout)
 
@@ -212,10 +221,12 @@ def rotate_cmd(
     user: str = typer.Option(..., "--party", help="Whose secrets: a site id, ps or observer."),
 ) -> None:
     """New password (and client certificate under --mtls) for one party; its old ones stop working."""
+    from broker.audit_trail import record_party_change
     from broker.federation import load_federation, rotate
 
     layout = load_federation(fed_dir)
     path = rotate(layout, user)
+    record_party_change(layout, "party-rotate", user)
     typer.echo(f"rotated {user}: hand over the new {path}; connections made with the old secrets stay up "
                "until they reconnect")
     _reload(layout)
