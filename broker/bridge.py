@@ -22,10 +22,10 @@ from broker import certs
 from broker.acl import render_acl
 from broker.config import Listener, free_port, render_broker_config
 from broker.passwords import generate_password, write_password_file
-from fedmqtt.config_io import dump_toml, load_toml
+from fedmqtt.config_io import dump_toml
 from fedmqtt.errors import ConfigError
 from fedmqtt.transport import topics
-from fedmqtt.transport.settings import BrokerSettings
+from fedmqtt.transport.settings import BrokerSettings, load_credentials
 
 # The central broker's default per-client limits (mosquitto.conf): a bridge is ONE client there, so everything
 # the central holds for this site in flight or queued must fit these, or the central drops messages silently.
@@ -143,7 +143,8 @@ def write_hospital_broker(
 
     local = {**central.model_dump(exclude_none=True, mode="json"), "host": "127.0.0.1", "port": port,
              "username": site, "password": local_password}
-    for field in ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_ca_pem", "tls_cert_pem", "tls_key_pem"):
+    for field in ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_ca_pem", "tls_cert_pem", "tls_key_pem",
+                  "tls_seat_certs_pem", "tls_broker_key_sha256"):
         local.pop(field, None)  # loopback to its own broker: no TLS
     BrokerSettings.model_validate(local)
     cred = out_dir / "credentials" / f"{site}.toml"
@@ -173,7 +174,7 @@ def _directive(conf: str, name: str) -> str:
 
 
 def load_central(credentials: Path) -> BrokerSettings:
-    return load_toml(credentials, BrokerSettings, section="broker")
+    return load_credentials(credentials)
 
 
 def _flow_lines(flow: BridgeFlow) -> list[str]:

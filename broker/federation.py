@@ -16,9 +16,10 @@ from broker import certs
 from broker.acl import login_names, render_acl
 from broker.config import Listener, TlsFiles, free_port, render_broker_config
 from broker.passwords import generate_password, write_password_file
+from broker.process import prepare_for_broker_user
 from fedmqtt.config_io import dump_toml, load_toml
 from fedmqtt.errors import BrokerError, ConfigError
-from fedmqtt.transport.settings import BrokerSettings
+from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from fedmqtt.transport.topics import validate_id
 
 PS_USER = "ps"
@@ -26,6 +27,8 @@ OBSERVER_USER = "observer"
 FEDERATION_FILE = "federation.toml"
 _MANAGED = (FEDERATION_FILE, "broker", "credentials")  # what init writes, and all that force removes
 DEFAULT_TLS_PORT = 8883
+ISSUING_CERT, ISSUING_KEY = "issuing-ca.crt", "issuing-ca.key"  # the CA that signs leaves (broker/certs.py)
+CA_CHAIN = "ca-chain.crt"  # root + issuing CA: what the broker checks client certificates against
 PID_FILE = "mosquitto.pid"  # written by `broker start`, read by add-site/remove-site/rotate to reload
 
 
@@ -91,7 +94,13 @@ class FederationLayout:
 
     @property
     def ca_path(self) -> Path:
+        """The root CA certificate: the parties' trust anchor (what their credentials carry)."""
         return self.broker_dir / "ca.crt"
+
+    @property
+    def root_key_path(self) -> Path:
+        """The root CA's key, unless `broker init --export-root-key` put it elsewhere (off this host)."""
+        return self.broker_dir / "root-ca.key"
 
     @property
     def pid_path(self) -> Path:
@@ -99,12 +108,16 @@ class FederationLayout:
 
     def listeners(self) -> list[ListenerInfo]:
         out = [ListenerInfo(self.listen_host, self.port, self.tls, self.mtls)]
-        if self.plain_port is not None:
-            out.append(ListenerInfo("127.0.0.1", self.plain_port, False))
+        if self.plain_port is not None:  # under mutual TLS it asks for a certificate too: it accepts parties
+            out.append(ListenerInfo("127.0.0.1", self.plain_port, self.mtls, self.mtls))
         return out
 
     def ca_fingerprint(self) -> str | None:
         return certs.fingerprint_sha256(self.ca_path.read_bytes()) if self.tls else None
+
+    def broker_key_fingerprint(self) -> str | None:
+        """SHA-256 of the broker certificate's public key: what every party's credentials pin."""
+        return certs.broker_key_sha256((self.broker_dir / "server.crt").read_bytes()) if self.tls else None
 
     def settings(self, user: str) -> BrokerSettings:
         """The `[broker]` settings of `user` (ps, observer or a site id) from its credentials file."""
@@ -112,7 +125,7 @@ class FederationLayout:
             raise ConfigError(
                 f"no broker user {user!r} in federation {self.fed_dir}; have {sorted(self.credentials)}"
             )
-        return load_toml(self.credentials[user], BrokerSettings, section="broker")
+        return load_credentials(self.credentials[user])
 
 
 @dataclass(frozen=True)
@@ -150,28 +163,39 @@ def init_federation(
     insecure_plaintext: bool = False,
     own_certs: OwnCertificates | None = None,
     max_inflight: int | None = None,
+    export_root_key: Path | None = None,
 ) -> FederationLayout:
     """Create broker config, ACL, password file and per-user credentials for one run under `fed_dir`.
 
-    TLS is on by default when `host` is not a loopback address: a private CA and a server certificate for
-    `host` and `names` are created (or `own_certs` used), the TLS listener takes `tls_port` (8883) and a plain
-    listener stays on 127.0.0.1:`port` for tools on the broker host. A plain listener on a network address
-    needs `insecure_plaintext`. `tls=True` forces TLS on loopback (tests); `mtls` adds client certificates.
-    `max_inflight`: the broker's QoS 2 window, raised for hospitals bridged over slow links (see broker/bridge.py).
+    TLS is on by default when `host` (what parties connect to) or `bind` is not a loopback address, whatever the
+    bind address: a broker bound to loopback behind a port forward still has its passwords cross the network.
+    A root CA, a name-constrained issuing CA and a server certificate for `host` and `names` are created (or
+    `own_certs` used), the TLS listener takes `tls_port` (8883) and a plain listener stays on 127.0.0.1:`port`
+    for tools on the broker host. A plain listener for a network host needs `insecure_plaintext`. `tls=True`
+    forces TLS on loopback (tests); `mtls` makes the client certificate the identity on every listener.
+    `export_root_key`: write the root CA's key there (a new file) instead of into the broker folder, so it can
+    leave the broker host. `max_inflight`: the broker's QoS 2 window, raised for hospitals bridged over slow
+    links (see broker/bridge.py).
     """
     fed_dir = Path(fed_dir).resolve()
     users = _check_ids(run_id, site_ids)
-    loopback = is_loopback(bind or host)
-    tls = (not loopback and not insecure_plaintext) if tls is None else tls
+    network = not is_loopback(host) or (bind is not None and not is_loopback(bind))
+    tls = (network and not insecure_plaintext) if tls is None else tls
     if mtls and not tls:
         raise ConfigError("--mtls needs TLS")
     if tls and insecure_plaintext:
         raise ConfigError("--insecure-plaintext and TLS exclude each other")
-    if not tls and not loopback and not insecure_plaintext:
+    if not tls and network and not insecure_plaintext:
+        where = host if not is_loopback(host) else bind
         raise ConfigError(
-            f"{bind or host} is a network address: without TLS every password and model crosses the network in "
-            "clear text. Drop --no-tls, or pass --insecure-plaintext if this network is truly private."
+            f"{where} is a network name or address: without TLS every password and model crosses the network in "
+            "clear text, whatever address the broker binds (a port forward or proxy carries it on). Drop --no-tls, "
+            "or pass --insecure-plaintext if this network is truly private."
         )
+    if export_root_key is not None and (own_certs is not None or not tls):
+        raise ConfigError("--export-root-key needs the federation's own CA (TLS, without --ca-cert)")
+    if export_root_key is not None and Path(export_root_key).exists():
+        raise ConfigError(f"{export_root_key} exists already: the root CA key goes to a new file")
     if own_certs is not None and mtls and own_certs.ca_key is None:
         raise ConfigError("--mtls with your own CA needs its key (--ca-key) to issue the client certificates")
     existing = [name for name in _MANAGED if (fed_dir / name).exists()]
@@ -185,9 +209,11 @@ def init_federation(
             shutil.rmtree(target)
         else:
             target.unlink()
-    all_names = list(dict.fromkeys([host, *(names or [])]))
+    # Under mutual TLS the loopback listener is a TLS one as well, so our certificate names 127.0.0.1 too.
+    loopback_name = ["127.0.0.1"] if mtls and own_certs is None else []
+    all_names = list(dict.fromkeys([host, *(names or []), *loopback_name]))
     if tls:
-        party_port = tls_port if tls_port is not None else (DEFAULT_TLS_PORT if not loopback else free_port())
+        party_port = tls_port if tls_port is not None else (DEFAULT_TLS_PORT if network else free_port())
         plain_port = port if port is not None else free_port("127.0.0.1")
     else:
         party_port = port if port is not None else free_port(bind or host)
@@ -199,7 +225,7 @@ def init_federation(
     layout = _layout(fed_dir, meta)
     layout.broker_dir.mkdir(parents=True, mode=0o700)
     if tls:
-        _write_server_certs(layout, own_certs)
+        _write_server_certs(layout, own_certs, export_root_key)
     _write_broker_files(layout)
     passwords = {user: generate_password() for user in users}
     write_password_file(layout.broker_dir / "passwd", passwords)
@@ -269,6 +295,7 @@ def reload_broker(layout: FederationLayout) -> int | None:
         return None
     if not _runs_our_broker(pid, layout.conf_path):
         return None
+    prepare_for_broker_user(layout.conf_path)  # files replaced as root: readable by the broker's user again
     os.kill(pid, signal.SIGHUP)
     return pid
 
@@ -335,35 +362,53 @@ def _save_sites(layout: FederationLayout, site_ids: list[str]) -> FederationLayo
     return _layout(layout.fed_dir, meta)
 
 
-def _write_server_certs(layout: FederationLayout, own: OwnCertificates | None) -> None:
+def _write_server_certs(layout: FederationLayout, own: OwnCertificates | None, export_root_key: Path | None) -> None:
+    """ca.crt (the parties' trust anchor), the issuing CA, ca-chain.crt (what the broker checks client
+    certificates against), server.crt (with its chain) and server.key, and under mutual TLS an empty CRL."""
     d = layout.broker_dir
     if own is None:
-        ca = certs.create_ca(f"fedmqtt CA {layout.run_id}")
-        server = certs.issue_server_cert(ca, list(layout.names))
-        certs.write_private(d / "ca.key", ca.key_pem)  # signs client certificates on add-site/rotate
+        root = certs.create_root_ca(layout.run_id)
+        issuing = certs.create_issuing_ca(root, layout.run_id, list(layout.names))
+        server = certs.issue_server_cert(issuing, list(layout.names))
+        server = certs.KeyPair(server.cert_pem + issuing.cert_pem, server.key_pem)  # parties hold the root only
+        certs.write_private(Path(export_root_key) if export_root_key is not None else layout.root_key_path,
+                            root.key_pem)
+        certs.write_private(d / ISSUING_KEY, issuing.key_pem)  # signs client certificates on add-site/rotate
+        (d / ISSUING_CERT).write_bytes(issuing.cert_pem)
+        anchor, chain = root.cert_pem, root.cert_pem + issuing.cert_pem
     else:
-        ca = certs.KeyPair(Path(own.ca_cert).read_bytes(), b"")
+        anchor = chain = Path(own.ca_cert).read_bytes()
         server = certs.KeyPair(Path(own.server_cert).read_bytes(), Path(own.server_key).read_bytes())
-        certs.check_server_cert(server.cert_pem, ca.cert_pem, list(layout.names))
-        if own.ca_key is not None:
-            certs.write_private(d / "ca.key", Path(own.ca_key).read_bytes())
-    if layout.mtls:  # an empty CRL from the start: Mosquitto refuses to start on a missing crlfile
-        (d / "crl.pem").write_bytes(certs.revoke(certs.KeyPair(ca.cert_pem, (d / "ca.key").read_bytes()), None, None))
-    (d / "ca.crt").write_bytes(ca.cert_pem)
+        certs.check_server_cert(server.cert_pem, anchor, list(layout.names))
+        if own.ca_key is not None:  # their CA issues the client certificates itself
+            certs.write_private(d / ISSUING_KEY, Path(own.ca_key).read_bytes())
+            (d / ISSUING_CERT).write_bytes(anchor)
+    (d / "ca.crt").write_bytes(anchor)
+    (d / CA_CHAIN).write_bytes(chain)
     (d / "server.crt").write_bytes(server.cert_pem)
     certs.write_private(d / "server.key", server.key_pem)
+    if layout.mtls:  # an empty CRL from the start: Mosquitto refuses to start on a missing crlfile
+        (d / "crl.pem").write_bytes(certs.revoke(_issuer(layout), None, None))
+
+
+def _issuer(layout: FederationLayout) -> certs.KeyPair:
+    """The CA that signs client certificates: the issuing CA (a federation made before it existed: ca.key)."""
+    d = layout.broker_dir
+    if (d / ISSUING_KEY).is_file():
+        return certs.KeyPair((d / ISSUING_CERT).read_bytes(), (d / ISSUING_KEY).read_bytes())
+    return certs.KeyPair(layout.ca_path.read_bytes(), (d / "ca.key").read_bytes())
 
 
 def _revoke_client_cert(layout: FederationLayout, user: str) -> None:
-    """Under mutual TLS, put `user`'s current client certificate on the CRL the TLS listener checks."""
+    """Under mutual TLS, put `user`'s current client certificates (every login's) on the CRL the broker checks."""
     if not layout.mtls or not layout.credentials[user].is_file():
         return
-    old = load_toml(layout.credentials[user], BrokerSettings, section="broker").tls_cert_pem
-    if old is None:
+    old = load_toml(layout.credentials[user], BrokerSettings, section="broker")
+    if old.tls_cert_pem is None:
         return
+    pem = (old.tls_cert_pem + (old.tls_seat_certs_pem or "")).encode("ascii")
     crl = layout.broker_dir / "crl.pem"
-    ca = certs.KeyPair(layout.ca_path.read_bytes(), (layout.broker_dir / "ca.key").read_bytes())
-    certs.write_private(crl, certs.revoke(ca, crl.read_bytes() if crl.is_file() else None, old.encode("ascii")))
+    certs.write_private(crl, certs.revoke(_issuer(layout), crl.read_bytes() if crl.is_file() else None, pem))
     crl.chmod(0o644)
 
 
@@ -380,14 +425,16 @@ def _write_broker_files(layout: FederationLayout) -> None:
     _write_acl(layout)
     d = layout.broker_dir
     tls = (
-        TlsFiles(cafile=d / "ca.crt", certfile=d / "server.crt", keyfile=d / "server.key",
+        TlsFiles(cafile=d / CA_CHAIN, certfile=d / "server.crt", keyfile=d / "server.key",
                  require_certificate=layout.mtls, crlfile=d / "crl.pem" if layout.mtls else None)
         if layout.tls
         else None
     )
     listeners = [Listener(layout.port, layout.listen_host, tls)]
     if layout.plain_port is not None:
-        listeners.append(Listener(layout.plain_port, "127.0.0.1"))  # broker-host tools only
+        # Broker-host tools only. Under mutual TLS it takes certificates like the other one: a listener that
+        # accepted a password alone would be the way around them.
+        listeners.append(Listener(layout.plain_port, "127.0.0.1", tls if layout.mtls else None))
     conf = render_broker_config(
         listeners=listeners,
         password_file=layout.broker_dir / "passwd",
@@ -419,16 +466,21 @@ def _set_password_entry(layout: FederationLayout, user: str, password: str | Non
 
 
 def _write_credentials(layout: FederationLayout, user: str, password: str) -> None:
-    """One file per party, 0600: broker address, user, password and, with TLS, the CA (and its own
-    client certificate and key under mutual TLS) as PEM text, so nothing else has to travel with it."""
+    """One file per party, 0600: broker address, user, password and, with TLS, the root CA and the broker's
+    pinned key (and under mutual TLS a client certificate for each of its logins, with their key) as text, so
+    nothing else has to travel with it."""
     table: dict[str, object] = {"host": layout.host, "port": layout.port, "username": user, "password": password}
     if layout.tls:
         table["tls_ca_pem"] = layout.ca_path.read_text(encoding="ascii")
+        table["tls_broker_key_sha256"] = layout.broker_key_fingerprint()
     if layout.mtls:
-        ca_key = layout.broker_dir / "ca.key"
-        ca = certs.KeyPair(layout.ca_path.read_bytes(), ca_key.read_bytes())
-        client = certs.issue_client_cert(ca, user)
+        issuer = _issuer(layout)
+        logins = login_names(user, observer_user=OBSERVER_USER)
+        client = certs.issue_client_cert(issuer, logins[0], run_id=layout.run_id)
+        seats = [certs.issue_client_cert(issuer, login, run_id=layout.run_id, key_pem=client.key_pem)
+                 for login in logins[1:]]
         table["tls_cert_pem"] = client.cert_pem.decode("ascii")
         table["tls_key_pem"] = client.key_pem.decode("ascii")
+        table["tls_seat_certs_pem"] = b"".join(seat.cert_pem for seat in seats).decode("ascii")
     BrokerSettings.model_validate(table)  # fail here, not when a party first loads its file
     certs.write_private(layout.credentials[user], dump_toml({"broker": table}).encode("utf-8"))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
+import pwd
 import re
 import resource
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -22,6 +25,10 @@ _TAIL_LINES = 40
 # over 1,000, more than the common default soft limit of 1,024.
 _WANTED_OPEN_FILES = 65536
 _LOG_DEST = re.compile(r"^log_dest\s+file\s+(\S.*?)\s*$", re.MULTILINE)
+# Directives naming files Mosquitto reads; it reads all of them (and its config again on SIGHUP) after it
+# switched to its `user`.
+_READ_FILES = ("password_file", "acl_file", "cafile", "certfile", "keyfile", "crlfile", "bridge_cafile",
+               "bridge_certfile", "bridge_keyfile")
 
 
 def raise_open_file_limit(wanted: int = _WANTED_OPEN_FILES) -> int:
@@ -49,6 +56,87 @@ def find_mosquitto() -> str:
             "mosquitto not found: install it with `sudo apt-get install mosquitto` (Debian/Ubuntu)"
         )
     return found
+
+
+def prepare_for_broker_user(conf_path: Path) -> None:
+    """As root, refuse a config that would keep Mosquitto root, and let its `user` reach the files it needs.
+
+    Mosquitto started as root switches to the config's `user` (default `mosquitto`) right after reading the
+    config and before it opens anything else: the log, the password file, the ACL, the TLS files, the CRL, the
+    persistence folder, and the config itself again on SIGHUP. Those files are given to that user with their
+    modes unchanged (a 0600 key stays readable by one account; root writes them anew on add-site, rotate and
+    remove-site, and `reload_broker` hands them over again); a private (0700) folder holding them opens to the
+    user's group for passing through only (0710). A folder further up that the user cannot pass is not changed:
+    that is refused with the command that fixes it. Nothing to do when not root (Mosquitto cannot switch users)."""
+    if os.geteuid() != 0:
+        return
+    conf_path = Path(conf_path).resolve()
+    directives = _directives(conf_path.read_text(encoding="utf-8"))
+    name = directives.get("user", ["mosquitto"])[-1]
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError:
+        raise BrokerError(f"{conf_path} runs mosquitto as user {name!r}, which does not exist: create it "
+                          f"(`adduser --system --group --no-create-home {name}`) or set another `user`") from None
+    if account.pw_uid == 0:
+        raise BrokerError(
+            f"{conf_path} would keep mosquitto running as root (`user {name}`): a broker that takes connections "
+            "from the network must not. Re-run `fedmqtt broker init` (it writes `user mosquitto` when run as root) "
+            f"or change that line to `user mosquitto`"
+        )
+    uid, gid = account.pw_uid, account.pw_gid
+    groups = set(os.getgrouplist(name, gid))
+    reads = [conf_path, *(Path(v) for key in _READ_FILES for v in directives.get(key, []))]
+    writes = [Path(v) for v in directives.get("persistence_location", [])]
+    log_files = [Path(match) for match in _LOG_DEST.findall(conf_path.read_text(encoding="utf-8"))]
+    for path in reads:
+        if path.is_file():
+            os.chown(path, uid, gid)  # its mode stays: a 0600 key or password file stays readable by one account
+    for log_file in log_files:
+        if not log_file.exists():
+            os.close(os.open(log_file, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.chown(log_file, uid, gid)
+    for folder in writes:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for path in [folder, *folder.rglob("*")]:
+            os.chown(path, uid, gid, follow_symlinks=False)
+    for path in [*reads, *log_files, *writes]:
+        _open_private_parent(path.parent, gid)
+        blocked = _blocked_ancestor(path, uid, groups)
+        if blocked is not None:
+            raise BrokerError(
+                f"mosquitto runs as user {name!r} and cannot reach {path}: {blocked} is closed to it (mode "
+                f"{stat.S_IMODE(blocked.stat().st_mode):04o}). Keep the federation where that user can pass, or "
+                f"open the folder for passing through only: chmod o+x {blocked}"
+            )
+
+
+def _directives(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and not parts[0].startswith("#"):
+            out.setdefault(parts[0], []).append(parts[1].strip())
+    return out
+
+
+def _open_private_parent(folder: Path, gid: int) -> None:
+    """A root-owned folder closed to everyone else (e.g. the federation's 0700 broker folder): let the broker's
+    group pass through it (0710), without listing or reading anything else in it."""
+    st = folder.stat()
+    if st.st_uid == 0 and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        os.chown(folder, -1, gid)
+        folder.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXGRP)
+
+
+def _blocked_ancestor(path: Path, uid: int, groups: set[int]) -> Path | None:
+    """The first folder above `path` that user `uid` (in `groups`) cannot pass through, or None."""
+    for folder in reversed(path.parents):
+        st = folder.stat()
+        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid in groups else stat.S_IXOTH
+        if not st.st_mode & bit:
+            return folder
+    return None
 
 
 class BrokerProcess:
@@ -80,6 +168,7 @@ class BrokerProcess:
         """Run `mosquitto -c conf_path` and return once host:port accepts TCP connections."""
         conf_path = Path(conf_path).resolve()
         cmd = [find_mosquitto(), "-c", str(conf_path)]
+        prepare_for_broker_user(conf_path)
         _check_port_free(host, port)
         log_at = _log_file_and_offset(conf_path)
         raise_open_file_limit()

@@ -1,4 +1,6 @@
-"""Durable file writes: temp file, fsync, os.replace, fsync of the folder (a crash leaves old or new, never half)."""
+"""Durable, private file writes: temp file, fsync, os.replace, fsync of the folder (a crash leaves old or new, never
+half). What a party writes (states, uplinks, checkpoints, spool, reports, models) is its own and may hold what
+others must not read: files are 0600 and folders 0700 from the moment they exist, whatever the umask."""
 
 from __future__ import annotations
 
@@ -7,6 +9,25 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 Piece = bytes | bytearray | memoryview  # anything a binary file's write() takes
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+
+
+def private_dir(path: Path) -> Path:
+    """Make `path` a folder only its owner may enter (0700), tightening one that exists: it is this party's own
+    folder. Missing folders above it are made 0700 too; existing ones are left as they are."""
+    path = Path(path)
+    for missing in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        missing.mkdir(exist_ok=True, mode=PRIVATE_DIR)
+        missing.chmod(PRIVATE_DIR)  # mkdir's mode passes through the umask
+    if path.stat().st_mode & 0o777 != PRIVATE_DIR:
+        path.chmod(PRIVATE_DIR)
+    return path
+
+
+def write_private_text(path: Path, text: str) -> Path:
+    """`text` (UTF-8) to `path` as write_atomic does, 0600 (reports and other text a party writes)."""
+    return write_atomic(path, text.encode("utf-8"))
 
 
 def write_atomic(path: Path, data: Piece | Iterable[Piece], *, durable: bool = True) -> Path:
@@ -15,7 +36,7 @@ def write_atomic(path: Path, data: Piece | Iterable[Piece], *, durable: bool = T
     a restart throws away anyway (the PS's update spool): still never torn, just not forced to disk."""
 
     def write(tmp: Path) -> None:
-        with open(tmp, "wb") as fh:
+        with open(tmp, "wb") as fh:  # made 0600 by replace_atomic; truncating keeps that mode
             for piece in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
                 fh.write(piece)
 
@@ -27,7 +48,10 @@ def replace_atomic(path: Path, write: Callable[[Path], None], *, durable: bool =
     which writes straight from the arrays' memory), then put it in place as `write_atomic` does."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))  # 0600 before a byte is in it
     write(tmp)
+    os.chmod(tmp, PRIVATE_FILE)  # a writer that replaced the file rather than truncating it
     if durable:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())

@@ -97,6 +97,10 @@ def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algo
         work = (Path(out).resolve() if out
                 else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmqtt-demo-"))))
         work.mkdir(parents=True, exist_ok=True)
+        if not out and os.geteuid() == 0:
+            # Run as root, the broker runs as the `mosquitto` user (broker/config.py), which must pass through
+            # this 0700 folder to its files; passing through lists and reads nothing.
+            work.chmod(0o711)
         layout = init_federation(work / "federation", run_id=RUN_ID, site_ids=list(SITES), port=free_port(), force=True)
         train = {**DEMO_TRAIN, "optimizer": "sgd", "lr": 0.05} if algorithm in SGD_ONLY else DEMO_TRAIN
         ps_cfg, site_cfgs = write_role_configs(layout, work, rounds=rounds, seed=seed, algorithm=algorithm,

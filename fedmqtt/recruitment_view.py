@@ -24,14 +24,13 @@ Reports = tuple[dict[str, Any], dict[str, int]]  # site -> histogram vector, sit
 def live_reports(credentials: Path, run_id: str, listen_s: float) -> Reports:
     """Histograms and training-set sizes from the sites' retained status messages (any reader of
     site/+/status)."""
-    from fedmqtt.config_io import load_toml
     from fedmqtt.transport import topics
     from fedmqtt.transport.channel import Channel
     from fedmqtt.transport.mqtt import MqttTransport
-    from fedmqtt.transport.settings import BrokerSettings
+    from fedmqtt.transport.settings import load_credentials
     from schemas.messages import SiteStatus
 
-    settings = load_toml(credentials, BrokerSettings, section="broker")
+    settings = load_credentials(credentials)
     seat = "3" if settings.username == "observer" else None  # its own login (watch: 1, dashboard: 2)
     transport = MqttTransport(settings, client_id=f"fedmqtt-recruit-{int(time.time() * 1000) % 10**9}",
                               seat=seat).connect()

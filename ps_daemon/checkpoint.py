@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fedmqtt.atomic import write_atomic
+from fedmqtt.atomic import private_dir, write_atomic
 from fedmqtt.errors import CheckpointError, SchemaError
 from fedmqtt.strategies.aggregate import release_pages
 from fedmqtt.strategies.base import Manifest, manifest_from_dict
@@ -144,7 +144,7 @@ class CheckpointStore:
         Why: between rounds the PS needs the current model only for its layout until the next aggregation,
         and a map whose pages were never read is not in the PS's memory. The runner swaps maps in for the
         arrays once the model is published (a map outlives the file's later rotation; Linux keeps it)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
         path, layout = write_mapped(self.folder / f"round-{ckpt.round:06d}.ckpt", encode_checkpoint(ckpt),
                                     ckpt.tensors)
         for old in self._files()[: -self.keep]:
@@ -158,7 +158,7 @@ class CheckpointStore:
         best = state.best
         if best is None or isinstance(best.weights, StoredWeights):
             return state
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
         record = BestRoundRecord(round=best.round, score=best.score, model_hash=best.model_hash,
                                  tensors=arrays_to_blobs(best.weights))
         pieces = pack_pieces(record.model_dump(mode="python"))

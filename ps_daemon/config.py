@@ -15,7 +15,7 @@ from fedmqtt.errors import ConfigError
 from fedmqtt.strategies import STRATEGIES, build_strategy
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
 from fedmqtt.training.client_rules import optimiser_problem
-from fedmqtt.transport.settings import BrokerSettings
+from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
 
@@ -148,7 +148,7 @@ class DaemonConfig(BaseModel):
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def broker_settings(self) -> BrokerSettings:
-        return load_toml(self.credentials, BrokerSettings, section="broker")
+        return load_credentials(self.credentials)
 
 
 def min_drawn(n_sites: int, fraction: float) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedmqtt.atomic import private_dir, replace_atomic, write_private_text
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from ps_daemon.checkpoint import best_weights, drop_read_pages
@@ -23,19 +25,15 @@ log = logging.getLogger("fedmqtt.ps")
 
 def write_final_outputs(config: DaemonConfig, channel: Channel, state: DaemonState, *, started_at: float,
                         usage: dict[int, dict[str, dict[str, Any]]]) -> None:
-    """Write the final and best models and the report, and publish the final metrics."""
-    from safetensors.numpy import save_file
-
-    c, out = config, config.out_dir
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the final and best models and the report (private to the PS), and publish the final metrics."""
+    c, out = config, private_dir(config.out_dir)
     models = {"final": str(out / "final_model.safetensors")}
     final = {**state.weights, **state.extras.get("eval", {})}  # FedDyn's deployed model is theta_avg
-    # safetensors writes straight from each array's memory: contiguous arrays are not copied first
-    save_file({k: np.require(v, requirements="C") for k, v in final.items()}, models["final"])
+    _save_model(Path(models["final"]), final)
     drop_read_pages(final)  # read through maps of the newest checkpoint; the best model is loaded next
     if state.best is not None:
         models["best"] = str(out / "best_model.safetensors")
-        save_file({k: np.require(v, requirements="C") for k, v in best_weights(state.best).items()}, models["best"])
+        _save_model(Path(models["best"]), best_weights(state.best))
     traffic = {"bytes_sent": channel.bytes_sent, "bytes_received": channel.bytes_received,
                "chunked_transfers": vars(channel.fetcher.stats),
                "messages_received": channel.stats.received, "duplicates": channel.stats.duplicates,
@@ -43,12 +41,21 @@ def write_final_outputs(config: DaemonConfig, channel: Channel, state: DaemonSta
     finished_at = time.time()
     timings = {"started_at": started_at, "finished_at": finished_at, "total_s": finished_at - started_at}
     report = build_report(c, state, timings=timings, traffic=traffic, models=models, usage=usage)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(render_markdown(report))
-    (out / "per_site.csv").write_text(per_site_csv(report))
+    write_private_text(out / "report.json", json.dumps(report, indent=2))
+    write_private_text(out / "report.md", render_markdown(report))
+    write_private_text(out / "per_site.csv", per_site_csv(report))
     mean_test = report["final"]["mean"].get("test", {})
     per_site = {s: e.get("metrics", {}).get("test", {}) for s, e in report["final"]["per_site"].items()}
     channel.send(topics.ps_metrics_topic(c.run_id), m.RoundMetrics(
         run_id=c.run_id, sender=PS, round=state.round, phase="final", sites=tuple(state.final_reports),
         per_site=per_site, mean=mean_test))
     log.info("run finished; report in %s", out / "report.json")
+
+
+def _save_model(path: Path, weights: dict[str, np.ndarray]) -> None:
+    """A safetensors file, 0600 and never torn (fedmqtt.atomic)."""
+    from safetensors.numpy import save_file
+
+    # safetensors writes straight from each array's memory: contiguous arrays are not copied first
+    contiguous = {k: np.require(v, requirements="C") for k, v in weights.items()}
+    replace_atomic(path, lambda tmp: save_file(contiguous, str(tmp)))

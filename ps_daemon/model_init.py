@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from fedmqtt.atomic import private_dir
 from ps_daemon.checkpoint import open_maps, safetensors_layout
 from ps_daemon.config import DaemonConfig
 from schemas.tensors import arrays_to_blobs, tensors_hash
@@ -32,7 +33,7 @@ def initial_model(config: DaemonConfig) -> tuple[dict, dict]:
     from safetensors.numpy import load_file
 
     out = config.out_dir / "initial"
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)
     spec = json.dumps({"name": config.model.name, "args": args, "seed": config.seed})
     done = subprocess.run([sys.executable, "-m", "fedmqtt.training.init_model", spec, str(out)],
                           capture_output=True, text=True)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from fedmqtt.atomic import private_dir
 from fedmqtt.errors import BrokerError, CheckpointError
 from fedmqtt.strategies import build_strategy
 from fedmqtt.strategies.base import manifest_from_dict
@@ -51,6 +52,7 @@ class DaemonRunner:
         self._transport_factory = transport_factory or (
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
         self.machine = Machine(config, build_strategy(config.algorithm, config.strategy_params()), hash_weights)
+        private_dir(config.out_dir)  # checkpoints, spooled updates and reports are the PS's alone
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
         self.spool = UpdateSpool(config.out_dir / "spool")
         # Grant numbers start at this start's time in ms: a resumed PS never repeats one a site has answered.

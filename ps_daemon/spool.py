@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmqtt.atomic import write_atomic
+from fedmqtt.atomic import private_dir, write_atomic
 from schemas.tensors import TensorBlob
 
 # What numpy can map; bfloat16 has no numpy dtype (and no model the PS holds uses it).
@@ -47,13 +47,13 @@ class UpdateSpool:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         shutil.rmtree(self.folder, ignore_errors=True)  # leftovers of a crashed run are re-sent by the sites
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
 
     def put(self, round_no: int, site: str, blobs: tuple[TensorBlob, ...]) -> SpooledTensors:
         """Store an ACCEPTED update (the caller has checked round, sender, first-wins and the tensors' layout
         against the model): atomically, so a reader never maps half a file and a crash leaves no torn one."""
         directory = self.folder / f"round-{round_no:06d}"
-        directory.mkdir(exist_ok=True)
+        directory.mkdir(exist_ok=True, mode=0o700)
         path = directory / f"{site}.bin"
         index: dict[str, tuple[int, str, tuple[int, ...]]] = {}
         offset = 0

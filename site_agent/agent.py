@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedmqtt import __version__
-from fedmqtt.atomic import write_atomic
+from fedmqtt.atomic import private_dir, write_atomic
 from fedmqtt.errors import BrokerError
 from fedmqtt.recruitment import label_histogram
 from fedmqtt.transport import topics
@@ -83,6 +83,7 @@ class SiteAgent:
 
     def _open_state(self) -> None:
         c = self.config
+        private_dir(c.state_dir)  # uplinks, local layers and the best model are this site's alone
         self.store = UplinkStore(c.state_dir / "uplink")
         self.local = LocalState(c.state_dir / "local")
         self.best = BestSlot(c.state_dir / "best")
@@ -103,7 +104,7 @@ class SiteAgent:
             for sub in ("uplink", "local", "best"):
                 shutil.rmtree(c.state_dir / sub, ignore_errors=True)
             self._open_state()
-        c.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(c.state_dir)
         write_atomic(c.state_dir / "session", session.encode("ascii"))
         self.session = session
         log.info("joined run %s, session %s", c.run_id, session)

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedmqtt.config_io import load_toml
 from fedmqtt.data.spec import DataSpec
-from fedmqtt.transport.settings import BrokerSettings
+from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from schemas.base import ID_PATTERN
 
 
@@ -31,7 +31,7 @@ class SiteConfig(BaseModel):
     share_label_histogram: bool = Field(default=False, description="egress policy: may label counts leave the site")
 
     def broker_settings(self) -> BrokerSettings:
-        return load_toml(self.credentials, BrokerSettings, section="broker")
+        return load_credentials(self.credentials)
 
 
 def load_site_config(path: Path) -> SiteConfig:

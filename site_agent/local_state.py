@@ -16,7 +16,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from fedmqtt.atomic import replace_atomic, write_atomic
+from fedmqtt.atomic import private_dir, replace_atomic, write_atomic
 from schemas.tensors import TensorBlob, arrays_to_blobs
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ Groups = dict[str, dict[str, np.ndarray]]
 class LocalState:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
         self._committed = self.folder / "committed.msgpack"
         self._pending = self.folder / "pending.msgpack"
 
@@ -75,7 +75,7 @@ class BestSlot:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
 
     def remember(self, round_no: int, weights: dict[str, np.ndarray]) -> None:
         _save(self.folder / "evaluated.safetensors", round_no, weights)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedmqtt.atomic import write_atomic
+from fedmqtt.atomic import private_dir, write_atomic
 
 
 class UplinkStore:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
 
     def _path(self, kind: str, round_no: int, model_hash: str) -> Path:
         return self.folder / f"{kind}-r{round_no:06d}-{model_hash[:16]}.msgpack"

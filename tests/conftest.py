@@ -22,6 +22,30 @@ from fedmqtt.transport.settings import BrokerSettings
 CONNECT_TIMEOUT_S = 5.0
 
 
+def reachable_by_broker(path: Path) -> Path:
+    """As root, Mosquitto runs as the unprivileged `mosquitto` user (broker/config.py, broker_user), which must
+    pass through the folders above a federation; pytest makes its temporary folders 0700. Let others pass
+    through (o+x: no listing, no reading) the root-owned ones from `path` up; the files stay private."""
+    if os.geteuid() == 0:
+        for folder in (path, *path.parents):
+            st = folder.stat()
+            if st.st_uid == 0 and not st.st_mode & 0o001:
+                folder.chmod(st.st_mode & 0o7777 | 0o001)
+    return path
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's tmp_path, which the broker's own user can pass through when the tests run as root."""
+    return reachable_by_broker(tmp_path)
+
+
+@pytest.fixture(name="reachable_by_broker", scope="session")
+def reachable_by_broker_fixture() -> Callable[[Path], Path]:
+    """`reachable_by_broker` for folders made otherwise (tmp_path_factory.mktemp, tempfile.mkdtemp)."""
+    return reachable_by_broker
+
+
 @pytest.fixture(scope="session")
 def mosquitto_bin() -> str:
     """Path of the mosquitto binary; skips broker tests locally when it is missing, fails them under CI."""

@@ -26,16 +26,20 @@ def init(
     sans: list[str] = typer.Option([], "--san", help="Another name or address for the server certificate only."),
     bind: str | None = typer.Option(None, help="Address the network listener binds (default: the first --host)."),
     port: int | None = typer.Option(
-        None, help="Plain port: the only listener on loopback, or the loopback one next to TLS (default: free)."
+        None, help="Plain port: the only listener on loopback, or the loopback one next to TLS (under --mtls it "
+        "asks for a client certificate too) (default: free)."
     ),
     tls: bool | None = typer.Option(
-        None, "--tls/--no-tls", help="TLS listener (default: on unless --host is loopback; --tls forces it there)."
+        None, "--tls/--no-tls", help="TLS listener (default: on unless --host and --bind are loopback; --tls forces "
+        "it there)."
     ),
     tls_port: int | None = typer.Option(None, help="TLS port (default 8883; a free one on loopback)."),
-    mtls: bool = typer.Option(False, "--mtls", help="Mutual TLS: a client certificate per party, CN = user."),
+    mtls: bool = typer.Option(False, "--mtls", help="Mutual TLS: the client certificate is the login on every "
+                              "listener (one per connection user, CN = user); a password alone is refused."),
     insecure_plaintext: bool = typer.Option(
         False, "--insecure-plaintext",
-        help="Allow a plain-text listener on a network address: passwords and models travel unencrypted.",
+        help="Allow plain text for a network --host or --bind (even one bound to loopback behind a port forward): "
+        "passwords and models travel unencrypted.",
     ),
     ca_cert: Path | None = typer.Option(None, help="Your own CA certificate (PEM) instead of a new private CA."),
     ca_key: Path | None = typer.Option(None, help="Its key: only needed with --mtls (to issue client certs)."),
@@ -44,6 +48,9 @@ def init(
     max_inflight: int | None = typer.Option(
         None, help="QoS 2 window of the broker (mosquitto.conf: 20). Hospitals bridged over slow links need the "
         "value `broker bridge` prints."),
+    export_root_key: Path | None = typer.Option(
+        None, help="Write the root CA's key to this new file instead of the broker folder, and take it off the "
+        "broker host: running, add-site and rotate never need it (the issuing CA signs)."),
     force: bool = typer.Option(False, help="Replace an existing federation in --dir (every secret changes)."),
 ) -> None:
     """Create a federation: broker config, passwords, ACL, TLS certificates, one credentials file per party.
@@ -63,7 +70,7 @@ def init(
     layout = init_federation(
         fed_dir, run_id=run_id, site_ids=sites, host=hosts[0], names=[*hosts[1:], *sans], port=port,
         force=force, tls=tls, mtls=mtls, bind=bind, tls_port=tls_port, insecure_plaintext=insecure_plaintext,
-        own_certs=own, max_inflight=max_inflight,
+        own_certs=own, max_inflight=max_inflight, export_root_key=export_root_key,
     )
     record_init(layout, force=force)
     if insecure_plaintext:
@@ -74,6 +81,10 @@ def init(
     _echo_listeners(layout)
     for user, path in sorted(layout.credentials.items()):
         typer.echo(f"  credentials   : {path}  ({user})")
+    if export_root_key is not None:
+        typer.echo(f"  root CA key   : {export_root_key}: move it off this host and keep it offline")
+    elif layout.root_key_path.is_file():
+        typer.echo(f"  root CA key   : {layout.root_key_path} (better kept off this host: --export-root-key)")
     typer.echo("Give each party only its own credentials file (it holds its password; keep it 0600).")
 
 
@@ -248,6 +259,7 @@ def _echo_listeners(layout: FederationLayout) -> None:
     fingerprint = layout.ca_fingerprint()
     if fingerprint is not None:
         typer.echo(f"  CA SHA-256    : {fingerprint}")
+        typer.echo(f"  broker key    : SHA-256 {layout.broker_key_fingerprint()} (pinned in every credentials file)")
 
 
 @app.command("acl")

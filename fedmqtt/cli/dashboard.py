@@ -39,12 +39,11 @@ def dashboard(
 ) -> None:
     """Serve a read-only page with the run's progress, every site's state and the metrics per round."""
     from broker.federation import load_federation
-    from fedmqtt.config_io import load_toml
     from fedmqtt.dashboard.hosts import allowed_hosts
     from fedmqtt.dashboard.server import Board, BrokerListener, check_exposure, is_loopback, serve
     from fedmqtt.dashboard.state import RunView
     from fedmqtt.errors import FedMqttError
-    from fedmqtt.transport.settings import BrokerSettings
+    from fedmqtt.transport.settings import load_credentials
 
     secure = tls or not is_loopback(host) or cert is not None
     check_exposure(host, secure=secure)
@@ -74,7 +73,7 @@ def dashboard(
             run_id = run_id or layout.run_id
         else:
             assert credentials is not None  # exactly one of --federation, --credentials, --run (checked above)
-            settings = load_toml(credentials, BrokerSettings, section="broker")
+            settings = load_credentials(credentials)
             if not run_id:
                 raise FedMqttError("--credentials needs --run-id (the run to watch)")
         if settings.username != "observer":

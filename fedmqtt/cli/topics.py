@@ -25,15 +25,14 @@ def watch(
                                        "has seats 1-7; default for it: 1)."),
 ) -> None:
     """Print every message of a run as one decoded line (never raw tensors). What you see depends on the ACL."""
-    from fedmqtt.config_io import load_toml
     from fedmqtt.errors import FedMqttError
     from fedmqtt.summary import summarize
     from fedmqtt.transport import topics
     from fedmqtt.transport.channel import check_message
     from fedmqtt.transport.mqtt import MqttTransport
-    from fedmqtt.transport.settings import BrokerSettings
+    from fedmqtt.transport.settings import load_credentials
 
-    settings = load_toml(credentials, BrokerSettings, section="broker")
+    settings = load_credentials(credentials)
     if seat is None and settings.username == "observer":
         seat = "1"  # leave the plain observer login to the demo and scripts
     transport = MqttTransport(settings, client_id=f"fedmqtt-watch-{int(time.time() * 1000) % 10**9}", seat=seat)

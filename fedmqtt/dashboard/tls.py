@@ -1,9 +1,13 @@
-"""HTTPS for the dashboard: a server certificate issued by the federation's CA, or the operator's own.
+"""HTTPS for the dashboard: a server certificate from the dashboard's own CA, or the operator's own.
 
 The certificate lives in `<federation>/dashboard/` next to the password hash. It is issued again when the
-names asked for are not all in it, when it expires within 30 days, or when the federation's CA changed.
-A federation without a CA key (plain loopback broker, or an operator's CA whose key was not given) gets a
-dashboard-only CA in the same folder; browsers then need that CA (or the operator's --cert/--key).
+names asked for are not all in it, when it expires within 30 days, or when its CA changed.
+
+The dashboard's CA is its own (`<federation>/dashboard/ca.crt`), never the federation's: the dashboard often
+serves the broker's host name, and a certificate from the CA the parties trust, for that name, would let the
+dashboard (or whoever holds its key) stand in for the broker and receive a site's password. Browsers trust the
+dashboard's CA; no party does. Its certificates also carry the dashboard role (broker/certs.py), which a site
+refuses even where an operator's own CA issued both.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from cryptography.exceptions import InvalidSignature
 
 from broker import certs
 from fedmqtt.errors import ConfigError
+from fedmqtt.transport.broker_identity import DASHBOARD_ROLE, roles
 
 RENEW_BEFORE = dt.timedelta(days=30)
 
@@ -26,11 +31,7 @@ def dashboard_dir(fed_dir: Path) -> Path:
 
 
 def _signing_ca(fed_dir: Path) -> tuple[certs.KeyPair, Path]:
-    """The federation's CA when its key is here; else the dashboard's own CA (made once)."""
-    broker_dir = Path(fed_dir) / "broker"
-    if (broker_dir / "ca.key").is_file() and (broker_dir / "ca.crt").is_file():
-        return certs.KeyPair((broker_dir / "ca.crt").read_bytes(), (broker_dir / "ca.key").read_bytes()), \
-            broker_dir / "ca.crt"
+    """The dashboard's own CA (made once), whatever CA the federation's broker has."""
     own = dashboard_dir(fed_dir)
     crt, key = own / "ca.crt", own / "ca.key"
     if not (crt.is_file() and key.is_file()):
@@ -49,6 +50,8 @@ def _still_good(cert_path: Path, ca_pem: bytes, names: list[str]) -> bool:
         cert.verify_directly_issued_by(ca)  # the same CA key, not only the same name
     except (OSError, ValueError, TypeError, ConfigError, InvalidSignature):
         return False
+    if DASHBOARD_ROLE not in roles(cert):  # issued before certificates carried their role
+        return False
     return cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) > RENEW_BEFORE
 
 
@@ -61,7 +64,7 @@ def federation_certificate(fed_dir: Path, names: list[str]) -> tuple[Path, Path,
     cert_path, key_path = out / "server.crt", out / "server.key"
     if not (key_path.is_file() and _still_good(cert_path, ca.cert_pem, names)):
         out.mkdir(parents=True, exist_ok=True, mode=0o700)
-        pair = certs.issue_server_cert(ca, names)
+        pair = certs.issue_server_cert(ca, names, role="dashboard")
         certs.write_private(key_path, pair.key_pem)
         cert_path.write_bytes(pair.cert_pem)
     return cert_path, key_path, ca_path

@@ -11,16 +11,17 @@ from pathlib import Path
 
 from safetensors.numpy import save_file
 
+from fedmqtt.atomic import private_dir, replace_atomic, write_private_text
 from fedmqtt.training.models import model_manifest
 from fedmqtt.training.weights import initial_arrays
 
 
 def main(spec_json: str, out_dir: str) -> None:
     spec = json.loads(spec_json)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(initial_arrays(spec["name"], spec["args"], int(spec["seed"])), str(out / "weights.safetensors"))
-    (out / "manifest.json").write_text(json.dumps(model_manifest(spec["name"], spec["args"])))
+    out = private_dir(Path(out_dir))  # inside the PS's private out_dir, and as private as the rest of it
+    arrays = initial_arrays(spec["name"], spec["args"], int(spec["seed"]))
+    replace_atomic(out / "weights.safetensors", lambda tmp: save_file(arrays, str(tmp)))
+    write_private_text(out / "manifest.json", json.dumps(model_manifest(spec["name"], spec["args"])))
 
 
 if __name__ == "__main__":

@@ -136,8 +136,9 @@ class MqttTransport:
         self.refusals: dict[int, int] = {}  # reason code -> how often the broker refused something with it
         client = _Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
         client.username_pw_set(self.username, settings.password)
-        # Verifies the broker (CA + host name) and, for mutual TLS, presents our certificate and key.
-        self._ssl_context = settings.ssl_context()
+        # Verifies the broker (CA, host name, pinned key) and, for mutual TLS, presents the certificate of this
+        # connection's own user: under `broker init --mtls` the certificate is the login.
+        self._ssl_context = settings.ssl_context(seat=seat)
         if self._ssl_context is not None:
             client.tls_set_context(self._ssl_context)
         if will is not None:

@@ -38,6 +38,17 @@ class BrokerSettings(BaseModel):
     tls_ca_pem: str | None = Field(default=None, repr=False, description="tls_ca_file's content as PEM text")
     tls_cert_pem: str | None = Field(default=None, repr=False, description="tls_cert_file's content as PEM text")
     tls_key_pem: str | None = Field(default=None, repr=False, description="tls_key_file's content as PEM text")
+    # Mutual TLS where the certificate is the identity (`broker init --mtls`): every simultaneous connection of
+    # a party logs in as its own user (`<user>.bulk`, observer seats; broker/acl.py), so it needs a certificate
+    # naming that user. They share the key of tls_key_pem.
+    tls_seat_certs_pem: str | None = Field(default=None, repr=False, description="mutual TLS: the client "
+                                           "certificates (PEM, one after another) of this party's other logins "
+                                           "(`<user>.bulk`, `observer.1` ...), for the key of tls_key_pem")
+    tls_broker_key_sha256: str | None = Field(default=None, pattern=r"^([0-9A-Fa-f]{2}:){31}[0-9A-Fa-f]{2}$",
+                                              description="SHA-256 of the broker certificate's public key "
+                                              "(colon-separated hex, as `fedmqtt broker start` prints it): the TLS "
+                                              "handshake is refused, before the password is sent, unless the server "
+                                              "shows this key")
     # Largest message after reassembly (a 512 MB model fits); the broker's own per-packet cap is far lower
     # (mosquitto.conf) because anything above `chunk_threshold_bytes` travels as chunks.
     max_payload_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024, description="largest message this party "
@@ -82,6 +93,10 @@ class BrokerSettings(BaseModel):
             raise ValueError("give the client certificate and key as files or as PEM text, not both")
         if has_cert and not self.tls:
             raise ValueError("a client certificate needs TLS: set tls_ca_file or tls_ca_pem")
+        if self.tls_seat_certs_pem is not None and self.tls_key_pem is None:
+            raise ValueError("tls_seat_certs_pem needs the key they were issued for in tls_key_pem")
+        if self.tls_broker_key_sha256 is not None and not self.tls:
+            raise ValueError("tls_broker_key_sha256 needs TLS: set tls_ca_file or tls_ca_pem")
         return self
 
     @property
@@ -89,18 +104,19 @@ class BrokerSettings(BaseModel):
         """True when this party connects with TLS (a CA to verify the broker against is configured)."""
         return self.tls_ca_file is not None or self.tls_ca_pem is not None
 
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """A client TLS context that verifies the broker (CA + host name) and presents the client certificate
-        for mutual TLS; None without TLS. Inline PEM keys pass through a 0600 temporary file for the time of
-        `load_cert_chain` only (Python's ssl loads keys from files)."""
+    def ssl_context(self, seat: str | None = None) -> ssl.SSLContext | None:
+        """A client TLS context that verifies the broker (CA, host name, and its pinned key or role: see
+        fedmqtt.transport.broker_identity) and presents the client certificate for mutual TLS (the one of
+        `<username>.<seat>` when the credentials carry it); None without TLS. Inline PEM keys pass through a
+        0600 temporary file for the time of `load_cert_chain` only (Python's ssl loads keys from files)."""
         import os
-        import ssl
         import tempfile
+
+        from fedmqtt.transport.broker_identity import BrokerContext
 
         if not self.tls:
             return None
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)  # CERT_REQUIRED and check_hostname on
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx = BrokerContext.create(self.tls_broker_key_sha256)  # CERT_REQUIRED and check_hostname on
         if self.tls_ca_pem is not None:
             ctx.load_verify_locations(cadata=self.tls_ca_pem)
         else:
@@ -108,10 +124,53 @@ class BrokerSettings(BaseModel):
         if self.tls_cert_file is not None and self.tls_key_file is not None:
             ctx.load_cert_chain(str(self.tls_cert_file), str(self.tls_key_file))
         elif self.tls_cert_pem is not None and self.tls_key_pem is not None:
+            cert_pem = self._seat_cert(seat) or self.tls_cert_pem
             with tempfile.TemporaryDirectory(prefix="fedmqtt-tls-") as tmp:  # 0700, removed at once
                 path = os.path.join(tmp, "client.pem")
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "w", encoding="ascii") as f:
-                    f.write(self.tls_cert_pem.strip() + "\n" + self.tls_key_pem.strip() + "\n")
+                    f.write(cert_pem.strip() + "\n" + self.tls_key_pem.strip() + "\n")
                 ctx.load_cert_chain(path)
         return ctx
+
+    def _seat_cert(self, seat: str | None) -> str | None:
+        """The certificate (PEM) among tls_seat_certs_pem whose common name is `<username>.<seat>`, if any."""
+        if seat is None or self.tls_seat_certs_pem is None:
+            return None
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.x509.oid import NameOID
+
+        wanted = f"{self.username}.{seat}"
+        for cert in x509.load_pem_x509_certificates(self.tls_seat_certs_pem.encode("ascii")):
+            names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+            if names and names[-1].value == wanted:
+                return cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
+        return None
+
+
+def check_private(path: Path) -> None:
+    """Refuse a secrets file (password, client key) that others on the machine can read or change.
+
+    Refused rather than warned about: a warning scrolls by while the password stays readable by every local
+    account, and anyone who read it can log in as this party. The fix is one command."""
+    import stat
+
+    from fedmqtt.errors import ConfigError
+
+    mode = Path(path).stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        who = " and ".join(w for w, bits in (("its group", stat.S_IRWXG), ("other users", stat.S_IRWXO))
+                           if mode & bits)
+        raise ConfigError(f"{path} holds this party's broker credentials and is open to {who} (mode "
+                          f"{stat.S_IMODE(mode):04o}); make it private with: chmod 600 {path}")
+
+
+def load_credentials(path: Path) -> BrokerSettings:
+    """The `[broker]` table of a party's credentials file, which must be private (check_private)."""
+    from fedmqtt.config_io import load_toml
+
+    path = Path(path)
+    if path.is_file():  # a missing file: load_toml says so, naming it
+        check_private(path)
+    return load_toml(path, BrokerSettings, section="broker")

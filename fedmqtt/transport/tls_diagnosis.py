@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import ssl
 
+from fedmqtt.transport.broker_identity import BrokerIdentityError
 from fedmqtt.transport.settings import BrokerSettings
 
 
@@ -35,6 +36,11 @@ def probe_tls(context: ssl.SSLContext, host: str, port: int) -> None:
 
 def explain_tls(exc: ssl.SSLError, *, broker: str, settings: BrokerSettings) -> str:
     """Cause and fix of a failed TLS handshake (these never heal by retrying)."""
+    if isinstance(exc, BrokerIdentityError):
+        return (f"TLS: the server at {broker} is not the federation's broker: {exc.verify_message}. Nothing was "
+                "sent to it. Check that host and port in the [broker] settings point at the broker (not at the "
+                "dashboard or another service on that host); if the broker's key was replaced on purpose, ask its "
+                "operator for this party's new credentials file (`fedmqtt broker rotate`).")
     if isinstance(exc, ssl.SSLCertVerificationError):
         why = str(exc.verify_message or exc)
         lower = why.lower()

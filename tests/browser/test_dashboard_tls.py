@@ -27,10 +27,13 @@ PASSWORD = "correct horse battery staple"
 
 
 # -- certificate ---------------------------------------------------------------------------------------------
-def test_the_federation_ca_issues_the_dashboard_certificate_once_per_name_set(tmp_path: Path) -> None:
+def test_the_dashboards_own_ca_issues_its_certificate_once_per_name_set(tmp_path: Path) -> None:
+    """Not the federation's CA, which the parties trust: a dashboard certificate for the broker's name from it
+    could stand in for the broker (tests/integration/test_tls.py)."""
     layout = init_federation(tmp_path / "fed", run_id="tlsdash", site_ids=["a"], tls=True, port=free_port())
     cert_path, key_path, ca_path = tls.federation_certificate(layout.fed_dir, ["127.0.0.1", "dash.example"])
-    assert ca_path == layout.ca_path and cert_path.parent == layout.fed_dir / "dashboard"
+    assert ca_path == layout.fed_dir / "dashboard" / "ca.crt" and cert_path.parent == layout.fed_dir / "dashboard"
+    assert ca_path.read_bytes() != layout.ca_path.read_bytes()
     assert key_path.stat().st_mode & 0o077 == 0  # the key is readable by its owner only
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_path.read_bytes()))
@@ -114,7 +117,7 @@ def test_https_needs_the_password_and_then_serves_the_run(tls_federation: Federa
                                                           tmp_path: Path) -> None:
     layout = tls_federation
     url = dashboard("--federation", str(layout.fed_dir), "--tls")
-    ca = layout.ca_path
+    ca = tls.dashboard_dir(layout.fed_dir) / "ca.crt"  # browsers trust the dashboard's own CA
     log = (tmp_path / f"dashboard-{urllib.parse.urlsplit(url).port}.log").read_text()
     password = re.search(r"dashboard password \(shown only now; .*\): (\S+)", log).group(1)  # type: ignore[union-attr]
     assert password not in (layout.fed_dir / "dashboard" / login.HASH_FILE).read_text()

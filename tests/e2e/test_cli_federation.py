@@ -99,6 +99,11 @@ def test_report_and_watch_show_a_finished_run(cli_federation) -> None:
     assert out.count("update:") == 0
     assert "INVALID" not in out
     assert max(len(line) for line in out.splitlines()) < 300  # summaries, never tensor dumps
+    # Everything the PS and the sites wrote (checkpoints, spool, reports, models, uplinks, local state) is theirs
+    # alone: 0600 files in 0700 folders
+    written = [p for top in (fed.work / "ps", fed.work / "state") for p in [top, *top.rglob("*")]]
+    assert len(written) > 10
+    assert [(str(p), oct(p.stat().st_mode & 0o777)) for p in written if p.stat().st_mode & 0o077] == []
 
 
 def test_run_survives_a_killed_site_and_a_broker_restart(cli_federation) -> None:

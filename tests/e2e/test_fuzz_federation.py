@@ -197,8 +197,9 @@ def clean_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarra
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(before=st.lists(hostile(), min_size=5, max_size=25), during=st.lists(hostile(), min_size=10, max_size=40))
-def test_hostile_messages_during_a_real_run_change_nothing(clean_model, mosquitto_bin, before, during) -> None:  # noqa: ANN001
-    work = Path(tempfile.mkdtemp(prefix="fuzz-"))
+def test_hostile_messages_during_a_real_run_change_nothing(clean_model, mosquitto_bin, reachable_by_broker, before,  # noqa: ANN001
+                                                            during) -> None:
+    work = reachable_by_broker(Path(tempfile.mkdtemp(prefix="fuzz-")))
     fed = CliFederation(work, run_id=RUN, rounds=ROUNDS, sites=(*HONEST, MALLORY),
                         ps_extra={"quorum": len(HONEST), "min_sites": len(HONEST)})
     try:

@@ -2,21 +2,32 @@
 
 Mosquitto ends a connection when another logs in with the same client id (and its Last Will fires); the
 broker forces client id = user name (use_username_as_clientid, broker/acl.py), so an intruder that uses its
-OWN valid credentials with the victim's client id only ever gets its own id.
+OWN valid credentials with the victim's client id only ever gets its own id. Under `broker init --mtls` the
+client certificate is the identity on every listener: a password, with another party's certificate or none,
+logs in as nobody else.
 """
 
 from __future__ import annotations
 
+import gc
 import queue
 import re
+import secrets
+import ssl
 import threading
 import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.reasoncodes import ReasonCode
 
+from broker.config import free_port
+from broker.federation import FederationLayout, init_federation
+from broker.process import BrokerProcess
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
@@ -46,13 +57,14 @@ def _intruder(federation: RunningFederation, user: str, client_id: str) -> tuple
     return client, reason, _logged_client_id(federation, user)
 
 
-def _logged_client_id(federation: RunningFederation, user: str) -> str:
+def _logged_client_id(federation: RunningFederation | FederationLayout, user: str) -> str:
     """The id of the last connection of `user` in the broker's log:
     "New client connected from A as ID (.., u'USER')"."""
+    layout = federation if isinstance(federation, FederationLayout) else federation.layout
     pattern = re.compile(r"New client connected from \S+ as (\S+) \(.*u'" + re.escape(user) + r"'\)")
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        found = pattern.findall(federation.layout.log_path.read_text(encoding="utf-8"))
+        found = pattern.findall(layout.log_path.read_text(encoding="utf-8"))
         if found:
             return found[-1]
         time.sleep(0.1)
@@ -179,3 +191,114 @@ def test_several_observers_watch_at_once(federation: RunningFederation) -> None:
     finally:
         for t in transports:
             t.close()
+
+
+# -- mutual TLS: the certificate is the identity -------------------------------------------------------------
+
+
+@pytest.fixture
+def mtls(mosquitto_bin: str, tmp_path: Path) -> Iterator[FederationLayout]:
+    """A `--mtls` federation on loopback (sites site-a and site-b) with its loopback listener, broker running."""
+    layout = init_federation(tmp_path / "fed", run_id=f"t-{secrets.token_hex(3)}", site_ids=["site-a", "site-b"],
+                             tls=True, mtls=True, port=free_port(), names=["localhost"])
+    with BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.listen_host):
+        yield layout
+
+
+def _login(host: str, port: int, user: str, password: str,
+           context: ssl.SSLContext | None) -> tuple[mqtt.Client | None, object]:
+    """Connect with this user name and password over `context` (None: plain TCP): the client (None if refused)
+    and the CONNACK code, or the handshake's exception, or None when the broker closed without a CONNACK."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"x-{secrets.token_hex(3)}",
+                         protocol=mqtt.MQTTv5, reconnect_on_failure=False)
+    client.username_pw_set(user, password)
+    if context is not None:
+        client.tls_set_context(context)
+    answer: queue.Queue[ReasonCode] = queue.Queue()
+    client.on_connect = lambda _c, _u, _f, reason, _p: answer.put(reason)
+    try:
+        client.connect(host, port, keepalive=10)
+    except OSError as exc:  # ssl.SSLError too; paho leaves that socket open: collect it quietly
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+        return None, exc
+    client.loop_start()
+    try:
+        reason: object = answer.get(timeout=WAIT_S)
+    except queue.Empty:
+        reason = None
+    if reason is None or getattr(reason, "is_failure", True):
+        client.disconnect()
+        client.loop_stop()
+        return None, reason
+    return client, reason
+
+
+def test_a_password_with_another_sites_certificate_does_not_log_in_as_that_site(mtls: FederationLayout) -> None:
+    """site-a's user name and password with site-b's valid certificate: the broker takes the certificate's word,
+    so the login is site-b's. site-a's connection stays, and a publish to site-a's topics is refused. (Before,
+    the password made it site-a, and the intruder pushed the real site-a off the broker.)"""
+    # Prepare
+    a, b = mtls.settings("site-a"), mtls.settings("site-b")
+    victim = MqttTransport(a, client_id=f"fedmqtt-site-{mtls.run_id}-site-a").connect(timeout_s=10)
+    try:
+        # Execute
+        intruder, reason = _login(a.host, a.port, "site-a", a.password, b.ssl_context())
+        assert intruder is not None, reason
+        published = queue.Queue()  # type: ignore[var-annotated]
+        intruder.on_publish = lambda _c, _u, _mid, code, _p: published.put(code)
+        intruder.publish(topics.site_status_topic(mtls.run_id, "site-a"), b"forged", qos=1)
+        refusal = published.get(timeout=WAIT_S)
+        time.sleep(1.0)  # a takeover would close the victim within milliseconds
+
+        # Assert
+        assert _logged_client_id(mtls, "site-b") == "site-b"
+        assert refusal.value == 0x87, refusal  # not authorised: site-b may not write site-a's topics
+        assert victim.connected and victim.connects == 1
+        intruder.disconnect()
+        intruder.loop_stop()
+    finally:
+        victim.close()
+
+
+def test_a_password_without_a_certificate_is_refused_on_every_listener(mtls: FederationLayout) -> None:
+    """Every listener of an --mtls federation, the loopback one included, refuses a right password that comes
+    without a certificate. (Before, the plain loopback listener took the password alone.)"""
+    a = mtls.settings("site-a")
+    bare = a.model_copy(update={"tls_cert_pem": None, "tls_key_pem": None, "tls_seat_certs_pem": None})
+    listeners = mtls.listeners()
+    assert [li.port for li in listeners] == [mtls.port, mtls.plain_port]
+    directives = [line.split()[0] for line in mtls.conf_path.read_text().splitlines() if line[:1].isalpha()]
+    for needed in ("listener", "require_certificate", "use_identity_as_username"):
+        assert directives.count(needed) == 2, needed
+    for listener in listeners:
+        for context in (bare.ssl_context(), None):  # TLS without a certificate, and plain TCP
+            client, outcome = _login("127.0.0.1", listener.port, "site-a", a.password, context)
+            assert client is None, (listener.describe(), outcome)
+    # the control case: with its certificate, site-a gets in on both
+    for listener in listeners:
+        client, outcome = _login("127.0.0.1", listener.port, "site-a", a.password, a.ssl_context())
+        assert client is not None, (listener.describe(), outcome)
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_each_connection_of_a_party_logs_in_with_its_own_certificate(mtls: FederationLayout) -> None:
+    """A site's control and bulk connections (Channel.open) and several observers: each is its own user, so none
+    pushes another off."""
+    site = Channel.open(lambda **kw: MqttTransport(mtls.settings("site-a"), **kw), client_id="site",
+                        will=None, run_id=mtls.run_id, sender="site-a")
+    site.connect(timeout_s=10)
+    observers = [MqttTransport(mtls.settings("observer"), client_id="o", seat=seat).connect(timeout_s=10)
+                 for seat in (None, "1", "7")]
+    try:
+        time.sleep(1.0)
+        assert site.transport.connects == 1 and site.bulk.connects == 1
+        assert all(o.connected and o.connects == 1 for o in observers)
+        for user in ("site-a", "site-a.bulk", "observer", "observer.1", "observer.7"):
+            assert _logged_client_id(mtls, user) == user
+    finally:
+        site.close()
+        for o in observers:
+            o.close()

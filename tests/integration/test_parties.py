@@ -46,11 +46,12 @@ def running(mosquitto_bin: str, tmp_path: Path) -> Iterator[FederationLayout]:
         print(out)
 
 
-def _code(settings: BrokerSettings) -> int | None:
-    """CONNACK reason code over TLS (0 = accepted), or None when the handshake or connection failed."""
+def _code(settings: BrokerSettings, *, seat: str | None = None) -> int | None:
+    """CONNACK reason code over TLS (0 = accepted), or None when the handshake or connection failed; `seat`: with
+    the certificate of that login (`<user>.<seat>`)."""
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="", protocol=mqtt.MQTTv5)
     client.username_pw_set(settings.username, settings.password)
-    client.tls_set_context(settings.ssl_context())
+    client.tls_set_context(settings.ssl_context(seat=seat))
     got: list[int] = []
     done = threading.Event()
     client.on_connect = lambda _c, _u, _f, reason, _p: (got.append(reason.value), done.set())
@@ -98,20 +99,22 @@ def test_add_rotate_remove_on_a_running_broker(running: FederationLayout) -> Non
     assert _code(layout.settings("site-c")) == 0
     assert running.credentials["site-b"].read_bytes() == before_b
 
-    # rotate site-a: the old password is refused, the new one (and new certificate) accepted, site-b untouched
+    # rotate site-a: new password and certificates; under mutual TLS the certificate is the login, so the new one
+    # gets in and the old one, on the CRL, does not (whatever password comes with it); site-b untouched
     log_size = running.log_path.stat().st_size
     _fedmqtt("broker", "rotate", "--dir", fed, "--party", "site-a")
     _wait_new_reload(running, log_size)
     new_a = layout.settings("site-a")
     assert new_a.password != old_a.password and new_a.tls_cert_pem != old_a.tls_cert_pem
+    assert new_a.tls_seat_certs_pem != old_a.tls_seat_certs_pem
     assert _code(new_a) == 0
-    assert _code(old_a.model_copy(update={"tls_cert_pem": new_a.tls_cert_pem, "tls_key_pem": new_a.tls_key_pem})) \
-        in (0x86, 0x87)
     assert _code(layout.settings("site-b")) == 0
     assert running.credentials["site-b"].read_bytes() == before_b
     # the old certificate is on the CRL: with the new password it still does not get in
     revoked_cert = new_a.model_copy(update={"tls_cert_pem": old_a.tls_cert_pem, "tls_key_pem": old_a.tls_key_pem})
     assert _code(revoked_cert) is None
+    # and so is the old certificate of its bulk connection
+    assert _code(old_a, seat="bulk") is None and _code(new_a, seat="bulk") == 0
 
     # remove-site: its credentials are gone and its login is refused
     removed = layout.settings("site-c")

@@ -5,8 +5,6 @@ ACL), with the same users, ACL and forced client ids as a federation."""
 from __future__ import annotations
 
 import logging
-import os
-import pwd
 import secrets
 import threading
 import time
@@ -18,7 +16,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from broker.acl import LISTENER_IDENTITY_LINES, render_acl
-from broker.config import free_port
+from broker.config import broker_user, free_port
 from broker.passwords import write_password_file
 from broker.process import BrokerProcess
 from fedmqtt.errors import PermanentBrokerError
@@ -51,7 +49,7 @@ class Broker:
             f"acl_file {tmp_path / 'acl'}",
             f"log_dest file {self.log_path}",
             "log_type all",
-            f"user {pwd.getpwuid(os.geteuid()).pw_name}",
+            f"user {broker_user()}",
             *extra,
         ]
         (tmp_path / "mosquitto.conf").write_text("\n".join(conf) + "\n", encoding="utf-8")

@@ -293,22 +293,20 @@ def _write_pem(path, cert=None, key=None):
 
 
 @pytest.fixture(scope="module")
-def tls_broker(tmp_path_factory, mosquitto_bin):
+def tls_broker(tmp_path_factory, mosquitto_bin, reachable_by_broker):
     """One Mosquitto with a plain listener and TLS listeners whose server certificates are good, issued for
     another host name, expired, or (mutual TLS) demand a client certificate. Throw-away CA from `cryptography`."""
     import ipaddress
-    import os
-    import pwd
     import secrets
 
     from cryptography import x509
 
     from broker.acl import LISTENER_IDENTITY_LINES, render_acl
-    from broker.config import free_port
+    from broker.config import broker_user, free_port
     from broker.passwords import write_password_file
     from broker.process import BrokerProcess
 
-    d = tmp_path_factory.mktemp("tls")
+    d = reachable_by_broker(tmp_path_factory.mktemp("tls"))
     ca_key, other_ca_key, server_key = _key(), _key(), _key()
     ca = _cert("fedmqtt-test-ca", ca_key, None, ca=True, days=(-1, 3650))
     other_ca = _cert("some-other-ca", other_ca_key, None, ca=True, days=(-1, 3650))
@@ -333,7 +331,7 @@ def tls_broker(tmp_path_factory, mosquitto_bin):
     ports = {name: free_port() for name in ["plain", *certs, "mutual"]}
     conf = ["allow_anonymous false", "per_listener_settings false", f"password_file {d / 'passwd'}",
             f"acl_file {d / 'acl'}", f"log_dest file {d / 'mosquitto.log'}",
-            f"user {pwd.getpwuid(os.geteuid()).pw_name}",
+            f"user {broker_user()}",
             f"listener {ports['plain']} 127.0.0.1", *LISTENER_IDENTITY_LINES]
     for name, cert in [*certs.items(), ("mutual", certs["good"])]:
         cert_file = _write_pem(d / f"{name}.crt", cert)
@@ -414,14 +412,12 @@ def test_certificate_that_expires_during_the_run_ends_the_reconnect_with_the_cau
     """A broker that comes back with an expired certificate: paho's reconnect would retry for ever without a
     word; the transport stops within seconds saying the certificate expired."""
     import ipaddress
-    import os
-    import pwd
     import secrets
 
     from cryptography import x509
 
     from broker.acl import LISTENER_IDENTITY_LINES
-    from broker.config import free_port
+    from broker.config import broker_user, free_port
     from broker.passwords import write_password_file
     from broker.process import BrokerProcess
     from fedmqtt.errors import PermanentBrokerError
@@ -441,7 +437,7 @@ def test_certificate_that_expires_during_the_run_ends_the_reconnect_with_the_cau
     def start(days: tuple[int, int]) -> BrokerProcess:
         _write_pem(tmp_path / "server.crt", _cert("broker", server_key, ("ca", ca_key), sans=sans, days=days))
         conf = ["allow_anonymous false", f"password_file {tmp_path / 'passwd'}",
-                f"user {pwd.getpwuid(os.geteuid()).pw_name}", f"listener {port} 127.0.0.1",
+                f"user {broker_user()}", f"listener {port} 127.0.0.1",
                 *LISTENER_IDENTITY_LINES, f"cafile {tmp_path / 'ca.crt'}", f"certfile {tmp_path / 'server.crt'}",
                 f"keyfile {tmp_path / 'server.key'}"]
         (tmp_path / "mosquitto.conf").write_text("\n".join(conf) + "\n", encoding="utf-8")

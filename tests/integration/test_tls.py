@@ -1,23 +1,32 @@
-"""TLS on a real Mosquitto: server-authenticated and mutual TLS listeners written by `broker init`, and the
-ways a party can get TLS wrong (wrong CA, wrong host name, wrong password, plain client, no client cert)."""
+"""TLS on a real Mosquitto: server-authenticated and mutual TLS listeners written by `broker init`, the ways a
+party can get TLS wrong (wrong CA, wrong host name, wrong password, plain client, no client cert), and a real TLS
+server with another role's certificate for the broker's name, which must not get a site's password."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import secrets
+import socket
 import ssl
+import subprocess
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
+from broker import certs
+from broker.config import broker_user, free_port
 from broker.federation import FederationLayout, init_federation
 from broker.process import BrokerProcess
-from fedmqtt.errors import BrokerError
+from fedmqtt.dashboard import tls
+from fedmqtt.errors import BrokerError, PermanentBrokerError
 from fedmqtt.transport import topics
 from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.settings import BrokerSettings
@@ -175,3 +184,107 @@ def test_transport_fails_fast_with_the_cause(
             transport.connect(timeout_s=20)
         _collect_failed_handshake()
         assert time.monotonic() - started < 10  # fail fast, not at the timeout
+
+
+# -- is it the broker? A certificate for the broker's name from another role must get no password --------------
+
+
+@contextlib.contextmanager
+def _impostor(cert: bytes, key: bytes, tmp: Path) -> Iterator[tuple[int, Callable[[], bytes]]]:
+    """A real TLS server (`openssl s_server`) on a free loopback port with `cert` (its chain after it) and `key`.
+    Yields the port and a function returning everything the server printed, which includes every byte a client
+    sent it after the handshake (an MQTT CONNECT would carry the password)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    certs_found = x509.load_pem_x509_certificates(cert)
+    leaf, chain = tmp / "leaf.pem", tmp / "chain.pem"
+    leaf.write_bytes(certs_found[0].public_bytes(serialization.Encoding.PEM))
+    chain.write_bytes(b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs_found[1:]) or cert)
+    key_path = tmp / "key.pem"
+    key_path.write_bytes(key)
+    key_path.chmod(0o600)
+    port = free_port()
+    out = tmp / "s_server.out"
+    with out.open("wb") as sink:
+        # stdin stays open: s_server stops at end of input
+        server = subprocess.Popen(["openssl", "s_server", "-accept", f"127.0.0.1:{port}", "-cert", str(leaf),
+                                   "-cert_chain", str(chain), "-key", str(key_path)],
+                                  stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, out.read_bytes()
+                time.sleep(0.05)
+        yield port, out.read_bytes
+    finally:
+        server.kill()
+        server.wait()
+        assert server.stdin is not None
+        server.stdin.close()
+
+
+def _site_at(layout: FederationLayout, port: int, **update: object) -> BrokerSettings:
+    """site-a's own credentials, pointed at `port` (as if its traffic to the broker's name went elsewhere)."""
+    return layout.settings("site-a").model_copy(update={"port": port, **update})
+
+
+def _refused_before_the_password(settings: BrokerSettings, printed: Callable[[], bytes], why: str) -> None:
+    """Both ways a party connects (the transport, and paho's own handshake) end in the TLS handshake, and the
+    server never receives the password."""
+    with pytest.raises(PermanentBrokerError, match=why):
+        MqttTransport(settings, client_id="site-a").connect(timeout_s=10)
+    outcome = _connack(settings, context=settings.ssl_context(), timeout_s=3.0)
+    assert isinstance(outcome, ssl.SSLError), outcome
+    time.sleep(0.3)
+    assert settings.password.encode() not in printed()
+    assert b"MQTT" not in printed()  # no CONNECT at all
+
+
+def test_the_dashboard_certificate_on_the_brokers_name_gets_no_password(tls_fed: FederationLayout,
+                                                                         tmp_path: Path) -> None:
+    """The dashboard's certificate for the broker's own names, served by a real TLS server where the site expects
+    the broker: the site refuses in the handshake. (Before, the dashboard's certificate came from the parties' CA
+    and the site sent its password.)"""
+    cert_path, key_path, dashboard_ca = tls.federation_certificate(tls_fed.fed_dir, list(tls_fed.names))
+    assert dashboard_ca.read_bytes() != tls_fed.ca_path.read_bytes()
+    with _impostor(cert_path.read_bytes(), key_path.read_bytes(), tmp_path / "impostor") as (port, printed):
+        _refused_before_the_password(_site_at(tls_fed, port), printed, "not signed by the CA")
+
+
+def test_a_federation_certificate_with_another_key_is_refused_by_the_pin(tls_fed: FederationLayout,
+                                                                         tmp_path: Path) -> None:
+    """Even a certificate from the federation's own issuing CA, for the broker's names and with serverAuth (a
+    stolen issuing key, a certificate handed to another service), is not the broker's: the pinned key decides."""
+    d = tls_fed.broker_dir
+    issuing = certs.KeyPair((d / "issuing-ca.crt").read_bytes(), (d / "issuing-ca.key").read_bytes())
+    other = certs.issue_server_cert(issuing, list(tls_fed.names))
+    with _impostor(other.cert_pem + issuing.cert_pem, other.key_pem, tmp_path / "impostor") as (port, printed):
+        _refused_before_the_password(_site_at(tls_fed, port), printed, "not the broker's key pinned")
+    # A site holding no pin still refuses a certificate marked as the dashboard's (an operator's own CA issuing
+    # both roles)
+    marked = certs.issue_server_cert(issuing, list(tls_fed.names), role="dashboard")
+    with _impostor(marked.cert_pem + issuing.cert_pem, marked.key_pem, tmp_path / "marked") as (port, printed):
+        _refused_before_the_password(_site_at(tls_fed, port, tls_broker_key_sha256=None), printed,
+                                     "the dashboard's, not the broker's")
+
+
+def test_credentials_pin_the_broker_key_that_start_prints(tls_fed: FederationLayout) -> None:
+    """Every party's file pins the key of server.crt, which connects (the control case for the refusals above)."""
+    pin = tls_fed.broker_key_fingerprint()
+    assert pin is not None and len(pin.split(":")) == 32
+    for user in tls_fed.credentials:
+        assert tls_fed.settings(user).tls_broker_key_sha256 == pin
+    settings = tls_fed.settings("site-a")
+    assert _connack(settings, context=settings.ssl_context()) == 0
+
+
+def test_the_broker_runs_as_an_unprivileged_user(tls_fed: FederationLayout) -> None:
+    """Started by root or not, the running mosquitto's real and effective user ids are not 0."""
+    pid = int(subprocess.run(["pgrep", "-f", str(tls_fed.conf_path)], capture_output=True, text=True,
+                             check=True).stdout.split()[0])
+    uids = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
+    assert all(int(uid) != 0 for uid in uids.split()[1:]), uids
+    assert f"user {broker_user()}" in tls_fed.conf_path.read_text()

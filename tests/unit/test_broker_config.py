@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
+import pwd
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from broker import certs
 from broker.bridge import BridgeFlow
-from broker.config import Listener, TlsFiles, base_config_path, free_port, render_broker_config
-from broker.federation import init_federation, is_loopback
-from fedmqtt.errors import ConfigError
+from broker.config import (
+    BROKER_SYSTEM_USER,
+    Listener,
+    TlsFiles,
+    base_config_path,
+    free_port,
+    render_broker_config,
+)
+from broker.federation import add_site, init_federation, is_loopback, rotate
+from broker.process import prepare_for_broker_user
+from fedmqtt.errors import BrokerError, ConfigError
+from fedmqtt.transport.broker_identity import BROKER_ROLE, roles
 
 
 def _directives(text: str) -> list[str]:
@@ -103,7 +117,8 @@ def test_free_port_is_bindable() -> None:
 
 def test_tls_listener_block_names_its_files_and_requires_a_cert_under_mtls(tmp_path: Path) -> None:
     """Each listener's own options follow its `listener` line; TLS floor 1.2; mTLS adds the certificate
-    requirement and the CRL; the loopback plain listener has no TLS lines."""
+    requirement, makes the certificate the identity (the password is then ignored) and adds the CRL; the
+    loopback plain listener has no TLS lines."""
     tls = TlsFiles(tmp_path / "ca.crt", tmp_path / "s.crt", tmp_path / "s.key", require_certificate=True,
                    crlfile=tmp_path / "crl.pem")
     text = render_broker_config(
@@ -112,7 +127,7 @@ def test_tls_listener_block_names_its_files_and_requires_a_cert_under_mtls(tmp_p
     )
     lines = _directives(text)
     start = lines.index("listener 8883 10.1.2.3")
-    assert lines[start : start + 9] == [
+    assert lines[start : start + 10] == [
         "listener 8883 10.1.2.3",
         "use_username_as_clientid true",
         f"cafile {tmp_path / 'ca.crt'}",
@@ -120,10 +135,11 @@ def test_tls_listener_block_names_its_files_and_requires_a_cert_under_mtls(tmp_p
         f"keyfile {tmp_path / 's.key'}",
         "tls_version tlsv1.2",
         "require_certificate true",
+        "use_identity_as_username true",
         f"crlfile {tmp_path / 'crl.pem'}",
         "listener 1883 127.0.0.1",
     ]
-    assert "use_identity_as_username true" not in lines
+    assert lines.count("use_identity_as_username true") == 1
 
 
 def test_base_config_is_found_as_package_data() -> None:
@@ -187,3 +203,112 @@ def test_bridge_flow_grows_with_the_model() -> None:
     assert big.max_queued_bytes >= 6 * 2 * 10**9
     assert big.max_queued_messages >= 6 * (2 * 10**9 // (2 * 2**20))
     assert small.max_inflight_messages > 20
+
+
+def test_a_network_host_gets_tls_even_when_the_broker_binds_loopback(tmp_path: Path) -> None:
+    """A broker bound to 127.0.0.1 behind a port forward still has its parties cross the network: TLS, and every
+    credentials file carries the CA and the pinned broker key. Plain text only when asked for loudly. (Before,
+    the bind address decided and this got a plain listener and credentials without a CA.)"""
+    layout = init_federation(tmp_path / "a", run_id="r", site_ids=["s"], host="broker.example.org", bind="127.0.0.1")
+    assert layout.tls and layout.port == 8883
+    assert [(li.host, li.tls) for li in layout.listeners()] == [("127.0.0.1", True), ("127.0.0.1", False)]
+    settings = layout.settings("s")
+    assert settings.host == "broker.example.org" and settings.tls_ca_pem and settings.tls_broker_key_sha256
+    with pytest.raises(ConfigError, match="whatever address the broker binds"):
+        init_federation(tmp_path / "b", run_id="r", site_ids=["s"], host="broker.example.org", bind="127.0.0.1",
+                        tls=False)
+    plain = init_federation(tmp_path / "c", run_id="r", site_ids=["s"], host="broker.example.org", bind="127.0.0.1",
+                            port=18831, insecure_plaintext=True)
+    assert not plain.tls and plain.settings("s").tls_ca_pem is None
+
+
+def _openssl_verify(tmp_path: Path, layout_dir: Path, leaf_pem: bytes, purpose: str) -> str:
+    """`openssl verify` of a leaf against the root (ca.crt) with the issuing CA as the intermediate."""
+    leaf = tmp_path / "leaf.pem"
+    leaf.write_bytes(leaf_pem)
+    done = subprocess.run(["openssl", "verify", "-CAfile", str(layout_dir / "ca.crt"), "-untrusted",
+                           str(layout_dir / "issuing-ca.crt"), "-purpose", purpose, str(leaf)],
+                          capture_output=True, text=True)
+    return done.stdout + done.stderr
+
+
+def test_the_pki_has_a_root_a_constrained_issuing_ca_and_leaves_by_role(tmp_path: Path) -> None:
+    """Root (signs CAs only) -> issuing CA (NameConstraints: the federation's names, its party namespace and
+    directory name) -> broker certificate (serverAuth only) and client certificates (clientAuth only, CN = user);
+    OpenSSL itself refuses a leaf of the issuing CA for any other name, and each leaf for the other role."""
+    layout = init_federation(tmp_path / "fed", run_id="pki", site_ids=["site-a"], host="broker.example.org",
+                             mtls=True, port=free_port())
+    d = layout.broker_dir
+    root = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
+    issuing = x509.load_pem_x509_certificate((d / "issuing-ca.crt").read_bytes())
+    assert root.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 1
+    issuing.verify_directly_issued_by(root)
+    constraints = issuing.extensions.get_extension_for_class(x509.NameConstraints)
+    assert constraints.critical
+    permitted = constraints.value.permitted_subtrees or []
+    assert {str(n.value) for n in permitted if isinstance(n, x509.DNSName)} == {"broker.example.org",
+                                                                                 "pki.fedmqtt.invalid"}
+    assert {str(n.value) for n in permitted if isinstance(n, x509.IPAddress)} == {"127.0.0.1/32"}
+    server_pem = (d / "server.crt").read_bytes()
+    server = x509.load_pem_x509_certificate(server_pem)
+    assert list(server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.SERVER_AUTH]
+    assert roles(server) == {BROKER_ROLE}
+    site = layout.settings("site-a")
+    assert site.tls_cert_pem is not None and site.tls_seat_certs_pem is not None
+    client = x509.load_pem_x509_certificate(site.tls_cert_pem.encode())
+    assert client.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "site-a"
+    assert list(client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.CLIENT_AUTH]
+    seat = x509.load_pem_x509_certificates(site.tls_seat_certs_pem.encode())
+    assert [c.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value for c in seat] == ["site-a.bulk"]
+
+    # OpenSSL builds the chains and enforces the roles and the constraints
+    assert "OK" in _openssl_verify(tmp_path, d, server_pem, "sslserver")
+    assert "OK" in _openssl_verify(tmp_path, d, site.tls_cert_pem.encode(), "sslclient")
+    assert "OK" in _openssl_verify(tmp_path, d, site.tls_seat_certs_pem.encode(), "sslclient")
+    assert "unsuitable certificate purpose" in _openssl_verify(tmp_path, d, server_pem, "sslclient")
+    assert "unsuitable certificate purpose" in _openssl_verify(tmp_path, d, site.tls_cert_pem.encode(), "sslserver")
+    signer = certs.KeyPair((d / "issuing-ca.crt").read_bytes(), (d / "issuing-ca.key").read_bytes())
+    for name, why in (("bank.example.com", "permitted subtree violation"),
+                      ("10.9.9.9", "permitted subtree violation")):
+        rogue = certs.issue_server_cert(signer, [name]).cert_pem
+        assert why in _openssl_verify(tmp_path, d, rogue, "sslserver"), name
+    # no key that signs leaves lies next to the root's certificate but the issuing CA's
+    assert (d / "root-ca.key").stat().st_mode & 0o077 == 0 and (d / "issuing-ca.key").stat().st_mode & 0o077 == 0
+
+
+def test_the_root_key_can_leave_the_broker_host(tmp_path: Path) -> None:
+    """--export-root-key writes the root's key to a new 0600 file and nowhere under the federation; adding and
+    rotating parties need only the issuing CA."""
+    exported = tmp_path / "offline" / "root.key"
+    exported.parent.mkdir()
+    layout = init_federation(tmp_path / "fed", run_id="off", site_ids=["a"], tls=True, mtls=True,
+                             export_root_key=exported)
+    assert exported.stat().st_mode & 0o777 == 0o600
+    assert not layout.root_key_path.exists()
+    assert not [p for p in layout.fed_dir.rglob("*") if p.is_file() and p.read_bytes() == exported.read_bytes()]
+    root = x509.load_pem_x509_certificate(layout.ca_path.read_bytes())
+    key = serialization.load_pem_private_key(exported.read_bytes(), password=None)
+    assert key.public_key() == root.public_key()
+    new, _ = add_site(layout, "b")
+    rotate(new, "a")
+    assert new.settings("b").tls_cert_pem and new.settings("a").tls_cert_pem
+    with pytest.raises(ConfigError, match="new file"):
+        init_federation(tmp_path / "again", run_id="off", site_ids=["a"], tls=True, export_root_key=exported)
+
+
+def test_the_broker_user_is_never_root(tmp_path: Path) -> None:
+    """The rendered config names an unprivileged user: the invoking one, or `mosquitto` when that is root; a
+    config that would keep Mosquitto root is refused at start, with the fix."""
+    text = render_broker_config(port=1883, password_file=tmp_path / "p", acl_file=tmp_path / "a",
+                                persistence_dir=tmp_path / "d")
+    user = next(line.split()[1] for line in _directives(text) if line.startswith("user "))
+    assert pwd.getpwnam(user).pw_uid != 0
+    assert user == (BROKER_SYSTEM_USER if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name)
+    if os.geteuid() != 0:
+        pytest.skip("only root can start Mosquitto as root: nothing more to refuse")
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(text.replace(f"user {user}", "user root"))
+    with pytest.raises(BrokerError, match="must not.*user mosquitto"):
+        prepare_for_broker_user(conf)
