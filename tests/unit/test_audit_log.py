@@ -85,8 +85,9 @@ def test_any_edited_field_is_named_as_edited(batch: list[tuple[str, dict[str, An
         i = data.draw(st.integers(0, len(lines) - 1), label="record")
         obj = json.loads(lines[i])
         key = data.draw(st.sampled_from(["details", "event", "actor", "ts", "prev"]), label="field")
-        obj[key] = {"details": {"forged": True}, "event": "party-remove", "actor": "broker-cli:mallory",
-                    "ts": "2000-01-01T00:00:00.000000Z", "prev": "0" * 64}[key]
+        forged = {"details": [{"forged": True}], "event": ["party-remove", "party-add"],
+                  "actor": ["broker-cli:mallory"], "ts": ["2000-01-01T00:00:00.000000Z"], "prev": ["0" * 64]}[key]
+        obj[key] = next(v for v in forged if v != obj[key])  # a real change (the drawn record may hold the first)
         lines[i] = canonical(obj) + b"\n"
         path.write_bytes(b"".join(lines))
         verdict = verify_log(path)
