@@ -46,6 +46,21 @@ class RecruitmentConfig(BaseModel):
                             "scores reach this share of the total (0: one site, 1: all)")
 
 
+class MetricsConfig(BaseModel):
+    """The PS's Prometheus endpoint (docs/monitoring.md): off unless `port` is set."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    port: int | None = Field(default=None, ge=1, le=65535, description="serve Prometheus metrics on this TCP port "
+                             "(any path, e.g. /metrics); unset: no endpoint")
+    bind: str = Field(default="127.0.0.1", pattern=r"^[0-9A-Za-z.:_-]+$", description="address the endpoint "
+                      "listens on; it has no login and no TLS, so keep it on loopback unless a firewall or a TLS "
+                      "proxy guards it")
+    linger_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False, description="once the run is done, "
+                            "keep serving its final numbers this long (at least one scrape interval, so the last "
+                            "scrape sees the end); SIGTERM ends the wait")
+
+
 class DaemonConfig(BaseModel):
     """Everything the PS needs; relative paths are resolved against the config file's folder."""
 
@@ -85,6 +100,8 @@ class DaemonConfig(BaseModel):
                                  "task")
     credentials: Path = Field(description="TOML file with a [broker] table (host, port, username, password)")
     pretrained: Path | None = Field(default=None, description="safetensors model for AdaFed's statistics")
+    metrics: MetricsConfig = Field(default=MetricsConfig(), description="the Prometheus endpoint "
+                                   "(docs/monitoring.md); off unless `port` is set")
 
     @model_validator(mode="after")
     def _check(self) -> DaemonConfig:
@@ -144,7 +161,7 @@ class DaemonConfig(BaseModel):
     def config_hash(self) -> str:
         """What must not change across `--resume` (the broker, credentials and out_dir may)."""
         keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints",
-                                                      "pretrained", "upload_turns"})
+                                                      "pretrained", "upload_turns", "metrics"})
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def broker_settings(self) -> BrokerSettings:

@@ -24,13 +24,13 @@ from fedmqtt.data.spec import OPTIONS, DataSpec
 from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.simulation_config import SimulationConfig
 from fedmqtt.transport.settings import BrokerSettings
-from ps_daemon.config import DaemonConfig, RecruitmentConfig
+from ps_daemon.config import DaemonConfig, MetricsConfig, RecruitmentConfig
 from schemas.messages import ModelSpec, TrainSettings
 from site_agent.config import SiteConfig
 
 PATH = "docs/configuration.md"
 # Models whose every field must carry a description (tests/unit/test_docs_protocol.py checks it).
-DESCRIBED: tuple[type[BaseModel], ...] = (DaemonConfig, RecruitmentConfig, ModelSpec, TrainSettings,
+DESCRIBED: tuple[type[BaseModel], ...] = (DaemonConfig, RecruitmentConfig, MetricsConfig, ModelSpec, TrainSettings,
                                           SiteConfig, BrokerSettings, SimulationConfig)
 
 
