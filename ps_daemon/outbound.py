@@ -16,6 +16,7 @@ from ps_daemon import effects as fx
 from ps_daemon.checkpoint import CheckpointStore, Layout, drop_read_pages, open_maps, state_to_checkpoint
 from ps_daemon.config import DaemonConfig
 from ps_daemon.final_outputs import write_final_outputs
+from ps_daemon.monitoring import DurationTally
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState, RoundRecord
 from ps_daemon.status import PS, StatusBoard
@@ -51,6 +52,7 @@ class Outbound:
         self.update_bytes = update_bytes
         self.started_at = started_at
         self.finished: DaemonState | None = None
+        self.checkpoint_time = DurationTally()  # for the metrics endpoint
         self._model_file: tuple[Weights, Path, Layout] | None = None  # the newest checkpoint's; see _map_weights
 
     def run_effects(self, state: DaemonState, effects: list[fx.Effect]) -> DaemonState:
@@ -88,11 +90,12 @@ class Outbound:
     def _run_effect(self, state: DaemonState, effect: fx.Effect) -> DaemonState:
         c, ch = self.config, self.channel
         if isinstance(effect, fx.SaveCheckpoint):
-            spilled = self.store.spill_best(effect.state)
-            if state.best is effect.state.best:  # keep only the file's name in memory from now on
-                state = replace(state, best=spilled.best)
-            path, layout = self.store.save_and_map(state_to_checkpoint(spilled, run_id=c.run_id,
-                                                                       config_hash=c.config_hash()))
+            with self.checkpoint_time.measure():
+                spilled = self.store.spill_best(effect.state)
+                if state.best is effect.state.best:  # keep only the file's name in memory from now on
+                    state = replace(state, best=spilled.best)
+                path, layout = self.store.save_and_map(state_to_checkpoint(spilled, run_id=c.run_id,
+                                                                           config_hash=c.config_hash()))
             self._model_file = (spilled.weights, path, layout)
             crash_point("after_checkpoint", effect.state.round - 1)
         elif isinstance(effect, fx.PublishModel):

@@ -29,6 +29,7 @@ from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, Started, Tick
 from ps_daemon.inbound import UNUSABLE_CONTENT, InboundEvents
 from ps_daemon.machine import Machine
+from ps_daemon.metrics_hooks import metrics_for
 from ps_daemon.model_init import hash_weights, initial_model
 from ps_daemon.outbound import Outbound
 from ps_daemon.spool import UpdateSpool
@@ -67,6 +68,7 @@ class DaemonRunner:
         self._seen_connects = 0
         self.usage: dict[int, dict[str, dict[str, Any]]] = {}  # round -> site -> ResourceUsage, for the report
         self.update_bytes: dict[int, dict[str, int]] = {}  # round -> site -> accepted update's size, for ps/metrics
+        self.metrics = metrics_for(config)  # the Prometheus endpoint ([metrics] port), or hooks doing nothing
 
     @property
     def finished(self) -> DaemonState | None:
@@ -115,6 +117,7 @@ class DaemonRunner:
     def start(self) -> None:
         """Load or create the state, connect, subscribe, and publish the first effects."""
         c = self.config
+        self.metrics.start()  # first: a taken port stops the PS before it loads, or removes, any checkpoint
         self.state = self._load_state()
         will = encode(status_message(c, "offline", session=self.state.session, rejected={},  # nothing refused yet
                                      detail="PS disconnected"))
@@ -126,6 +129,7 @@ class DaemonRunner:
         self.outbound = Outbound(c, self.channel, self.store, self.spool, self.status, usage=self.usage,
                                  update_bytes=self.update_bytes, started_at=self._started_at)
         self.channel.admit_manifest = self._admit_manifest  # refuse a chunked upload before fetching a byte of it
+        self.metrics.sample(self)  # numbers while the PS waits for the broker
         self.channel.connect(timeout_s=None)
         # Statuses first: retained site statuses are replayed before any retained update. These filters
         # do not match `<topic>/chunk/<i>`: chunks are fetched one transfer at a time (transport/bulk.py).
@@ -156,6 +160,7 @@ class DaemonRunner:
         self.status.refresh_rejections()
         if self.finished is None:
             self.reminders.remind(self.state)
+        self.metrics.sample(self)
         return self.finished is not None
 
     def _admit_manifest(self, parsed: ParsedTopic, manifest: ChunkManifest) -> str | None:
@@ -192,6 +197,7 @@ class DaemonRunner:
             self.channel.close(final=(topics.ps_status_topic(c.run_id), final))
         else:
             self.channel.close()
+        self.metrics.close(self, finished=self.finished is not None, interrupted=lambda: self._stop)
 
     def run(self) -> DaemonState:
         """Serve until the run is done or SIGTERM/SIGINT arrives; return the last state."""
