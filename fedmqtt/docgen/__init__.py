@@ -15,10 +15,10 @@ __all__ = ["REPO", "rendered", "stale"]
 
 def rendered() -> dict[str, str]:
     """Every generated file, from every generator."""
-    from fedmqtt.docgen import algorithms, configuration, machine, protocol
+    from fedmqtt.docgen import algorithms, configuration, machine, monitoring, protocol
 
     out: dict[str, str] = {}
-    for module in (algorithms, protocol, configuration, machine):
+    for module in (algorithms, protocol, configuration, machine, monitoring):
         out.update(module.render())
     return out
 
