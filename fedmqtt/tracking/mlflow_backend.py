@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedmqtt.tracking.scalars import ParamValue
+from fedmqtt.tracking.scalars import ROUND_MARK, ParamValue
 from fedmqtt.tracking.spec import is_local_store
 
 # log_batch takes at most 100 params and 1000 metrics a call (MLflow's REST limits, the file store too)
@@ -87,6 +87,9 @@ class MlflowBackend:
         for path in files:
             folder = "models" if path.suffix == ".safetensors" else "reports"
             self.client.log_artifact(self.run_id, str(path), folder)
+
+    def logged_rounds(self) -> set[int]:
+        return {m.step for m in self.client.get_metric_history(self.run_id, ROUND_MARK)}
 
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=status)

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fedmqtt.errors import ConfigError
-from fedmqtt.tracking.scalars import ParamValue, final_scalars, final_step, flat_params, round_scalars
+from fedmqtt.tracking.scalars import (
+    ParamValue,
+    final_scalars,
+    final_step,
+    flat_params,
+    report_round_scalars,
+    round_scalars,
+)
 from fedmqtt.tracking.spec import TrackSpec
 from schemas.messages import RoundMetrics
 
@@ -37,6 +44,8 @@ class Backend(Protocol):
 
     def log_final(self, step: int, scalars: Mapping[str, float], files: Sequence[Path]) -> None: ...
 
+    def logged_rounds(self) -> set[int]: ...
+
     def close(self, status: str) -> None: ...
 
 
@@ -46,6 +55,8 @@ class RunTracker:
     def __init__(self, backends: Sequence[Backend]) -> None:
         self.backends = tuple(backends)
         self.failures: dict[str, int] = {}
+        # Per backend, the rounds it has: those an earlier start logged (a resumed run), then those sent here.
+        self._rounds: dict[str, set[int]] = {b.name: set() for b in self.backends}
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="fedmqtt-tracking", daemon=True)
         self._closed = False
@@ -60,11 +71,28 @@ class RunTracker:
     def round_closed(self, metrics: RoundMetrics) -> None:
         """Called by the PS as it publishes a round's metrics (ps/metrics)."""
         scalars = round_scalars(metrics)
-        self._each(f"log round {metrics.round}", lambda b: b.log_scalars(metrics.round, scalars))
+        for rounds in self._rounds.values():
+            rounds.add(metrics.round)
+        self._each(f"log round {metrics.round}", _scalars_at(metrics.round, scalars))
+
+    def resumed(self) -> None:
+        """The run continues an earlier start: learn the rounds each tracker has (at start-up, before any
+        round), so that `run_finished` logs only those it misses."""
+        for backend in self.backends:
+            try:
+                self._rounds[backend.name] |= backend.logged_rounds()
+            except Exception as exc:  # noqa: BLE001 - then the missed rounds are logged again
+                log.warning("tracking (%s): cannot read the rounds logged before: %s", backend.name, exc)
 
     def run_finished(self, report: Mapping[str, Any], out_dir: Path) -> None:
-        """The final report (as written to out_dir/report.json): final metrics, models and report files."""
+        """The final report (as written to out_dir/report.json): final metrics, models and report files; and
+        from the report, the rounds a tracker does not have (a PS killed before it logged them, then resumed)."""
         self.reported = True
+        for backend in self.backends:
+            for entry in report.get("rounds", []):
+                if entry["round"] not in self._rounds[backend.name]:
+                    self._one(backend, f"log round {entry['round']}",
+                              _scalars_at(entry["round"], report_round_scalars(entry)))
         scalars, step = final_scalars(report), final_step(report)
         models = [Path(p) for p in report.get("models", {}).values()]
         files = [p for p in (*models, *(out_dir / name for name in REPORT_FILES)) if p.is_file()]
@@ -87,9 +115,11 @@ class RunTracker:
             log.warning("tracking (%s): %d call(s) failed, the first said above (the others at debug level)", name, n)
 
     def _each(self, what: str, call: Callable[[Backend], None]) -> None:
-        if self._closed:
-            return
         for backend in self.backends:
+            self._one(backend, what, call)
+
+    def _one(self, backend: Backend, what: str, call: Callable[[Backend], None]) -> None:
+        if not self._closed:
             self._queue.put(functools.partial(self._guarded, backend, what, call))
 
     def _guarded(self, backend: Backend, what: str, call: Callable[[Backend], None]) -> None:
@@ -104,6 +134,10 @@ class RunTracker:
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:
             job()
+
+
+def _scalars_at(step: int, scalars: Mapping[str, float]) -> Callable[[Backend], None]:
+    return lambda backend: backend.log_scalars(step, scalars)
 
 
 @contextmanager
@@ -143,6 +177,8 @@ def open_tracker(specs: Sequence[TrackSpec], *, root: Path, run_name: str, exper
                 raise
             raise ConfigError(f"--track {spec}: cannot open the tracker: {type(exc).__name__}: {exc}") from None
     tracker = RunTracker(backends)
+    if resume:
+        tracker.resumed()
     tracker.log_config(config)
     return tracker
 

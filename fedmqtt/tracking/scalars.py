@@ -18,21 +18,35 @@ from schemas.messages import RoundMetrics
 ParamValue = str | int | float | bool
 # MLflow refuses longer parameter values on older servers; the whole config is logged as a file as well.
 MAX_PARAM_CHARS = 500
+# Logged once for every round, whatever the metrics: the steps a tracker holds it at are the rounds it has.
+ROUND_MARK = "round/sites"
 
 
 def round_scalars(metrics: RoundMetrics) -> dict[str, float]:
     """One closed round (what the PS publishes on ps/metrics): the validation metrics of the model the sites
     received, mean and per site, the mean training loss, the round's duration, and the accepted updates."""
+    return _round(metrics.mean, metrics.per_site, train_loss=metrics.train_loss, duration_s=metrics.duration_s,
+                  n_sites=len(metrics.sites), update_bytes=sum(metrics.update_bytes.values()) or None)
+
+
+def report_round_scalars(entry: Mapping[str, Any]) -> dict[str, float]:
+    """`round_scalars` of a round as report.json keeps it (`rounds[]`), which lacks the bytes: for rounds a
+    tracker missed (the PS was killed before they were logged)."""
+    return _round(entry.get("mean", {}), entry.get("per_site", {}), train_loss=entry.get("train_loss"),
+                  duration_s=entry.get("duration_s"), n_sites=len(entry.get("sites", ())), update_bytes=None)
+
+
+def _round(mean: Mapping[str, Any], per_site: Mapping[str, Mapping[str, Any]], *, train_loss: Any,
+           duration_s: Any, n_sites: int, update_bytes: int | None) -> dict[str, float]:
     out: dict[str, float] = {}
-    _put(out, "val", metrics.mean)
-    for site, site_metrics in sorted(metrics.per_site.items()):
+    _put(out, "val", mean)
+    for site, site_metrics in sorted(per_site.items()):
         for name, value in site_metrics.items():
             _put_one(out, f"val_site/{name}/{site}", value)
-    _put_one(out, "train/loss", metrics.train_loss)
-    _put_one(out, "round/duration_s", metrics.duration_s)
-    out["round/sites"] = float(len(metrics.sites))
-    if metrics.update_bytes:
-        out["round/update_bytes"] = float(sum(metrics.update_bytes.values()))
+    _put_one(out, "train/loss", train_loss)
+    _put_one(out, "round/duration_s", duration_s)
+    out[ROUND_MARK] = float(n_sites)
+    _put_one(out, "round/update_bytes", update_bytes)
     return out
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedmqtt.tracking.scalars import ParamValue
+from fedmqtt.tracking.scalars import ROUND_MARK, ParamValue
 
 EVENT_FILE_PREFIX = "events.out.tfevents."  # what EventFileWriter names its files
 EVENT_FLUSH_S = 10  # the writer's own thread flushes this often; close() flushes the rest
@@ -34,6 +34,7 @@ class TensorBoardBackend:
         if fresh:
             for old in logdir.glob(f"{EVENT_FILE_PREFIX}*"):
                 old.unlink()
+        self._earlier_rounds: set[int] = set() if fresh else self._rounds_in(logdir)
         self.logdir = logdir
         self._writer = EventFileWriter(str(logdir), flush_secs=EVENT_FLUSH_S)
 
@@ -55,6 +56,18 @@ class TensorBoardBackend:
         listing = "\n".join(f"- `{f}`" for f in files) or "(none)"
         self._add(step, self._text_summary("outputs", f"The run's models and reports:\n\n{listing}"))
         self._writer.flush()
+
+    def logged_rounds(self) -> set[int]:
+        return self._earlier_rounds
+
+    @staticmethod
+    def _rounds_in(logdir: Path) -> set[int]:
+        """The rounds the event files in `logdir` hold (an earlier start of the run wrote them)."""
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+        return {event.step for path in sorted(logdir.glob(f"{EVENT_FILE_PREFIX}*"))
+                for event in EventFileLoader(str(path)).Load()
+                if any(value.tag == ROUND_MARK for value in event.summary.value)}
 
     def close(self, status: str) -> None:
         self._writer.close()

@@ -8,6 +8,7 @@ the rest (option parsing, the missing-package error, a failing tracker) needs ne
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -134,7 +135,7 @@ class BrokenTracker:
         self.calls += 1
         raise OSError("tracking server unreachable")
 
-    log_config = log_scalars = log_final = close = _fail
+    log_config = log_scalars = log_final = logged_rounds = close = _fail
 
 
 def test_a_failing_tracker_is_logged_and_never_stops_the_run(tmp_path: Path,
@@ -254,30 +255,53 @@ def test_mlflow_history_per_round_equals_the_report_and_outputs_are_artifacts(
 def test_mlflow_resume_continues_the_unfinished_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A PS stopped and started again with --resume logs on into the same MLflow run; a fresh start does not."""
     _needs("mlflow", "track-mlflow")
-    from fedmqtt.tracking import open_tracker
-
-    def start(round_no: int, *, resume: bool, finish: bool) -> None:
-        tracker = open_tracker(parse_tracks(["mlflow"]), root=tmp_path, run_name="run-a", experiment="fedmqtt",
-                               config={"rounds": 3}, resume=resume)
-        tracker.round_closed(RoundMetrics(run_id="run-a", sender="ps", round=round_no, sites=("s",), per_site={},
-                                          mean={"auroc": round_no / 10}))
-        if finish:
-            tracker.run_finished({"rounds": [{"round": round_no}], "final": {"mean": {"test": {"auroc": 0.5}}}},
-                                 tmp_path)
-        tracker.close()
-
     # Execute
-    start(1, resume=False, finish=False)  # stopped by a signal: KILLED
-    start(2, resume=True, finish=True)
-    start(1, resume=False, finish=False)  # a fresh start of the same run id: a new MLflow run
+    _start_twice(tmp_path)
+    _start(tmp_path, live=[1], resume=False, report=None)  # a fresh start of the same run id: a new MLflow run
     client = _mlflow_client(tmp_path / "mlruns", monkeypatch)
     runs = client.search_runs([client.get_experiment_by_name("fedmqtt").experiment_id],
                               order_by=["attributes.start_time ASC"])
     # Assert
     assert [r.info.status for r in runs] == ["FINISHED", "KILLED"]
     history = client.get_metric_history(runs[0].info.run_id, "val/auroc")
-    assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2)]
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]  # each round once
     assert client.get_metric_history(runs[0].info.run_id, "test/auroc")[0].value == 0.5
+
+
+def test_tensorboard_resume_appends_and_fills_in_missed_rounds(tmp_path: Path) -> None:
+    """The TensorBoard side of a resumed PS: the earlier start's events stay, missed rounds come from the
+    report, and no round is there twice."""
+    _needs("tensorboard", "track-tensorboard")
+    # Execute
+    _start_twice(tmp_path)
+    # Assert
+    events = _event_accumulator(tmp_path / "tensorboard" / "run-a")
+    assert sorted((e.step, round(e.value, 6)) for e in events.Scalars("val/auroc")) == [(1, 0.1), (2, 0.2),
+                                                                                        (3, 0.3)]
+
+
+def _start_twice(root: Path) -> None:
+    """A PS logs round 1 and is stopped; started again with --resume it logs round 3 live, and its report
+    has rounds 1 to 3: round 2 closed while the first PS was going down, before it was logged."""
+    _start(root, live=[1], resume=False, report=None)
+    _start(root, live=[3], resume=True, report={
+        "rounds": [{"round": r, "sites": ["s"], "per_site": {}, "mean": {"auroc": r / 10}, "train_loss": None,
+                    "duration_s": 1.0} for r in (1, 2, 3)],
+        "final": {"mean": {"test": {"auroc": 0.5}}}})
+
+
+def _start(root: Path, *, live: list[int], resume: bool, report: dict[str, Any] | None) -> None:
+    from fedmqtt.tracking import open_tracker
+
+    specs = [parse_track(b) for b in ("tensorboard", "mlflow") if importlib.util.find_spec(b) is not None]
+    tracker = open_tracker(specs, root=root, run_name="run-a", experiment="fedmqtt", config={"rounds": 3},
+                           fresh=not resume, resume=resume)
+    for r in live:
+        tracker.round_closed(RoundMetrics(run_id="run-a", sender="ps", round=r, sites=("s",), per_site={},
+                                          mean={"auroc": r / 10}))
+    if report is not None:
+        tracker.run_finished(report, root)
+    tracker.close()
 
 
 # -- grids ----------------------------------------------------------------------------------------------------
