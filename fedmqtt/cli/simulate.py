@@ -37,7 +37,9 @@ def simulate(
         cfg = cfg.model_validate({**cfg.model_dump(), "train": {**cfg.train.model_dump(), **train},
                                   "hyper": {**cfg.hyper, **_parse_hyper(hyper)}})
     cfg.daemon_config()  # validate the algorithm and its hyper-parameters before anything starts
-    with tracked_run(specs, root=cfg.out_dir, run_name=cfg.run_id, experiment=DEFAULT_EXPERIMENT,
+    # Named by the output folder, which differs between runs (the run id is "sim" unless the TOML says otherwise):
+    # runs sent to one tensorboard:DIR do not replace each other.
+    with tracked_run(specs, root=cfg.out_dir, run_name=cfg.out_dir.resolve().name, experiment=DEFAULT_EXPERIMENT,
                      config=cfg.model_dump(mode="json")) as tracker:
         report = run_simulation(cfg, progress=progress, tracker=tracker)
     typer.echo(render_table(final_table(report)))

@@ -178,7 +178,7 @@ def test_tensorboard_scalars_per_round_equal_the_report(tmp_path: Path) -> None:
     _needs("tensorboard", "track-tensorboard")
     # Execute
     out, report = _simulate(tmp_path, "tensorboard")
-    events = _event_accumulator(out / "tensorboard" / "sim")
+    events = _event_accumulator(out / "tensorboard" / "run")  # named by the output folder
     # Assert
     expected = _expected_rounds(report)
     assert "val/auroc" in expected and "val_site/auroc/cleveland" in expected and "train/loss" in expected
@@ -234,7 +234,7 @@ def test_mlflow_history_per_round_equals_the_report_and_outputs_are_artifacts(
     experiment = client.get_experiment_by_name("fedmqtt")
     (run,) = client.search_runs([experiment.experiment_id])
     # Assert
-    assert run.info.run_name == "sim" and run.info.status == "FINISHED"
+    assert run.info.run_name == "run" and run.info.status == "FINISHED"
     assert run.data.params["algorithm"] == "fedavg" and run.data.params["rounds"] == str(ROUNDS)
     assert run.data.params["train.epochs"] == "1"
     for tag, per_round in _expected_rounds(report).items():
