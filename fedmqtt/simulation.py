@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -27,20 +27,29 @@ from fedmqtt.simulation_config import (  # re-exported: callers import the confi
 )
 from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
 
+if TYPE_CHECKING:
+    from fedmqtt.tracking import RunTracker
+
 __all__ = ["DEFAULT_MODEL", "DEFAULT_PRETRAIN_FRACTION", "DEFAULT_TRAIN", "IN_PROCESS", "SGD_TRAIN",
            "SimulationConfig", "algorithm_defaults", "bundled_sites", "finish_report", "load_simulation_config",
            "pretrain_pooled", "run_baselines", "run_simulation"]
 
 
-def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[str, Any]:
+def run_simulation(config: SimulationConfig, *, progress: bool = True,
+                   tracker: RunTracker | None = None) -> dict[str, Any]:
     """Run the whole federation in this process; returns the report (also written to out_dir).
 
     `algorithm = "central"` is the pooled baseline instead (fedmqtt.central): no federation at all.
+    `tracker` (fedmqtt.tracking, opened by the caller, who closes it) gets every round's metrics as the PS
+    publishes them and the finished report, baselines included.
     """
     if config.algorithm == "central":
         from fedmqtt.central import run_central
 
-        return finish_report(config, run_central(config, progress=progress))
+        report = finish_report(config, run_central(config, progress=progress))
+        if tracker is not None:
+            tracker.run_finished(report, config.out_dir)
+        return report
     import json
 
     from ps_daemon.runner import DaemonRunner
@@ -56,7 +65,8 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
         return MemoryTransport(broker, **kw)
 
     agents = [SiteAgent(cfg, transport_factory=factory) for cfg in config.site_configs()]
-    runner = DaemonRunner(daemon_cfg, force=True, transport_factory=factory)  # a simulation always starts afresh
+    runner = DaemonRunner(daemon_cfg, force=True, transport_factory=factory,  # a simulation always starts afresh
+                          on_round=None if tracker is None else tracker.round_closed)
     for agent in agents:
         agent.start()
     runner.start()
@@ -73,7 +83,10 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
         for agent in agents:
             agent.close()
         runner.close()
-    return finish_report(config, json.loads((config.out_dir / "report.json").read_text()))
+    report = finish_report(config, json.loads((config.out_dir / "report.json").read_text()))
+    if tracker is not None:
+        tracker.run_finished(report, config.out_dir)
+    return report
 
 
 def finish_report(config: SimulationConfig, report: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,13 @@ class Outbound:
     are written.
 
     `usage` and `update_bytes` (round -> site -> ...) are the accepted updates' (see `InboundEvents`); a
-    round's metrics report them."""
+    round's metrics report them. `on_round` gets each round's metrics once they are published (experiment
+    tracking, fedmqtt.tracking); it must not raise."""
 
     def __init__(self, config: DaemonConfig, channel: Channel, store: CheckpointStore, spool: UpdateSpool,
                  status: StatusBoard, *, usage: dict[int, dict[str, dict[str, Any]]],
-                 update_bytes: dict[int, dict[str, int]], started_at: float) -> None:
+                 update_bytes: dict[int, dict[str, int]], started_at: float,
+                 on_round: Callable[[m.RoundMetrics], None] | None = None) -> None:
         self.config = config
         self.channel = channel
         self.store = store
@@ -51,6 +54,7 @@ class Outbound:
         self.usage = usage
         self.update_bytes = update_bytes
         self.started_at = started_at
+        self.on_round = on_round
         self.finished: DaemonState | None = None
         self.checkpoint_time = DurationTally()  # for the metrics endpoint
         self._model_file: tuple[Weights, Path, Layout] | None = None  # the newest checkpoint's; see _map_weights
@@ -129,7 +133,10 @@ class Outbound:
                 effect.state, effect.round, session=state.session, waiting_for=effect.waiting_for,
                 deadline=effect.deadline, detail=effect.detail, sites_online=tuple(sorted(state.online))))
         elif isinstance(effect, fx.PublishRoundMetrics):
-            ch.send(topics.ps_metrics_topic(c.run_id), self._round_metrics(effect.record))
+            metrics = self._round_metrics(effect.record)
+            ch.send(topics.ps_metrics_topic(c.run_id), metrics)
+            if self.on_round is not None:
+                self.on_round(metrics)
         elif isinstance(effect, fx.Log):
             (log.warning if effect.level == "warning" else log.info)(effect.text)
         elif isinstance(effect, fx.Finish):

@@ -45,10 +45,12 @@ log = logging.getLogger("fedmqtt.ps")
 
 class DaemonRunner:
     def __init__(self, config: DaemonConfig, *, resume: bool = False, force: bool = False,
-                 transport_factory: Callable[..., Any] | None = None) -> None:
+                 transport_factory: Callable[..., Any] | None = None,
+                 on_round: Callable[[m.RoundMetrics], None] | None = None) -> None:
         """`transport_factory(client_id=..., will=...)` makes the connection (default: MQTT to the broker
         in the config's credentials; `fedmqtt simulate` passes an in-process one). `force`: start afresh even
-        where out_dir holds checkpoints of an earlier start (they are removed)."""
+        where out_dir holds checkpoints of an earlier start (they are removed). `on_round`: called with each
+        closed round's metrics as they are published (`--track`, fedmqtt.tracking)."""
         self.config = config
         self._transport_factory = transport_factory or (
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
@@ -61,6 +63,7 @@ class DaemonRunner:
         self._turns_out: dict[str, int] = {}  # what ps/turn/<site> holds now (site -> grant)
         self.resume = resume
         self.force = force
+        self._on_round = on_round
         self.reminders = Reminders(config, self.turns)
         self.audit = RunAudit(config)  # <out_dir>/audit/ps.jsonl: starts, rounds, the end (docs/audit.md)
         self._stop = False
@@ -127,7 +130,8 @@ class DaemonRunner:
         self.inbound = InboundEvents(c, self.machine, self.channel, self.spool, self.turns, self.status,
                                      usage=self.usage, update_bytes=self.update_bytes)
         self.outbound = Outbound(c, self.channel, self.store, self.spool, self.status, usage=self.usage,
-                                 update_bytes=self.update_bytes, started_at=self._started_at)
+                                 update_bytes=self.update_bytes, started_at=self._started_at,
+                                 on_round=self._on_round)
         self.channel.admit_manifest = self._admit_manifest  # refuse a chunked upload before fetching a byte of it
         self.metrics.sample(self)  # numbers while the PS waits for the broker
         self.channel.connect(timeout_s=None)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from fedmqtt.tracking.spec import TRACK_HELP
+
 if TYPE_CHECKING:
     from fedmqtt.experiments.grid import GridPoint, GridSpec
 
@@ -58,6 +60,9 @@ def grid_command(
                                        "most one per run)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the grid's progress bar "
                                   "(runs in a grid never draw their own); --no-progress: no bar at all."),
+    track: list[str] = typer.Option([], "--track", metavar="BACKEND[:WHERE]", help=TRACK_HELP + " One tracked "
+                                    "run per point, named by it; default places are under --out; the MLflow "
+                                    "experiment is the grid file's name."),
 ) -> None:
     """Run every point of an experiment grid (algorithms x norms x seeds x partitions) as a simulation.
 
@@ -67,8 +72,10 @@ def grid_command(
     from fedmqtt.errors import FedMqttError
     from fedmqtt.experiments import grid as g
     from fedmqtt.experiments.engines import make_engine
+    from fedmqtt.tracking import parse_tracks
 
     try:
+        specs = parse_tracks(track)  # a missing package stops here, before any point runs
         runner = make_engine(engine.value, address=cluster, workers=workers)
         grid = g.load_grid(spec)
         points = [p for p in g.expand(grid) if not only or p.name in only]
@@ -76,7 +83,7 @@ def grid_command(
             _list_or_export(grid, points, out, export=export, fed_dir=fed_dir)
             return
         entries = g.run_grid(grid, out, resume=resume, progress=progress, only=only or None,
-                             engine=runner)
+                             engine=runner, track=specs, experiment=spec.stem)
     except FedMqttError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from fedmqtt.tracking.spec import DEFAULT_EXPERIMENT, TRACK_HELP
+
 app = typer.Typer(help="Run the parameter-server daemon (PS).", no_args_is_help=True)
 
 
@@ -19,21 +21,33 @@ def start(
     algorithm: str = typer.Option(None, "--algorithm", "-a",
                                   help="Override the config's algorithm (see `fedmqtt algorithms`)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages too."),
+    track: list[str] = typer.Option([], "--track", metavar="BACKEND[:WHERE]", help=TRACK_HELP + " With "
+                                    "--resume the run's tracking goes on where it stopped."),
 ) -> None:
     """Wait for the sites, run every round (aggregate, checkpoint, publish), then write the final model and report.
 
     Start order does not matter: the PS waits for sites, and sites wait for the PS.
     """
+    import json
+
     from fedmqtt.logs import setup_logging
+    from fedmqtt.tracking import parse_tracks, tracked_run
     from ps_daemon.config import load_daemon_config
     from ps_daemon.runner import DaemonRunner
 
     setup_logging(verbose)
+    specs = parse_tracks(track)  # a missing package stops here, before the PS connects
     cfg = load_daemon_config(config, algorithm=algorithm)
     if resume and force:
         raise typer.BadParameter("--resume continues a run, --force starts it over: choose one")
-    runner = DaemonRunner(cfg, resume=resume, force=force)
-    runner.run()
+    with tracked_run(specs, root=cfg.out_dir, run_name=cfg.run_id, experiment=DEFAULT_EXPERIMENT,
+                     config=cfg.model_dump(mode="json", exclude={"credentials"}), fresh=force,
+                     resume=resume) as tracker:
+        runner = DaemonRunner(cfg, resume=resume, force=force,
+                              on_round=None if tracker is None else tracker.round_closed)
+        runner.run()
+        if tracker is not None and runner.finished is not None:
+            tracker.run_finished(json.loads((cfg.out_dir / "report.json").read_text()), cfg.out_dir)
     if runner.finished is None:
         latest = runner.store.latest()
         state = getattr(runner, "state", None)

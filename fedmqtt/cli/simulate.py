@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from fedmqtt.tracking.spec import DEFAULT_EXPERIMENT, TRACK_HELP
+
 app = typer.Typer()
 
 
@@ -21,18 +23,25 @@ def simulate(
     epochs: int | None = typer.Option(None, min=1, help="Local epochs per round."),
     hyper: list[str] = typer.Option([], "--hyper", "-H", help="Algorithm hyper-parameter NAME=VALUE (repeat)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the rounds."),
+    track: list[str] = typer.Option([], "--track", metavar="BACKEND[:WHERE]", help=TRACK_HELP),
 ) -> None:
     """Run the PS and every site in this process, without a broker (same code path as a deployment)."""
     from fedmqtt.simulation import load_simulation_config, run_simulation
+    from fedmqtt.tracking import parse_tracks, tracked_run
     from ps_daemon.report import baseline_warnings, final_table, render_table
 
+    specs = parse_tracks(track)  # a missing package stops here, before any data is read
     cfg = load_simulation_config(config, algorithm=algorithm, rounds=rounds, seed=seed, out_dir=out)
     train = {k: v for k, v in {"optimizer": optimizer, "lr": lr, "epochs": epochs}.items() if v is not None}
     if train or hyper:
         cfg = cfg.model_validate({**cfg.model_dump(), "train": {**cfg.train.model_dump(), **train},
                                   "hyper": {**cfg.hyper, **_parse_hyper(hyper)}})
     cfg.daemon_config()  # validate the algorithm and its hyper-parameters before anything starts
-    report = run_simulation(cfg, progress=progress)
+    # Named by the output folder, which differs between runs (the run id is "sim" unless the TOML says otherwise):
+    # runs sent to one tensorboard:DIR do not replace each other.
+    with tracked_run(specs, root=cfg.out_dir, run_name=cfg.out_dir.resolve().name, experiment=DEFAULT_EXPERIMENT,
+                     config=cfg.model_dump(mode="json")) as tracker:
+        report = run_simulation(cfg, progress=progress, tracker=tracker)
     typer.echo(render_table(final_table(report)))
     for warning in baseline_warnings(report):  # the model does not beat a baseline, or the partition leaks
         typer.echo(f"warning: {warning}")

@@ -6,7 +6,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from fedmqtt.errors import ConfigError, DataError
 from fedmqtt.experiments.engines import Engine, SerialEngine
 from fedmqtt.experiments.runs import GRID_FILE, POINT_FILE
 from fedmqtt.simulation import SimulationConfig
+from fedmqtt.tracking.spec import TrackSpec
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 log = logging.getLogger(__name__)
@@ -246,7 +247,8 @@ def partition_sites(axis: PartitionAxis, seed: int, out_dir: Path) -> dict[str, 
 
 
 def run_grid(grid: GridSpec, out_dir: Path, *, resume: bool = True, progress: bool = True,
-             only: Collection[str] | None = None, engine: Engine | None = None) -> list[dict[str, Any]]:
+             only: Collection[str] | None = None, engine: Engine | None = None,
+             track: Sequence[TrackSpec] = (), experiment: str = "grid") -> list[dict[str, Any]]:
     """Run every point (or those named in `only`) with `run_simulation` into `out_dir/<run name>/`.
 
     Every config is built and validated before the first run, so a bad key stops the grid at once.
@@ -259,6 +261,10 @@ def run_grid(grid: GridSpec, out_dir: Path, *, resume: bool = True, progress: bo
     are the same bits. A remote engine gets `out_dir` as an absolute path, which every worker must see.
     With `progress=False` nothing draws a bar: not the grid, not a run.
 
+    `track` (fedmqtt.tracking): each point that runs is one tracked run named by the point, in the MLflow
+    experiment `experiment`, and in its own folder of `out_dir/tensorboard` (or of the spec's DIR). Cached
+    points are not logged again.
+
     Returns:
         The grid.json entries of the points run (all, or those in `only`; grid.json lists every point).
     """
@@ -268,8 +274,9 @@ def run_grid(grid: GridSpec, out_dir: Path, *, resume: bool = True, progress: bo
     points = [p for p in every if only is None or p.name in only]
     if only is not None and (unknown := set(only) - {p.name for p in points}):
         raise ConfigError(f"no grid point named {', '.join(sorted(unknown))}; see `fedmqtt grid --list`")
+    tracking = {"track": [str(t) for t in track], "track_root": str(out_dir), "experiment": experiment}
     jobs = [(p.name, {"labels": p.labels(), "config": _validated(p, out_dir).model_dump(mode="json"),
-                      "resume": resume}) for p in points]
+                      "resume": resume, **tracking}) for p in points]
     on_disk = {p.name: "cached" if (out_dir / p.name / "report.json").is_file() else "pending" for p in every}
     entries = {p.name: {**p.labels(), "status": on_disk[p.name], "wall_s": None} for p in every}
     bar = tqdm(total=len(points), desc=f"grid ({engine.name})", unit="run", disable=not progress)
@@ -296,14 +303,17 @@ def _validated(point: GridPoint, out_dir: Path) -> SimulationConfig:
     return cfg
 
 
-def run_point(labels: dict[str, Any], config: dict[str, Any], *, resume: bool) -> dict[str, Any]:
+def run_point(labels: dict[str, Any], config: dict[str, Any], *, resume: bool, track: Sequence[str] = (),
+              track_root: str = ".", experiment: str = "grid") -> dict[str, Any]:
     """One grid point, from plain data only (its labels and its SimulationConfig as JSON), so that an
     engine can ship it to another process or machine; returns its grid.json status and wall time.
+    `track`: `--track` values, the point tracked as a run named by it under `track_root` (run_grid).
 
     Torch threads need no setting here: every simulated site pins them (SiteConfig.threads = 1), as
     do the pooled baseline and pretraining, so a worker computes the same bits as this process.
     """
     from fedmqtt.simulation import run_simulation
+    from fedmqtt.tracking import parse_track, tracked_run
 
     cfg = SimulationConfig.model_validate(config)
     run_dir = cfg.out_dir
@@ -316,8 +326,13 @@ def run_point(labels: dict[str, Any], config: dict[str, Any], *, resume: bool) -
     run_dir.mkdir(parents=True, exist_ok=True)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     start = time.perf_counter()
+    specs = [parse_track(t) for t in track]
+    tags = {f"grid.{k}": str(v) for k, v in labels.items()}
     try:
-        run_simulation(cfg, progress=False)
+        # A tracker that cannot open (its package missing on this worker) fails the point before it trains.
+        with tracked_run(specs, root=Path(track_root), run_name=labels["run"], experiment=experiment,
+                         config={"grid": labels, **config}, tags=tags) as tracker:
+            run_simulation(cfg, progress=False, tracker=tracker)
     except Exception as exc:  # noqa: BLE001 - one diverged or misconfigured point must not stop a sweep
         return {"status": "failed", "wall_s": time.perf_counter() - start, "error": f"{type(exc).__name__}: {exc}"}
     return {"status": "done", "wall_s": time.perf_counter() - start}
