@@ -34,7 +34,10 @@ def chunk_limits_table() -> str:
         (code("MAX_CHUNK_BYTES"), _size(chunks.MAX_CHUNK_BYTES),
          "largest chunk: keeps every MQTT packet under the broker's max_packet_size"),
         (code("MAX_CHUNKS"), chunks.MAX_CHUNKS,
-         "chunks per transfer (the topic's index has at most 6 digits)"),
+         "chunks per transfer: the broker's ACL lists exactly this many chunk topics per topic, and a payload "
+         "that needs more chunks of chunk_bytes travels in this many larger ones"),
+        (code("MAX_CHUNKED_BYTES"), _size(chunks.MAX_CHUNKED_BYTES),
+         "the most one chunked transfer carries (MAX_CHUNKS x MAX_CHUNK_BYTES)"),
         (code("MAX_WINDOW_CHUNKS"), bulk.MAX_WINDOW_CHUNKS,
          "chunk topics subscribed at once, whatever their size"),
         (code("CHUNKED_UPDATE_SLACK_BYTES"), _size(admission.CHUNKED_UPDATE_SLACK_BYTES),
