@@ -6,6 +6,7 @@ import typing
 
 from pydantic import BaseModel
 
+from fedmqtt import logs
 from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.transport import bulk, reasons
 from fedmqtt.transport.settings import BrokerSettings
@@ -62,6 +63,9 @@ def timing_table() -> str:
          "a waiting PS logs what it waits for, and who is missing, at least this often"),
         (code("STATUS_REFRESH_S"), status.STATUS_REFRESH_S,
          "new refusal counts reach ps/status at most this often"),
+        (code("REFUSAL_SUMMARY_S"), logs.REFUSAL_SUMMARY_S,
+         f"refusals beyond the first {logs.REFUSALS_VERBATIM} per sender and category are logged as one summary "
+         "line per sender this often"),
     ]
     return table(("Setting", "Default (s)", "Meaning"), rows)
 
