@@ -1,5 +1,20 @@
 """Render the Mosquitto ACL of one run from the topic builders, so topics and rights never drift apart.
 
+Rights are exact (bounds on what one party can make the broker hold): every party may write only the topics
+the protocol gives it (docs/protocol.md), never a `#` under its subtree. A retained message costs the broker
+memory and a place in mosquitto.db across restarts, so a write right on `site/<id>/#` let a site store as many
+retained messages as it liked under made-up subtopics (40 of 1 MiB grew the broker from 10 to 51 MB). Mosquitto's
+`+` matches any name at its level too, so a site's chunk topics are listed one by one, `<topic>/chunk/0` ...
+`<topic>/chunk/{MAX_CHUNKS-1}`: what a site can make the broker keep is at most `site_write_topics` (260 topics)
+of at most max_packet_size each. Reads create nothing at the broker and keep `+` (and the PS reads the whole
+run). The PS, the coordinator, writes its own topics with `+` for chunk indices and site ids: it already decides
+what every site stores.
+
+Adding a topic: give it a builder in fedmqtt/transport/topics.py (and an entry in the docs catalogue,
+fedmqtt/docgen/protocol_topics.py), then add `(WRITE, builder(...))` to the rules of the one party that writes
+it (`ps_rules`, `site_rules`, or a new party's function wired into `render_acl`) and `(READ, builder(...))` to
+the rules of each party that reads it. tests/unit/test_acl.py states every right a party has.
+
 Identity (why every party has several broker users): Mosquitto ends an existing connection when another one
 logs in with the same MQTT client id, and the victim's Last Will fires. Client ids are chosen by the client,
 so any party with valid credentials could knock any other off (a site could make the PS drop a peer from a
@@ -23,6 +38,8 @@ OBSERVER_SEATS = 7  # extra observer logins: observer.1 ... observer.7
 # What broker/config.py must write right after every `listener` line. Placed before any listener (e.g. in the
 # base mosquitto.conf), Mosquitto 2.0.11 applies it to an implicit default listener and opens port 1883.
 LISTENER_IDENTITY_LINES = ("use_username_as_clientid true",)
+READ, WRITE = "read", "write"
+Rule = tuple[str, str]  # (access, topic or filter): one `topic <access> <topic>` line
 
 
 def login_names(user: str, *, observer_user: str = "observer") -> list[str]:
@@ -33,48 +50,65 @@ def login_names(user: str, *, observer_user: str = "observer") -> list[str]:
     return names
 
 
+def site_write_topics(run_id: str, site: str) -> list[str]:
+    """Every topic a site may publish: its status, update, report and bridge state, and chunks 0 ...
+    MAX_CHUNKS-1 of the chunked ones. Small topics first: Mosquitto checks a user's rules in file order."""
+    own = [topics.site_topic(run_id, site, kind) for kind in topics.SITE_KINDS]
+    chunked = [topic for topic in own if topics.parse_topic(topic).base in topics.CHUNKED_KINDS]
+    chunks = [topics.chunk_topic(topic, index) for topic in chunked for index in range(topics.MAX_CHUNKS)]
+    return [*own, topics.site_bridge_topic(run_id, site), *chunks]
+
+
+def site_rules(run_id: str, site: str) -> list[Rule]:
+    """A site writes exactly its own topics and reads the PS's status, the model and its own task and turn."""
+    model, task = topics.ps_model_topic(run_id), topics.ps_task_topic(run_id, site)
+    reads = [topics.ps_status_topic(run_id), model, topics.chunk_filter(model), task, topics.chunk_filter(task),
+             topics.ps_turn_topic(run_id, site)]
+    return [(READ, topic) for topic in reads] + [(WRITE, topic) for topic in site_write_topics(run_id, site)]
+
+
+def ps_rules(run_id: str, sites: list[str]) -> list[Rule]:
+    """The PS reads the whole run, writes its own topics and each site's task and turn, and clears a site's update
+    once it holds it (Channel.clear_received)."""
+    model = topics.ps_model_topic(run_id)
+    writes = [topics.ps_status_topic(run_id), model, topics.chunk_filter(model), topics.ps_metrics_topic(run_id)]
+    for site in sites:
+        task, update = topics.ps_task_topic(run_id, site), topics.site_update_topic(run_id, site)
+        writes += [task, topics.chunk_filter(task), topics.ps_turn_topic(run_id, site), update,
+                   topics.chunk_filter(update)]
+    return [(READ, topics.run_filter(run_id))] + [(WRITE, topic) for topic in writes]
+
+
+def observer_rules(run_id: str) -> list[Rule]:
+    """Observers read statuses, metrics and bridge states: never a model, task, update or report."""
+    reads = [topics.ps_status_topic(run_id), topics.ps_metrics_topic(run_id), topics.any_site_filter(run_id, "status"),
+             topics.any_bridge_filter(run_id)]  # a hospital broker's bridge up/down
+    return [(READ, topic) for topic in reads]
+
+
 def render_acl(
     run_id: str, site_ids: list[str], *, ps_user: str = "ps", observer_user: str = "observer"
 ) -> str:
-    """ACL text: the PS reads and writes the run, each site writes its own subtree, observers read status.
+    """ACL text: one `user` block per login of each party (`login_names`), with that party's rules.
 
-    Every user gets an explicit `user` block; there are no `pattern` lines, because a pattern applies to
-    every user and would hand site rights to the PS and observer accounts as well. Each login of a party
-    (`login_names`) gets the same block.
+    There are no `pattern` lines, because a pattern applies to every user and would hand site rights to the PS
+    and observer accounts as well.
     """
     topics.validate_id(run_id, what="run id")
     sites = sorted(topics.validate_id(site, what="site id") for site in site_ids)
-    blocks = _party_blocks(ps_user, [("readwrite", topics.run_filter(run_id))], observer_user)
-    blocks += _party_blocks(
-        observer_user,
-        [
-            ("read", topics.ps_status_topic(run_id)),
-            ("read", topics.ps_metrics_topic(run_id)),
-            ("read", topics.any_site_filter(run_id, "status")),
-            ("read", topics.any_bridge_filter(run_id)),  # a hospital broker's bridge up/down
-        ],
-        observer_user,
-    )
+    blocks = _party_blocks(ps_user, ps_rules(run_id, sites), observer_user)
+    blocks += _party_blocks(observer_user, observer_rules(run_id), observer_user)
     for site in sites:
         # A site's username is its site id, so one password identifies exactly one hospital.
-        rules = [
-            ("write", topics.site_all_filter(run_id, site)),
-            ("read", topics.ps_status_topic(run_id)),
-            ("read", topics.ps_model_topic(run_id)),
-            ("read", topics.chunk_filter(topics.ps_model_topic(run_id))),
-            ("read", topics.ps_task_topic(run_id, site)),
-            ("read", topics.chunk_filter(topics.ps_task_topic(run_id, site))),
-            ("read", topics.ps_turn_topic(run_id, site)),
-        ]
-        blocks += _party_blocks(site, rules, observer_user)
+        blocks += _party_blocks(site, site_rules(run_id, site), observer_user)
     header = f"# fedmqtt ACL for run {run_id}: generated by broker/acl.py, do not edit.\n"
     return header + "\n" + "\n".join(blocks)
 
 
-def _party_blocks(user: str, rules: list[tuple[str, str]], observer_user: str) -> list[str]:
+def _party_blocks(user: str, rules: list[Rule], observer_user: str) -> list[str]:
     return [_user_block(name, rules) for name in login_names(user, observer_user=observer_user)]
 
 
-def _user_block(user: str, rules: list[tuple[str, str]]) -> str:
+def _user_block(user: str, rules: list[Rule]) -> str:
     lines = [f"user {user}"] + [f"topic {access} {topic}" for access, topic in rules]
     return "\n".join(lines) + "\n"

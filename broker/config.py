@@ -8,9 +8,38 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.acl import login_names
 from fedmqtt.errors import BrokerError
 
 BROKER_SYSTEM_USER = "mosquitto"
+
+# Room in every listener's max_connections beyond the parties' own seats: for sites added while the broker runs
+# (Mosquitto 2.0.11 reads max_connections only at start, not on the SIGHUP of add-site), eight sites of two
+# connections, each with a reconnect in flight; and for probes such as `broker start` checking the port.
+CONNECTION_HEADROOM = 32
+
+
+def connection_limit(site_count: int) -> int:
+    """`max_connections` of each listener: every login of every party (`broker.acl.login_names`: PS and each
+    site twice, the observer's nine seats) twice, because a reconnect opens its new socket before the broker
+    drops the old one (a takeover of the same client id), plus CONNECTION_HEADROOM. Sockets that never send
+    CONNECT count too: Mosquitto 2.0.11 closes any socket past the limit at once, so this is also what bounds the
+    descriptors and buffers that unauthenticated sockets can hold (each for up to 1.5 x 60 s, its keepalive
+    before CONNECT). 2 sites: 62; 100 sites: 454."""
+    logins = len(login_names("ps")) + len(login_names("observer")) + site_count * len(login_names("site"))
+    return 2 * logins + CONNECTION_HEADROOM
+
+
+def limit_lines(max_connections: int | None) -> list[str]:
+    """What follows each listener's own lines: its connection limit (none given: Mosquitto's unlimited)."""
+    return [] if max_connections is None else [f"max_connections {max_connections}"]
+
+
+def set_connection_limit(conf: str, max_connections: int) -> str:
+    """`conf` with every listener's max_connections set to `max_connections` (add-site and remove-site: the
+    broker reads it at its next start)."""
+    return "".join(f"max_connections {max_connections}\n" if line.startswith("max_connections ") else line
+                   for line in conf.splitlines(keepends=True))
 
 
 def base_config_path() -> Path:
@@ -80,10 +109,12 @@ def render_broker_config(
     log_file: Path | None = None,
     user: str | None = None,
     extra: list[str] | None = None,
+    max_connections: int | None = None,
 ) -> str:
     """The base settings followed by this federation's listeners, auth files, persistence and log target.
 
     `listeners` replaces the single plain `port`/`host` listener; `extra` lines go last (e.g. a bridge).
+    `max_connections`: each listener's connection limit (`connection_limit`; None: unlimited).
 
     `user`: the account Mosquitto runs as (`broker_user()` by default). Started as root, Mosquitto switches to it
     before it reads any file but this one; broker/process.py hands it the files it needs.
@@ -99,7 +130,7 @@ def render_broker_config(
         "# " + "-" * 100,
         "# federation-specific",
         "# " + "-" * 100,
-        *[line for listener in listeners for line in listener.lines()],
+        *[line for listener in listeners for line in [*listener.lines(), *limit_lines(max_connections)]],
         f"password_file {Path(password_file).resolve()}",
         f"acl_file {Path(acl_file).resolve()}",
         # Mosquitto 1.x appends the file name to this string as is; 2.0.11 adds a separator itself and a

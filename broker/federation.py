@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker import certs
 from broker.acl import login_names, render_acl
-from broker.config import Listener, TlsFiles, free_port, render_broker_config
+from broker.config import (
+    Listener,
+    TlsFiles,
+    connection_limit,
+    free_port,
+    render_broker_config,
+    set_connection_limit,
+)
 from broker.passwords import generate_password, write_password_file
 from broker.process import prepare_for_broker_user
 from fedmqtt.config_io import dump_toml, load_toml
@@ -257,6 +264,7 @@ def add_site(layout: FederationLayout, site: str) -> tuple[FederationLayout, Pat
     _set_password_entry(new, site, password)
     _write_credentials(new, site, password)
     _write_acl(new)
+    _write_connection_limit(new)
     return new, new.credentials[site]
 
 
@@ -267,6 +275,7 @@ def remove_site(layout: FederationLayout, site: str) -> FederationLayout:
     new = _save_sites(layout, [s for s in layout.site_ids if s != site])
     _set_password_entry(new, site, None)
     _write_acl(new)  # the removed user has no ACL block left, so it has no rights at all
+    _write_connection_limit(new)
     _revoke_client_cert(layout, site)
     layout.credentials[site].unlink(missing_ok=True)
     return new
@@ -419,6 +428,13 @@ def _write_acl(layout: FederationLayout) -> None:
     os.replace(tmp, path)  # the broker never reads half an ACL on reload
 
 
+def _write_connection_limit(layout: FederationLayout) -> None:
+    """Each listener's max_connections for the sites now in the federation (Mosquitto reads it at its next start;
+    until then the headroom of `connection_limit` lets added sites in)."""
+    conf = layout.conf_path.read_text(encoding="utf-8")
+    layout.conf_path.write_text(set_connection_limit(conf, connection_limit(len(layout.site_ids))), encoding="utf-8")
+
+
 def _write_broker_files(layout: FederationLayout) -> None:
     data_dir = layout.broker_dir / "data"
     data_dir.mkdir(parents=True, mode=0o700)
@@ -443,6 +459,7 @@ def _write_broker_files(layout: FederationLayout) -> None:
         log_file=layout.log_path,
         # later lines win in Mosquitto: this overrides the base file's window for this broker only
         extra=[f"max_inflight_messages {layout.max_inflight}"] if layout.max_inflight is not None else None,
+        max_connections=connection_limit(len(layout.site_ids)),
     )
     layout.conf_path.write_text(conf, encoding="utf-8")
 

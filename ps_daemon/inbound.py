@@ -80,8 +80,9 @@ class InboundEvents:
             return None
 
     def refuse_unusable(self, site: str, topic: object, exc: BaseException) -> None:
-        log.exception("refused a message from %s on %s", site, topic)
-        self.status.refuse(site, "unusable content", f"{type(exc).__name__}: {exc}")
+        # With its traceback: the checks let it through, yet the machine could not use it (a bug to look at). At
+        # the bounded rate of every refusal, so a site that found such a message cannot flood the log with it.
+        self.status.refuse(site, "unusable content", f"{type(exc).__name__}: {exc} (on {topic})", exc_info=exc)
 
     def admit_manifest(self, state: DaemonState, parsed: ParsedTopic, manifest: ChunkManifest) -> str | None:
         """The channel asks before fetching a chunked message; a reason refuses it (counted by the channel)."""

@@ -60,10 +60,12 @@ class StatusBoard:
         return status_message(self.config, state, round_no, session=session, rejected=self.rejection_summary(),
                               **kw)
 
-    def refuse(self, site: str, category: str, detail: str) -> None:
-        """Count and log one refused message (the state is left exactly as it was)."""
+    def refuse(self, site: str, category: str, detail: str, *, exc_info: BaseException | None = None) -> None:
+        """Count one refused message (the state is left exactly as it was) and log it at the bounded rate of the
+        channel's refusals (`fedmqtt.logs.RefusalLog`), so one summary per site covers both."""
         self.rejections.setdefault(site, Counter())[category] += 1
-        log.warning("refused a message from %s: %s", site, detail[:300])
+        self.channel.refusals.refused(site, category, log, "refused a message from %s: %s", site, detail[:300],
+                                      exc_info=exc_info)
 
     def rejection_summary(self) -> dict[str, dict[str, int]]:
         """Refused messages per site and reason: the channel's (malformed, spoofed, ...) and the PS's own

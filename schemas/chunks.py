@@ -19,7 +19,12 @@ from schemas.tensors import DType, Shape
 MIN_CHUNK_BYTES = 1024
 MAX_CHUNK_BYTES = 8 * 1024 * 1024  # keeps every MQTT packet under mosquitto.conf's max_packet_size
 MAX_TRANSFER_BYTES = 2**40  # far above any max_payload_bytes; the receiver's own budget is the real cap
-MAX_CHUNKS = 1_000_000  # the chunk topic's index has at most 6 digits
+# Chunks per transfer. The broker's ACL lists every chunk topic a site may write (`<topic>/chunk/0` ...
+# `<topic>/chunk/127`): Mosquitto's `+` would match any name at that level, so a site could store retained
+# messages under as many made-up "chunk indices" as it liked. 128 chunks of at most MAX_CHUNK_BYTES carry 1 GiB
+# (the default max_payload_bytes); a sender whose payload needs more chunks uses larger ones (transport/bulk.py).
+MAX_CHUNKS = 128
+MAX_CHUNKED_BYTES = MAX_CHUNKS * MAX_CHUNK_BYTES  # the most one chunked transfer can carry
 _SHA256_HEX = r"^[0-9a-f]{64}$"
 Sha256Hex = Annotated[str, Field(pattern=_SHA256_HEX)]
 

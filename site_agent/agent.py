@@ -207,8 +207,8 @@ class SiteAgent:
     def _on_message(self, msg: object) -> None:
         if isinstance(msg, m.GlobalModel):
             if tensors_hash(msg.tensors) != msg.model_hash:  # a damaged or forged model is never trained on
-                log.warning("refused the model of round %d: its tensors do not hash to %s", msg.round,
-                            msg.model_hash[:12])
+                self.channel.refusals.refused(msg.sender, "model hash", log, "refused the model of round %d: its "
+                                              "tensors do not hash to %s", msg.round, msg.model_hash[:12])
                 return
             self.models = {k: v for k, v in self.models.items()
                            if v.session == msg.session and v.round >= msg.round - 1}

@@ -6,6 +6,7 @@ import typing
 
 from pydantic import BaseModel
 
+from fedmqtt import logs
 from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.transport import bulk, reasons
 from fedmqtt.transport.settings import BrokerSettings
@@ -34,7 +35,10 @@ def chunk_limits_table() -> str:
         (code("MAX_CHUNK_BYTES"), _size(chunks.MAX_CHUNK_BYTES),
          "largest chunk: keeps every MQTT packet under the broker's max_packet_size"),
         (code("MAX_CHUNKS"), chunks.MAX_CHUNKS,
-         "chunks per transfer (the topic's index has at most 6 digits)"),
+         "chunks per transfer: the broker's ACL lists exactly this many chunk topics per topic, and a payload "
+         "that needs more chunks of chunk_bytes travels in this many larger ones"),
+        (code("MAX_CHUNKED_BYTES"), _size(chunks.MAX_CHUNKED_BYTES),
+         "the most one chunked transfer carries (MAX_CHUNKS x MAX_CHUNK_BYTES)"),
         (code("MAX_WINDOW_CHUNKS"), bulk.MAX_WINDOW_CHUNKS,
          "chunk topics subscribed at once, whatever their size"),
         (code("CHUNKED_UPDATE_SLACK_BYTES"), _size(admission.CHUNKED_UPDATE_SLACK_BYTES),
@@ -59,6 +63,9 @@ def timing_table() -> str:
          "a waiting PS logs what it waits for, and who is missing, at least this often"),
         (code("STATUS_REFRESH_S"), status.STATUS_REFRESH_S,
          "new refusal counts reach ps/status at most this often"),
+        (code("REFUSAL_SUMMARY_S"), logs.REFUSAL_SUMMARY_S,
+         f"refusals beyond the first {logs.REFUSALS_VERBATIM} per sender and category are logged as one summary "
+         "line per sender this often"),
     ]
     return table(("Setting", "Default (s)", "Meaning"), rows)
 

@@ -29,7 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fedmqtt.transport.topics import chunk_topic
-from schemas.chunks import Chunk, ChunkManifest, TensorEntry, chunk_digest, root_digest
+from schemas.chunks import (
+    MAX_CHUNK_BYTES,
+    MAX_CHUNKED_BYTES,
+    MAX_CHUNKS,
+    Chunk,
+    ChunkManifest,
+    TensorEntry,
+    chunk_digest,
+    root_digest,
+)
+from schemas.codec import TOO_LARGE, WireError
 
 log = logging.getLogger(__name__)
 MAX_WINDOW_CHUNKS = 256
@@ -48,7 +58,14 @@ def tensor_index(message: Any) -> tuple[TensorEntry, ...]:
 
 def split(payload: bytes, message: Any, *, chunk_bytes: int) -> tuple[ChunkManifest, Callable[[], Iterator[Chunk]]]:
     """The manifest of `payload` (the encoded `message`) and a generator of its chunks, made lazily so the
-    sender never holds a second copy of a large model."""
+    sender never holds a second copy of a large model.
+
+    A payload that would need more than MAX_CHUNKS chunks of `chunk_bytes` goes in MAX_CHUNKS larger ones (at
+    most MAX_CHUNK_BYTES each): the broker grants exactly MAX_CHUNKS chunk topics per topic."""
+    if len(payload) > MAX_CHUNKED_BYTES:
+        raise WireError(TOO_LARGE, f"a {message.kind} of {len(payload)} bytes exceeds what one chunked transfer "
+                                   f"carries ({MAX_CHUNKS} chunks of at most {MAX_CHUNK_BYTES} bytes)")
+    chunk_bytes = max(chunk_bytes, -(-len(payload) // MAX_CHUNKS))
     view = memoryview(payload)
     count = math.ceil(len(payload) / chunk_bytes)
     digests = tuple(chunk_digest(view[i * chunk_bytes:(i + 1) * chunk_bytes]) for i in range(count))

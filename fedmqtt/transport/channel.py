@@ -2,8 +2,9 @@
 
 Every check that protects a receiver from a bad or spoofed payload lives here, so the PS and the
 site agents see only messages that are well-formed, on the right topic, from the right sender.
-A refused message is counted per sender and category (`ChannelStats`) and logged once, in one bounded line;
-`accept` never raises, whatever bytes arrive.
+A refused message is counted per sender and category (`ChannelStats`) and logged in one bounded line, at a bounded
+rate (`fedmqtt.logs.RefusalLog`: the first few per sender and category, then a summary per interval); `accept`
+never raises, whatever bytes arrive.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedmqtt.errors import SchemaError, TopicError
+from fedmqtt.logs import RefusalLog
 from fedmqtt.transport.bulk import Completed, Failed, Fetcher, split
 from fedmqtt.transport.bulk import tensor_index as bulk_index
 from fedmqtt.transport.heap import release_free_heap
@@ -182,6 +184,7 @@ class Channel:
         self.run_id = run_id
         self.sender = sender
         self.stats = ChannelStats()
+        self.refusals = RefusalLog(log)  # the PS logs its own refusals through it too, for one summary per site
         # Message ids already delivered, per topic owner: a party that reuses or guesses another's id on its own
         # topic must not make us drop that other party's message, nor evict the other's ids by flooding its own.
         self._seen: dict[str, OrderedDict[str, None]] = {}
@@ -214,6 +217,7 @@ class Channel:
             self.bulk.interrupt()
 
     def close(self, *, final: tuple[str, bytes] | None = None) -> None:
+        self.refusals.close()
         try:
             self.transport.close(final=final)
         finally:
@@ -280,13 +284,16 @@ class Channel:
                 if inbound is not None:
                     return inbound
             self._report(self.fetcher.tick())
+            self.refusals.flush()
             if time.monotonic() >= deadline or (raw is None and not self.fetcher.busy):
                 return None
 
     def _reject(self, topic: str, category: str, reason: object) -> None:
         """Count one refused message for its topic's owner and log it: one line, bounded, whatever the input."""
-        self.stats.count_rejection(topic_owner(topic), category)
-        log.warning("rejected (%s) a message on %s: %s", category, clip(topic), clip(reason, 1000))
+        owner = topic_owner(topic)
+        self.stats.count_rejection(owner, category)
+        self.refusals.refused(owner, category, log, "rejected (%s) a message on %s: %s", category, clip(topic),
+                              clip(reason, 1000))
 
     def _report(self, outcome: Completed | Failed | None) -> Inbound | None:
         if isinstance(outcome, Failed):
@@ -322,12 +329,13 @@ class Channel:
             owner = parse_topic(raw.topic[: -len(BRIDGE)] + "status")  # same owner and run as its status topic
         except TopicError as exc:
             self.stats.count_rejection(site, "bad topic")
-            log.warning("rejected (bad topic) a bridge notification on %s: %s", clip(raw.topic), clip(exc))
+            self.refusals.refused(site, "bad topic", log, "rejected (bad topic) a bridge notification on %s: %s",
+                                  clip(raw.topic), clip(exc))
             return None
         if owner.run_id != self.run_id or owner.role != "site" or raw.payload not in (b"0", b"1"):
             self.stats.count_rejection(site, "malformed")
-            log.warning("rejected (malformed) a bridge notification on %s: expected b'0' or b'1' of run %s",
-                        clip(raw.topic), self.run_id)
+            self.refusals.refused(site, "malformed", log, "rejected (malformed) a bridge notification on %s: "
+                                  "expected b'0' or b'1' of run %s", clip(raw.topic), self.run_id)
             return None
         parsed = ParsedTopic(owner.run_id, "site", BRIDGE, owner.site_id)
         return Inbound(parsed, BridgeState(owner.site_id or "?", raw.payload == b"1"), len(raw.payload), raw.retain)
@@ -343,8 +351,10 @@ class Channel:
                 return self._bridge_state(raw)
             return self._accept(raw)
         except Exception as exc:  # a bug of ours, never the sender's fault: keep serving everyone else
-            self.stats.count_rejection(topic_owner(raw.topic), INTERNAL)
-            log.exception("internal error on a message on %s: %s", clip(raw.topic), clip(exc))
+            owner = topic_owner(raw.topic)
+            self.stats.count_rejection(owner, INTERNAL)
+            self.refusals.refused(owner, INTERNAL, log, "internal error on a message on %s: %s", clip(raw.topic),
+                                  clip(exc), exc_info=True)
             return None
 
     def _accept(self, raw: RawMessage) -> Inbound | None:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from fedmqtt.errors import TopicError
+from schemas.chunks import MAX_CHUNKS
 
 ROOT = "fedmqtt"
 VERSION = "v1"
@@ -24,7 +25,6 @@ BRIDGE = "bridge"  # site/<id>/bridge: a hospital broker's bridge notification, 
 # (docs/protocol.md, "Chunked transfer"); the small manifest stays on `<topic>` itself.
 CHUNKED_KINDS = {("ps", "model"), ("ps", "task"), ("site", "update"), ("site", "report")}
 CHUNK = "chunk"
-MAX_CHUNKS = 1_000_000
 
 
 def validate_id(value: str, *, what: str = "id") -> str:
@@ -87,12 +87,14 @@ def site_report_topic(run_id: str, site_id: str) -> str:
 def site_bridge_topic(run_id: str, site_id: str) -> str:
     """`site/<id>/bridge`: a hospital broker's bridge state, retained "1" (up) or "0" (down, its Will on the
     central broker). Outside SITE_KINDS on purpose: Mosquitto writes it, not the site agent, and its payload is
-    not a schema message. The site's ACL (`site/<id>/#`) already lets the bridge write it."""
+    not a schema message. The site's ACL lists it among the site's own topics (broker/acl.py)."""
     return f"{run_prefix(run_id)}/site/{validate_id(site_id, what='site id')}/bridge"
 
 
 def site_all_filter(run_id: str, site_id: str) -> str:
-    """Everything a site may write: `site/<id>/#`."""
+    """`site/<id>/#`: everything under one site, what a hospital broker's bridge forwards (not an ACL right).
+
+    The ACL grants a site its exact topics only (broker/acl.py)."""
     return f"{run_prefix(run_id)}/site/{validate_id(site_id, what='site id')}/#"
 
 
@@ -144,8 +146,9 @@ def parse_topic(topic: str) -> ParsedTopic:
     rest = parts[3:]
     if len(rest) >= 3 and rest[-2] == CHUNK:
         index = rest[-1]
-        if not (index.isdigit() and len(index) <= 6 and str(int(index)) == index):
-            raise TopicError(f"bad chunk index in topic {topic!r}")
+        if not (index.isdigit() and len(index) <= len(str(MAX_CHUNKS)) and str(int(index)) == index
+                and int(index) < MAX_CHUNKS):
+            raise TopicError(f"bad chunk index in topic {topic!r} (0 to {MAX_CHUNKS - 1})")
         base = parse_topic("/".join(parts[:-2]))
         if base.base not in CHUNKED_KINDS:
             raise TopicError(f"{base.role}/{base.kind} payloads are never chunked: {topic!r}")

@@ -16,6 +16,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
+from broker.config import connection_limit
 from broker.federation import FederationLayout, init_federation, load_federation
 from fedmqtt.transport.settings import BrokerSettings
 
@@ -98,6 +99,9 @@ def test_add_rotate_remove_on_a_running_broker(running: FederationLayout) -> Non
     assert layout.credentials["site-c"].stat().st_mode & 0o777 == 0o600
     assert _code(layout.settings("site-c")) == 0
     assert running.credentials["site-b"].read_bytes() == before_b
+    # max_connections (not re-read on SIGHUP) is raised for the next start; until then its headroom lets site-c in
+    limits = [ln for ln in running.conf_path.read_text(encoding="utf-8").splitlines() if ln.startswith("max_conn")]
+    assert limits == [f"max_connections {connection_limit(3)}"] * 2  # the TLS and the loopback listener
 
     # rotate site-a: new password and certificates; under mutual TLS the certificate is the login, so the new one
     # gets in and the old one, on the CRL, does not (whatever password comes with it); site-b untouched

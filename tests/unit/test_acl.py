@@ -1,12 +1,15 @@
-"""The Mosquitto ACL: exact rights per user, topics only from the topic builders, ids validated."""
+"""The Mosquitto ACL: exact rights per user (no made-up topics to store retained messages under), topics only from
+the topic builders, ids validated."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.acl import LISTENER_IDENTITY_LINES, login_names, render_acl
+from broker.acl import LISTENER_IDENTITY_LINES, login_names, render_acl, site_write_topics
 from fedmqtt.errors import TopicError
 from fedmqtt.transport import topics
+from fedmqtt.transport.channel import KINDS_BY_TOPIC
+from schemas.chunks import MAX_CHUNKS
 
 RUN = "run-1"
 P = f"fedmqtt/v1/{RUN}"
@@ -24,23 +27,38 @@ def _rules(acl: str) -> set[tuple[str, str, str]]:
     return rules
 
 
+def _site_writes(site: str) -> set[tuple[str, str, str]]:
+    """The protocol's own definition of what a site publishes: its topic kinds in the channel's table, the
+    bridge state, and chunks 0 ... MAX_CHUNKS-1 of the kinds that travel chunked."""
+    own = {topics.site_topic(RUN, site, kind) for role, kind in KINDS_BY_TOPIC if role == "site"}
+    chunks = {topics.chunk_topic(t, i) for t in own if topics.parse_topic(t).base in topics.CHUNKED_KINDS
+              for i in range(MAX_CHUNKS)}
+    return {(site, "write", t) for t in {*own, topics.site_bridge_topic(RUN, site), *chunks}}
+
+
 def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
-    """PS reads/writes the run, each site writes its subtree and reads its inputs, observers read status."""
+    """The PS reads the run and writes its own topics, each site writes exactly its protocol topics and reads its
+    inputs, observers read status."""
     # Prepare
+    ps_writes = [f"{P}/ps/status", f"{P}/ps/model", f"{P}/ps/model/chunk/+", f"{P}/ps/metrics"]
+    for site in ("site-a", "site-b"):
+        ps_writes += [f"{P}/ps/task/{site}", f"{P}/ps/task/{site}/chunk/+", f"{P}/ps/turn/{site}",
+                      f"{P}/site/{site}/update", f"{P}/site/{site}/update/chunk/+"]
     expected = {
-        ("ps", "readwrite", f"{P}/#"),
+        ("ps", "read", f"{P}/#"),
+        *(("ps", "write", topic) for topic in ps_writes),
         ("observer", "read", f"{P}/ps/status"),
         ("observer", "read", f"{P}/ps/metrics"),
         ("observer", "read", f"{P}/site/+/status"),
         ("observer", "read", f"{P}/site/+/bridge"),
-        ("site-a", "write", f"{P}/site/site-a/#"),
+        *_site_writes("site-a"),
         ("site-a", "read", f"{P}/ps/status"),
         ("site-a", "read", f"{P}/ps/model"),
         ("site-a", "read", f"{P}/ps/task/site-a"),
         ("site-a", "read", f"{P}/ps/model/chunk/+"),
         ("site-a", "read", f"{P}/ps/task/site-a/chunk/+"),
         ("site-a", "read", f"{P}/ps/turn/site-a"),
-        ("site-b", "write", f"{P}/site/site-b/#"),
+        *_site_writes("site-b"),
         ("site-b", "read", f"{P}/ps/status"),
         ("site-b", "read", f"{P}/ps/model"),
         ("site-b", "read", f"{P}/ps/task/site-b"),
@@ -58,6 +76,25 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
     users = [line.split(" ", 1)[1] for line in acl.splitlines() if line.startswith("user ")]
     assert [u for u in users if "." not in u] == ["ps", "observer", "site-a", "site-b"]  # sites sorted
     assert "pattern" not in acl  # patterns would apply to the PS and observer too
+
+
+def test_no_party_may_write_a_wildcard_and_a_site_only_protocol_topics() -> None:
+    """Retained messages are what a party makes the broker keep: no write right ends in `#` (a subtree of made-up
+    topics), a site's has no wildcard at all (`+` matches any name, so chunk indices are listed), and every topic
+    a site may write parses as a topic of the protocol: 4 topics and 2 x MAX_CHUNKS chunks."""
+    # Execute
+    rules = _rules(render_acl(RUN, ["site-a", "site-b"]))
+
+    # Assert
+    writes = [(user, topic) for user, access, topic in rules if access in ("write", "readwrite")]
+    assert not [topic for _, topic in writes if "#" in topic]
+    site_writes = [topic for user, topic in writes if user.split(".")[0].startswith("site-")]
+    assert not [topic for topic in site_writes if "+" in topic]
+    for topic in site_writes:
+        if not topic.endswith("/" + topics.BRIDGE):
+            assert topics.parse_topic(topic).site_id in ("site-a", "site-b")
+    assert len(site_write_topics(RUN, "site-a")) == 4 + 2 * MAX_CHUNKS == 260
+    assert {("site-a", "write", t) for t in site_write_topics(RUN, "site-a")} == _site_writes("site-a")
 
 
 def test_every_login_of_a_party_has_exactly_the_party_rights() -> None:
@@ -96,9 +133,13 @@ def test_acl_topics_all_come_from_the_topic_builders() -> None:
         topics.any_site_filter(RUN, "status"),
         topics.any_bridge_filter(RUN),
         *(topics.ps_task_topic(RUN, s) for s in sites),
-        *(topics.site_all_filter(RUN, s) for s in sites),
+        *(topics.site_topic(RUN, s, kind) for s in sites for kind in topics.SITE_KINDS),
+        *(topics.site_bridge_topic(RUN, s) for s in sites),
+        *(topics.chunk_topic(topics.site_topic(RUN, s, kind), i) for s in sites for kind in ("update", "report")
+          for i in range(MAX_CHUNKS)),
         topics.chunk_filter(topics.ps_model_topic(RUN)),
         *(topics.chunk_filter(topics.ps_task_topic(RUN, s)) for s in sites),
+        *(topics.chunk_filter(topics.site_update_topic(RUN, s)) for s in sites),
         *(topics.ps_turn_topic(RUN, s) for s in sites),
     }
 
@@ -115,7 +156,8 @@ def test_acl_custom_ps_and_observer_user_names() -> None:
     rules = _rules(render_acl(RUN, ["site-a"], ps_user="coordinator", observer_user="dashboard"))
 
     # Assert
-    assert ("coordinator", "readwrite", f"{P}/#") in rules
+    assert ("coordinator", "read", f"{P}/#") in rules
+    assert ("coordinator", "write", f"{P}/ps/status") in rules
     assert ("dashboard", "read", f"{P}/ps/metrics") in rules
 
 

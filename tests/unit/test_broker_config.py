@@ -19,13 +19,15 @@ from broker import certs
 from broker.bridge import BridgeFlow
 from broker.config import (
     BROKER_SYSTEM_USER,
+    CONNECTION_HEADROOM,
     Listener,
     TlsFiles,
     base_config_path,
+    connection_limit,
     free_port,
     render_broker_config,
 )
-from broker.federation import add_site, init_federation, is_loopback, rotate
+from broker.federation import add_site, init_federation, is_loopback, remove_site, rotate
 from broker.process import prepare_for_broker_user
 from fedmqtt.errors import BrokerError, ConfigError
 from fedmqtt.transport.broker_identity import BROKER_ROLE, roles
@@ -312,3 +314,43 @@ def test_the_broker_user_is_never_root(tmp_path: Path) -> None:
     conf.write_text(text.replace(f"user {user}", "user root"))
     with pytest.raises(BrokerError, match="must not.*user mosquitto"):
         prepare_for_broker_user(conf)
+
+
+def test_connection_limit_counts_every_login_twice_plus_headroom() -> None:
+    """max_connections = 2 x (PS 2 + observer 9 + 2 per site) + CONNECTION_HEADROOM: every login may reconnect
+    while its old socket is still open, and a few sites may be added before the broker restarts."""
+    assert connection_limit(2) == 2 * (2 + 9 + 2 * 2) + CONNECTION_HEADROOM == 62
+    assert connection_limit(500) == 2 * (2 + 9 + 2 * 500) + CONNECTION_HEADROOM
+    assert connection_limit(3) - connection_limit(2) == 4
+
+
+def test_every_listener_gets_the_connection_limit_and_add_site_raises_it(tmp_path: Path) -> None:
+    """The limit follows each `listener` line (it is a per-listener setting); add-site and remove-site rewrite it
+    for the broker's next start, since Mosquitto does not re-read it on SIGHUP."""
+    # Prepare
+    layout = init_federation(tmp_path / "fed", run_id="r", site_ids=["a", "b"], tls=True)
+
+    # Execute
+    before = _directives(layout.conf_path.read_text(encoding="utf-8"))
+    grown, _ = add_site(layout, "c")
+    after_add = _directives(layout.conf_path.read_text(encoding="utf-8"))
+    remove_site(grown, "a")
+    after_remove = _directives(layout.conf_path.read_text(encoding="utf-8"))
+
+    # Assert
+    listeners = [i for i, line in enumerate(before) if line.startswith("listener ")]
+    assert len(listeners) == 2
+    limits = [i for i, line in enumerate(before) if line.startswith("max_connections ")]
+    assert len(limits) == 2 and all(before[i] == f"max_connections {connection_limit(2)}" for i in limits)
+    for listener, limit in zip(listeners, limits, strict=True):  # each inside its own listener block
+        assert listener < limit < min([x for x in listeners if x > listener] or [len(before)])
+    assert [line for line in after_add if line.startswith("max_connections ")] == \
+        [f"max_connections {connection_limit(3)}"] * 2
+    assert [line for line in after_remove if line.startswith("max_connections ")] == \
+        [f"max_connections {connection_limit(2)}"] * 2
+    assert [ln for ln in after_add if not ln.startswith("max_connections ")] == \
+        [ln for ln in before if not ln.startswith("max_connections ")]
+
+
+def test_keepalive_is_capped_by_the_base_config() -> None:
+    assert "max_keepalive 3600" in _directives(base_config_path().read_text(encoding="utf-8"))

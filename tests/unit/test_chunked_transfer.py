@@ -11,12 +11,14 @@ import math
 import numpy as np
 import pytest
 
+from fedmqtt.errors import TopicError
 from fedmqtt.transport import topics
+from fedmqtt.transport.bulk import split
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.memory import SIMULATION_SETTINGS, MemoryBroker, MemoryTransport
 from schemas import messages as m
-from schemas.chunks import Chunk, ChunkManifest, chunk_digest, root_digest
-from schemas.codec import decode, encode
+from schemas.chunks import MAX_CHUNKED_BYTES, MAX_CHUNKS, Chunk, ChunkManifest, chunk_digest, root_digest
+from schemas.codec import WireError, decode, encode
 from schemas.tensors import arrays_to_blobs, tensors_hash
 
 RUN = "run-1"
@@ -234,9 +236,9 @@ def test_shorter_transfer_clears_the_chunks_a_longer_one_left() -> None:
 def test_manifest_over_the_budget_is_refused_before_any_download(caplog) -> None:
     broker = MemoryBroker()
     _, site = _pair(broker)
-    digests = tuple(chunk_digest(b"x") for _ in range(3000))
+    digests = tuple(chunk_digest(b"x") for _ in range(MAX_CHUNKS))
     huge = ChunkManifest(run_id=RUN, sender="ps", round=1, inner_kind="global_model", transfer_id="t" * 32,
-                         total_bytes=3000 * 8 << 20, chunk_bytes=8 << 20, chunk_sha256=digests,
+                         total_bytes=MAX_CHUNKS * 8 << 20, chunk_bytes=8 << 20, chunk_sha256=digests,
                          root_sha256=root_digest(digests))
     broker.retained[MODEL_TOPIC] = encode(huge, max_bytes=1 << 30)
     site.transport.subscribe([MODEL_TOPIC])
@@ -285,3 +287,38 @@ def test_chunk_on_the_wrong_index_topic_counts_as_corrupt() -> None:
     site.transport.subscribe([MODEL_TOPIC])
     assert _drain(site) == []
     assert site.fetcher.stats.corrupt >= 1 and isinstance(decode(broker.retained[t0]), Chunk)
+
+
+def test_a_payload_needing_more_than_max_chunks_goes_in_max_chunks_larger_ones() -> None:
+    """The broker grants exactly MAX_CHUNKS chunk topics per topic, so a sender never uses an index beyond them:
+    a payload that would need more chunks of its configured size travels in MAX_CHUNKS larger ones."""
+    # Prepare
+    message = _model()
+    payload = bytes(MAX_CHUNKS * CHUNK + 1)
+
+    # Execute
+    manifest, chunks = split(payload, message, chunk_bytes=CHUNK)
+
+    # Assert
+    assert manifest.count == MAX_CHUNKS and manifest.chunk_bytes == CHUNK + 1
+    assert b"".join(c.data for c in chunks()) == payload
+    small, _ = split(bytes(3 * CHUNK), message, chunk_bytes=CHUNK)
+    assert (small.count, small.chunk_bytes) == (3, CHUNK)  # below the bound nothing changes
+
+
+def test_a_payload_beyond_what_max_chunks_can_carry_is_refused_before_anything_is_cut() -> None:
+    class Declared(bytes):  # only its length is read before the refusal: no gigabyte is allocated
+        def __len__(self) -> int:
+            return MAX_CHUNKED_BYTES + 1
+
+    with pytest.raises(WireError, match="exceeds what one chunked transfer carries"):
+        split(Declared(b"x"), _model(), chunk_bytes=CHUNK)
+
+
+def test_chunk_index_beyond_max_chunks_is_not_a_protocol_topic() -> None:
+    update = topics.site_update_topic(RUN, "site-a")
+    assert topics.parse_topic(topics.chunk_topic(update, MAX_CHUNKS - 1)).chunk == MAX_CHUNKS - 1
+    with pytest.raises(TopicError, match="bad chunk index"):
+        topics.parse_topic(f"{update}/chunk/{MAX_CHUNKS}")
+    with pytest.raises(TopicError, match="out of range"):
+        topics.chunk_topic(update, MAX_CHUNKS)

@@ -568,15 +568,17 @@ def test_a_flood_of_new_ids_does_not_evict_another_partys_ids() -> None:
 
 
 def test_a_manifest_of_tiny_chunks_asks_for_a_bounded_number_of_topics() -> None:
-    """1 KiB chunks and a 64 MiB window would be 65 536 topics in one SUBSCRIBE: capped."""
+    """1 KiB chunks and a 64 MiB window would be 65 536 topics in one SUBSCRIBE: capped (and a manifest names at
+    most MAX_CHUNKS chunks, the chunk topics the broker's ACL grants)."""
     from fedmqtt.transport.bulk import MAX_WINDOW_CHUNKS
+    from schemas.chunks import MAX_CHUNKS
 
     wide = SMALL.model_copy(update={"fetch_window_bytes": 64 << 20, "max_payload_bytes": 1 << 30})
     ps = Channel(MemoryTransport(MemoryBroker(), wide, client_id="ps"), run_id=RUN, sender="ps")
     ps.connect()
-    ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"), encode(_huge_manifest(200 << 20, chunk=1024)),
+    ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"), encode(_huge_manifest(MAX_CHUNKS << 10, chunk=1024)),
                          True))
-    assert ps.fetcher.busy and 0 < len(ps.bulk.filters) <= MAX_WINDOW_CHUNKS
+    assert ps.fetcher.busy and 0 < len(ps.bulk.filters) <= min(MAX_WINDOW_CHUNKS, MAX_CHUNKS)
 
 
 def _big_update(n: int = 3000, seed: int = 0, sender: str = "site-a", round_no: int = 1) -> m.ClientUpdate:
