@@ -261,7 +261,8 @@ def test_the_pki_has_a_root_a_constrained_issuing_ca_and_leaves_by_role(tmp_path
     assert list(client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
         ExtendedKeyUsageOID.CLIENT_AUTH]
     seat = x509.load_pem_x509_certificates(site.tls_seat_certs_pem.encode())
-    assert [c.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value for c in seat] == ["site-a.bulk"]
+    assert [c.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value for c in seat] == ["site-a.bulk",
+                                                                                              "site-a.check"]
 
     # OpenSSL builds the chains and enforces the roles and the constraints
     assert "OK" in _openssl_verify(tmp_path, d, server_pem, "sslserver")
