@@ -83,7 +83,8 @@ def check_tls(settings: BrokerSettings, *, timeout_s: float) -> Finding:
         return failed(TLS, cause, fix, tls=True, error=_kind(exc))
     except HandshakeReset as exc:
         return failed(TLS, f"{broker} closed the connection during the TLS handshake",
-                      explain_handshake_reset(broker, exc.__cause__).split(": ", 1)[-1], tls=True, error="reset")
+                      _sentence(explain_handshake_reset(broker, exc.__cause__).split("): ", 1)[-1]), tls=True,
+                      error="reset")
     except OSError as exc:
         return failed(TLS, f"no TLS answer from {broker}: {exc}", "See the broker check above; if it passed, the "
                       "broker is overloaded or restarting: run the check again.", tls=True, error="network")
@@ -125,6 +126,10 @@ def federation_run(cert: x509.Certificate) -> str | None:
     org = subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
     unit = subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
     return str(unit[0].value) if org and org[0].value == "fedmqtt" and unit else None
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _common_name(name: x509.Name) -> str:

@@ -73,8 +73,10 @@ def visit(settings: BrokerSettings, run_id: str, *, timeout_s: float, live_wait_
 
 def _refused(transport: MqttTransport, exc: BrokerError, *, login: str, broker: str) -> Finding:
     codes = sorted(transport.refusals)
-    if not codes:  # a TLS or listener problem found while connecting: the message names cause and fix
-        return failed(LOGIN, str(exc), "See the message: it names the setting to change.", login=login)
+    if not codes:  # closed without a CONNACK: a plain client at a TLS listener (tls_diagnosis says so)
+        cause, _, question = str(exc).partition(": is it ")
+        fix = f"Is it {question}" if question else "See the broker's log or ask its operator."
+        return failed(LOGIN, cause, fix, login=login)
     code = codes[-1]
     fix = advice(f"connection as {login!r}", code, user=login, broker=broker)
     if is_transient(code):
