@@ -289,6 +289,7 @@ def rotate(layout: FederationLayout, user: str) -> Path:
     _revoke_client_cert(layout, user)
     _set_password_entry(layout, user, password)
     _write_credentials(layout, user, password)
+    _write_acl(layout)  # unchanged, except for a federation made before a login (`<user>.check`) existed
     return layout.credentials[user]
 
 

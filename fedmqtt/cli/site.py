@@ -22,3 +22,46 @@ def start(
 
     setup_logging(verbose)
     SiteAgent(load_site_config(config)).run(exit_when_done=exit_when_done)
+
+
+@app.command("check")
+def check(
+    config: Path = typer.Option(..., "--config", help="Site config file (TOML): the one `site start` uses."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (each check's status, finding, fix "
+                                 "and facts) instead of the checklist."),
+    timeout_s: float = typer.Option(5.0, "--timeout", min=0.5, help="Seconds to wait at each network step (name "
+                                    "lookup and TCP connection, TLS handshake, login)."),
+    colour: bool | None = typer.Option(None, "--color/--no-color", help="Colour the statuses (default: on a "
+                                       "terminal, unless NO_COLOR is set)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also log what the connection does."),
+) -> None:
+    """Pre-flight before joining: config, credentials file, data, device, broker (name, TCP, TLS with CA, name and
+    pinned key), login, the run, clock and state directory, each PASS, WARN or FAIL with the fix.
+
+    Logs in with the site's read-only check login (`<site>.check`): publishes nothing and never pushes a running
+    agent off. Exit code 0 when nothing failed (warnings allowed), 1 when a check failed.
+    """
+    import logging
+    import os
+    import sys
+
+    from site_agent.preflight.render import Checklist, json_text, terminal_width
+    from site_agent.preflight.runner import run_checks
+
+    if verbose:
+        from fedmqtt.logs import setup_logging
+
+        setup_logging(True)
+    else:  # the checklist says what went wrong; the transport's own log lines would only repeat it
+        logging.getLogger().addHandler(logging.NullHandler())
+    if as_json:
+        report = run_checks(config, timeout_s=timeout_s)
+        typer.echo(json_text(report))
+        raise typer.Exit(report.exit_code)
+    tty = sys.stdout.isatty()
+    checklist = Checklist(colour=colour if colour is not None else tty and "NO_COLOR" not in os.environ,
+                          width=terminal_width() if tty else None)
+    typer.echo(checklist.header(str(config)))
+    report = run_checks(config, timeout_s=timeout_s, on_finding=lambda f: typer.echo(checklist.line(f)))
+    typer.echo(checklist.summary(report, str(config)))
+    raise typer.Exit(report.exit_code)

@@ -88,10 +88,13 @@ def load_dataset(spec: DataSpec) -> Dataset:
     return loader(Path(spec.path), opts)
 
 
-def load_site_data(spec: DataSpec) -> SiteData:
-    """This site's split and normalised data (see the module docstring for each step)."""
+def load_site_data(spec: DataSpec, *, dataset: Dataset | None = None) -> SiteData:
+    """This site's split and normalised data (see the module docstring for each step).
+
+    `dataset`: what `load_dataset(spec)` returned, when the caller read it already (`fedmqtt site check` counts
+    the raw missing values, then goes on exactly as the agent does)."""
     manifest = _read_manifest(spec) if spec.partition is not None else None  # cheap checks first
-    data = load_dataset(spec)
+    data = dataset if dataset is not None else load_dataset(spec)
     notes = list(data.notes)
     if manifest is not None:
         data, note = _select_part(data, spec, manifest)

@@ -78,14 +78,18 @@ def explain(action: str, reason: ReasonCode | int, *, user: str, broker: str) ->
     """'<action> refused: <name> (0xNN). <fix>' for a reason code >= 0x80."""
     code = reason if isinstance(reason, int) else reason.value
     name = code_name(code) if isinstance(reason, int) else reason.getName()
-    if is_transient(code):
-        fix = "A transient condition of the broker: retrying with backoff."
-    elif code == 0x87 and action.startswith("connection"):
-        fix = (f"The broker does not let user {user!r} connect: check the credentials file (username and password "
-               f"in the [broker] settings must be those `fedmqtt broker init` wrote for this party).")
-    else:
-        fix = FIXES.get(code, "An unexpected refusal: see the broker's log.").format(user=user, broker=broker)
+    fix = advice(action, code, user=user, broker=broker)
     return f"{action} refused by the broker {broker}: {name.lower()} (0x{code:02X}). {fix}"
+
+
+def advice(action: str, code: int, *, user: str, broker: str) -> str:
+    """What to do about reason code `code` (>= 0x80) refusing `action`: the fix part of `explain`."""
+    if is_transient(code):
+        return "A transient condition of the broker: retrying with backoff."
+    if code == 0x87 and action.startswith("connection"):
+        return (f"The broker does not let user {user!r} connect: check the credentials file (username and "
+                f"password in the [broker] settings must be those `fedmqtt broker init` wrote for this party).")
+    return FIXES.get(code, "An unexpected refusal: see the broker's log.").format(user=user, broker=broker)
 
 
 def code_name(code: int) -> str:

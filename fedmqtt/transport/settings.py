@@ -124,7 +124,7 @@ class BrokerSettings(BaseModel):
         if self.tls_cert_file is not None and self.tls_key_file is not None:
             ctx.load_cert_chain(str(self.tls_cert_file), str(self.tls_key_file))
         elif self.tls_cert_pem is not None and self.tls_key_pem is not None:
-            cert_pem = self._seat_cert(seat) or self.tls_cert_pem
+            cert_pem = self.seat_cert(seat) or self.tls_cert_pem
             with tempfile.TemporaryDirectory(prefix="fedmqtt-tls-") as tmp:  # 0700, removed at once
                 path = os.path.join(tmp, "client.pem")
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -133,7 +133,7 @@ class BrokerSettings(BaseModel):
                 ctx.load_cert_chain(path)
         return ctx
 
-    def _seat_cert(self, seat: str | None) -> str | None:
+    def seat_cert(self, seat: str | None) -> str | None:
         """The certificate (PEM) among tls_seat_certs_pem whose common name is `<username>.<seat>`, if any."""
         if seat is None or self.tls_seat_certs_pem is None:
             return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from dataclasses import dataclass
 
 from fedmqtt.transport.broker_identity import BrokerIdentityError
 from fedmqtt.transport.settings import BrokerSettings
@@ -17,14 +18,26 @@ class HandshakeReset(ConnectionError):
     """The peer closed the connection on our TLS ClientHello (a plain listener does that)."""
 
 
-def probe_tls(context: ssl.SSLContext, host: str, port: int) -> None:
+@dataclass(frozen=True)
+class TlsPeer:
+    """What a successful handshake showed: for `fedmqtt site check` to report."""
+
+    version: str  # "TLSv1.3"
+    cipher: str
+    certificate: bytes  # the broker's certificate (DER)
+
+
+def probe_tls(context: ssl.SSLContext, host: str, port: int, *, timeout_s: float = 10.0) -> TlsPeer:
     """Handshake once with our own socket before paho connects: paho leaks the socket of a failed handshake,
     and a refused client certificate (TLS 1.3) only shows as an alert after the handshake, which paho would
     see as a dropped connection and retry for ever. Raises ssl.SSLError (permanent), HandshakeReset (a plain
     listener, or a broker restarting) or another OSError (retry)."""
-    with socket.create_connection((host, port), timeout=10.0) as raw:
+    with socket.create_connection((host, port), timeout=timeout_s) as raw:
         try:
             with context.wrap_socket(raw, server_hostname=host) as tls:
+                cipher = tls.cipher()
+                peer = TlsPeer(tls.version() or "", cipher[0] if cipher else "",
+                               tls.getpeercert(binary_form=True) or b"")
                 tls.settimeout(0.3)
                 try:
                     tls.recv(1)  # the broker says nothing before CONNECT, unless it refuses our certificate
@@ -32,15 +45,25 @@ def probe_tls(context: ssl.SSLContext, host: str, port: int) -> None:
                     pass
         except (ConnectionResetError, ssl.SSLEOFError, BrokenPipeError) as exc:
             raise HandshakeReset() from exc
+    return peer
 
 
 def explain_tls(exc: ssl.SSLError, *, broker: str, settings: BrokerSettings) -> str:
     """Cause and fix of a failed TLS handshake (these never heal by retrying)."""
+    cause, fix = diagnose_tls(exc, broker=broker, settings=settings)
+    if isinstance(exc, BrokerIdentityError):
+        return f"{cause} {fix}"
+    return f"{cause}; {fix[0].lower()}{fix[1:-1]}."
+
+
+def diagnose_tls(exc: ssl.SSLError, *, broker: str, settings: BrokerSettings) -> tuple[str, str]:
+    """(cause, fix) of a failed TLS handshake, the fix a sentence of its own (what `explain_tls` joins)."""
     if isinstance(exc, BrokerIdentityError):
         return (f"TLS: the server at {broker} is not the federation's broker: {exc.verify_message}. Nothing was "
-                "sent to it. Check that host and port in the [broker] settings point at the broker (not at the "
-                "dashboard or another service on that host); if the broker's key was replaced on purpose, ask its "
-                "operator for this party's new credentials file (`fedmqtt broker rotate`).")
+                "sent to it.",
+                "Check that host and port in the [broker] settings point at the broker (not at the dashboard or "
+                "another service on that host); if the broker's key was replaced on purpose, ask its operator for "
+                "this party's new credentials file (`fedmqtt broker rotate`).")
     if isinstance(exc, ssl.SSLCertVerificationError):
         why = str(exc.verify_message or exc)
         lower = why.lower()
@@ -57,7 +80,7 @@ def explain_tls(exc: ssl.SSLError, *, broker: str, settings: BrokerSettings) -> 
                    "wrote carries it)")
         else:
             fix = "check the CA of the [broker] settings (tls_ca_pem or tls_ca_file) and the broker's certificate"
-        return f"TLS certificate verify failed for the broker {broker}: {why}; {fix}."
+        return f"TLS certificate verify failed for the broker {broker}: {why}", _sentence(fix)
     text = str(exc)
     if isinstance(exc, ssl.SSLEOFError) or "wrong version number" in text.lower() or "record" in text.lower():
         fix = (f"is {broker} a TLS listener? Remove tls_ca_pem/tls_ca_file from the [broker] settings for a "
@@ -67,7 +90,11 @@ def explain_tls(exc: ssl.SSLError, *, broker: str, settings: BrokerSettings) -> 
                "tls_cert_file/tls_key_file) to this party's certificate from `fedmqtt broker init --mtls`")
     else:
         fix = "check the TLS settings (tls_ca_*, tls_cert_*, tls_key_*) against the broker's listener"
-    return f"TLS handshake with the broker {broker} failed: {text}; {fix}."
+    return f"TLS handshake with the broker {broker} failed: {text}", _sentence(fix)
+
+
+def _sentence(text: str) -> str:
+    return f"{text[0].upper()}{text[1:]}."
 
 
 def explain_handshake_reset(broker: str, cause: BaseException | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.acl import LISTENER_IDENTITY_LINES, login_names, render_acl, site_write_topics
+from broker.acl import LISTENER_IDENTITY_LINES, check_login, login_names, render_acl, site_write_topics
 from fedmqtt.errors import TopicError
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import KINDS_BY_TOPIC
@@ -112,13 +112,28 @@ def test_every_login_of_a_party_has_exactly_the_party_rights() -> None:
     for party in parties:
         own = {(access, topic) for user, access, topic in rules if user == party}
         for login in login_names(party):
-            assert {(access, topic) for user, access, topic in rules if user == login} == own, login
-    assert login_names("site-a") == ["site-a", "site-a.bulk"]
-    assert login_names("observer")[2:] == [f"observer.{i}" for i in range(1, 8)]
+            if login != check_login(party):
+                assert {(access, topic) for user, access, topic in rules if user == login} == own, login
+    assert login_names("site-a") == ["site-a", "site-a.bulk", "site-a.check"]
+    assert login_names("ps") == ["ps", "ps.bulk", "ps.check"]
+    assert login_names("observer")[2:] == [f"observer.{i}" for i in range(1, 8)]  # nothing to check: no .check
     for login in login_names("site-a")[1:] + login_names("observer")[1:]:
         with pytest.raises(TopicError):  # a login name can never be (or impersonate) a site id
             topics.validate_id(login, what="site id")
     assert LISTENER_IDENTITY_LINES == ("use_username_as_clientid true",)
+
+
+def test_the_check_login_reads_the_ps_status_and_model_and_writes_nothing() -> None:
+    """`fedmqtt site check` logs in as `<site>.check`: it must not be able to publish anything (a pre-flight
+    never changes a running federation) nor read what its site may not (tasks, chunks, other sites)."""
+    # Execute
+    rules = _rules(render_acl(RUN, ["site-a", "site-b"]))
+
+    # Assert
+    for party in ("ps", "site-a", "site-b"):
+        granted = {(access, topic) for user, access, topic in rules if user == check_login(party)}
+        assert granted == {("read", f"{P}/ps/status"), ("read", f"{P}/ps/model")}, party
+    assert not [user for user, _, _ in rules if user == "observer.check"]
 
 
 def test_acl_topics_all_come_from_the_topic_builders() -> None:

@@ -263,7 +263,8 @@ def test_the_pki_has_a_root_a_constrained_issuing_ca_and_leaves_by_role(tmp_path
     assert list(client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
         ExtendedKeyUsageOID.CLIENT_AUTH]
     seat = x509.load_pem_x509_certificates(site.tls_seat_certs_pem.encode())
-    assert [c.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value for c in seat] == ["site-a.bulk"]
+    assert [c.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value for c in seat] == ["site-a.bulk",
+                                                                                              "site-a.check"]
 
     # OpenSSL builds the chains and enforces the roles and the constraints
     assert "OK" in _openssl_verify(tmp_path, d, server_pem, "sslserver")
@@ -317,11 +318,12 @@ def test_the_broker_user_is_never_root(tmp_path: Path) -> None:
 
 
 def test_connection_limit_counts_every_login_twice_plus_headroom() -> None:
-    """max_connections = 2 x (PS 2 + observer 9 + 2 per site) + CONNECTION_HEADROOM: every login may reconnect
-    while its old socket is still open, and a few sites may be added before the broker restarts."""
-    assert connection_limit(2) == 2 * (2 + 9 + 2 * 2) + CONNECTION_HEADROOM == 62
-    assert connection_limit(500) == 2 * (2 + 9 + 2 * 500) + CONNECTION_HEADROOM
-    assert connection_limit(3) - connection_limit(2) == 4
+    """max_connections = 2 x (PS 3 + observer 9 + 3 per site) + CONNECTION_HEADROOM (a party's logins: its
+    connection, its bulk connection and its `site check` login): every login may reconnect while its old socket is
+    still open, and a few sites may be added before the broker restarts."""
+    assert connection_limit(2) == 2 * (3 + 9 + 3 * 2) + CONNECTION_HEADROOM == 68
+    assert connection_limit(500) == 2 * (3 + 9 + 3 * 500) + CONNECTION_HEADROOM
+    assert connection_limit(3) - connection_limit(2) == 6
 
 
 def test_every_listener_gets_the_connection_limit_and_add_site_raises_it(tmp_path: Path) -> None:
