@@ -35,7 +35,12 @@ def check_device(config: SiteConfig) -> Finding:
                       "a driver older than torch's CUDA runtime needs updating. Or set device = \"cpu\".", **facts)
     facts["device"] = device
     if device == "cpu":
-        build = "CPU-only build" if not inv.cuda_build else f"CUDA {inv.cuda_runtime} build, no GPU visible"
+        if not inv.cuda_build:
+            build = "CPU-only build"
+        elif inv.gpus:  # device = "cpu" chosen although a GPU is there: say so, the site may want it
+            build = f"CUDA {inv.cuda_runtime} build; {len(inv.gpus)} GPU(s) visible but not used ({inv.gpus[0].name})"
+        else:
+            build = f"CUDA {inv.cuda_runtime} build, no GPU visible"
         found = (f"CPU, {inv.cpu_cores} cores, threads = {config.threads} (device = {config.device}; torch "
                  f"{inv.torch_version}, {build})")
         if config.threads > inv.cpu_cores:
