@@ -26,6 +26,7 @@ from fedmqtt.simulation_config import (  # re-exported: callers import the confi
     load_simulation_config,
 )
 from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
+from fedmqtt.transport.signing import FederationKeys
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_PRETRAIN_FRACTION", "DEFAULT_TRAIN", "IN_PROCESS", "SGD_TRAIN",
            "SimulationConfig", "algorithm_defaults", "bundled_sites", "finish_report", "load_simulation_config",
@@ -55,8 +56,12 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True) -> dict[s
     def factory(**kw: Any) -> MemoryTransport:
         return MemoryTransport(broker, **kw)
 
-    agents = [SiteAgent(cfg, transport_factory=factory) for cfg in config.site_configs()]
-    runner = DaemonRunner(daemon_cfg, force=True, transport_factory=factory)  # a simulation always starts afresh
+    # Every party signs and verifies as in a deployment; the keys live and die with this process.
+    site_cfgs = config.site_configs()
+    keys = FederationKeys(daemon_cfg.run_id, ["ps", *(cfg.site_id for cfg in site_cfgs)])
+    agents = [SiteAgent(cfg, transport_factory=factory, identity=keys.identity(cfg.site_id)) for cfg in site_cfgs]
+    runner = DaemonRunner(daemon_cfg, force=True, transport_factory=factory,  # a simulation always starts afresh
+                          identity=keys.identity("ps"))
     for agent in agents:
         agent.start()
     runner.start()
