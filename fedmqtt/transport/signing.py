@@ -171,6 +171,9 @@ class KeyRing:
             raise WireError(UNKNOWN_KEY, f"{topic}: {owner!r} has no key in key list version {self.version} "
                                          "(removed from the federation?)")
         kid, key = known
+        if kid != signature.key_id and owner == COORDINATOR:
+            raise WireError(BAD_SIGNATURE, f"{topic}: signed with key {signature.key_id}, not with the coordinator "
+                                           f"key pinned in the credentials ({kid})")
         if kid != signature.key_id:
             raise WireError(UNKNOWN_KEY, f"{topic}: signed with key {signature.key_id}, but {owner!r}'s key in key "
                                          f"list version {self.version} is {kid} (rotated?)")
