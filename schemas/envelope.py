@@ -14,7 +14,7 @@ import re
 import msgpack
 from pydantic import ValidationError
 
-from schemas.codec import MALFORMED, TOO_LARGE, WireError, clip, pack
+from schemas.codec import MALFORMED, MAX_TEXT_BYTES, TOO_LARGE, WireError, clip, pack
 from schemas.signed import Signature, SignedEnvelope
 
 UNSIGNED = "unsigned"  # the refusal category of a payload without a signature
@@ -45,6 +45,8 @@ def unseal(payload: bytes | bytearray, *, max_bytes: int) -> tuple[Signature, by
     if len(payload) > max_bytes + OVERHEAD:
         raise WireError(TOO_LARGE, f"payload of {len(payload)} bytes exceeds the budget of {max_bytes} bytes")
     if payload[:1] == b"{":
+        if len(payload) > MAX_TEXT_BYTES + OVERHEAD:  # refused by its size before a byte of it is hashed
+            raise WireError(TOO_LARGE, f"JSON payload of {len(payload)} bytes exceeds {MAX_TEXT_BYTES} bytes")
         return _unseal_text(bytes(payload))
     if bytes(payload[:len(_BINARY_PREFIX)]) != _BINARY_PREFIX:
         raise WireError(UNSIGNED, "no signature: not a signed payload (every message but a chunk must be signed)")

@@ -73,9 +73,10 @@ def load_private_pem(text: str, *, source: str) -> Ed25519PrivateKey:
     return key
 
 
-def sign(key: Ed25519PrivateKey, signer: str, topic: str, body: bytes | bytearray | memoryview) -> Signature:
-    """`signer`'s signature of `body` published on `topic`."""
-    return Signature(signer=signer, key_id=key_id(public_raw(key)), ed25519=key.sign(signed_digest(topic, body)))
+def sign(key: Ed25519PrivateKey, signer: str, topic: str, body: bytes | bytearray | memoryview, *,
+         kid: str | None = None) -> Signature:
+    """`signer`'s signature of `body` published on `topic` (`kid`: the key's id, if the caller knows it)."""
+    return Signature(signer=signer, key_id=kid or key_id(public_raw(key)), ed25519=key.sign(signed_digest(topic, body)))
 
 
 def make_key_list(run_id: str, keys: dict[str, bytes], *, version: int) -> KeyList:
@@ -130,9 +131,6 @@ class KeyRing:
     @property
     def version(self) -> int:
         return self.current.version
-
-    def parties(self) -> list[str]:
-        return sorted(self._keys)
 
     def _take(self, key_list: KeyList, sealed: bytes) -> None:
         self.current = key_list
@@ -191,7 +189,7 @@ class KeyRing:
         old_ids = {party: kid for party, (kid, _) in self._keys.items()}
         self._take(key_list, sealed)
         changed = sorted(p for p in before & set(self._keys) if old_ids[p] != self._keys[p][0])
-        log.warning("key list version %d taken: added %s, removed %s, new keys for %s", self.version,
+        log.info("key list version %d taken: added %s, removed %s, new keys for %s", self.version,
                     sorted(set(self._keys) - before) or "none", sorted(before - set(self._keys)) or "none",
                     changed or "none")
         self._say_if_own_key_gone()
@@ -220,12 +218,13 @@ class Identity:
         self.party = party
         self.ring = ring
         self.private_key = private_key
+        self._kid = key_id(public_raw(private_key)) if private_key is not None else None
 
     def seal(self, topic: str, body: bytes) -> bytes:
         """`body` signed by this party for `topic`, as it goes on the wire."""
         if self.private_key is None:
             raise ConfigError(f"{self.party!r} holds no signing key: it may read, not publish")
-        return seal(body, sign(self.private_key, self.party, topic, body))
+        return seal(body, sign(self.private_key, self.party, topic, body, kid=self._kid))
 
 
 # -- a party's [signing] table ------------------------------------------------------------------------------
@@ -250,7 +249,8 @@ def load_identity(credentials: Path, *, run_id: str, store: Path | None = None) 
     data = read_toml(credentials)
     if SIGNING_TABLE not in data:
         raise ConfigError(f"{credentials}: no [{SIGNING_TABLE}] table. These credentials were made before messages "
-                          "were signed; ask the coordinator for a new file (`fedmqtt broker rotate --party <you>`)")
+                          "were signed; ask the coordinator for a new file (`fedmqtt broker rotate --party <you>`, "
+                          "or `fedmqtt broker init --force` for a federation made before signed messages)")
     settings = validate_config(data[SIGNING_TABLE], SigningSettings, source=str(credentials))
     key = None
     if settings.private_key is not None:

@@ -71,6 +71,17 @@ def test_a_site_cannot_speak_for_another_and_other_runs_are_dropped() -> None:
     assert view.sites == {} and view.invalid == 2
 
 
+def test_an_unsigned_or_forged_status_is_counted_never_shown() -> None:
+    """The dashboard verifies like any receiver: a status without the owner's signature changes nothing."""
+    view = _live()
+    topic = topics.ps_status_topic(RUN)
+    status = encode(m.DaemonStatus(run_id=RUN, sender="ps", round=7, state="done"))
+    view.on_message(topic, status, now=1.0, max_bytes=MAX)  # unsigned
+    view.on_message(topic, KEYS.identity("a").seal(topic, status), now=1.0, max_bytes=MAX)  # a site's key
+    assert view.ps_state == "unknown" and view.invalid == 2
+    assert view.invalid_reasons == {"unsigned": 1, "wrong signer": 1}
+
+
 @settings(max_examples=200, deadline=None)
 @given(kind=st.sampled_from(["ps/status", "ps/metrics", "site/a/status", "site/a/update"]),
        payload=st.binary(max_size=300))
