@@ -4,12 +4,11 @@ Real messages of a FedAvg round with N sites, at each model size: the global mod
 chunks (above `chunk_threshold_bytes`, 4 MiB), so each is signed once, on its manifest, and each chunk is checked
 against the manifest's SHA-256 as it was before signatures; tasks and statuses are small messages signed whole.
 
-- "off": the work the round does anyway for its large payloads: encode and cut into chunks (a SHA-256 per chunk)
-  on the sender, check every chunk's SHA-256 and decode on the receiver; the model once out and N times in, N
-  updates out and in.
-- "signatures": every seal (sign) and open (verify) of the round: (N + 1) manifests and N tasks signed and 2N
-  manifests and N tasks verified, plus the statuses (3 PS statuses read by every site, 2 statuses per site read
-  by the PS, one metrics message).
+- "off": the work each party does in a round anyway: encode and cut into chunks (a SHA-256 per chunk) what it
+  sends, check every chunk's SHA-256 and decode what it takes. The PS sends the model, N tasks, 3 statuses and
+  the metrics and takes N updates and 2 statuses per site; a site takes the model, its task and 3 PS statuses and
+  sends its update and 2 statuses.
+- "sig": every seal (sign) and open (verify) of the same messages: one per manifest, task, status and metrics.
 - for comparison, the same model signed without the manifest: Ed25519 over its bytes (two SHA-512 passes to sign,
   one to verify), and one SHA-512 pass (what the digest-then-sign of a small message costs per byte).
 
@@ -79,9 +78,8 @@ def measure(mb: float, *, sites: int, repeat: int) -> str:
     parts = [c.data for c in chunks()]
     model_topic = topics.ps_model_topic(RUN)
 
-    # -- the round's work without signatures --------------------------------------------------------------------
-    t_encode = best(lambda: encode(model, max_bytes=BUDGET), repeat)
-    t_cut = best(lambda: [chunk_digest(p) for p in parts], repeat)  # split's SHA-256 per chunk
+    # -- the work a round does anyway (no signatures) --------------------------------------------------------------
+    t_send = best(lambda: (encode(model, max_bytes=BUDGET), [chunk_digest(p) for p in parts]), repeat)
 
     def receive() -> None:
         for p, digest in zip(parts, manifest.chunk_sha256, strict=True):
@@ -89,29 +87,34 @@ def measure(mb: float, *, sites: int, repeat: int) -> str:
         decode(data, max_bytes=BUDGET)
 
     t_receive = best(receive, repeat)
-    off = (sites + 1) * (t_encode + t_cut) + 2 * sites * t_receive
-
-    # -- signatures: per operation, then per round ----------------------------------------------------------------
-    head = encode(manifest, max_bytes=BUDGET)
-    sealed_head = ps.seal(model_topic, head)
-    t_sign_manifest = best(lambda: ps.seal(model_topic, head), repeat * 20)
-    t_open_manifest = best(lambda: site.ring.open(model_topic, "ps", sealed_head, max_bytes=BUDGET), repeat * 20)
+    small: dict[str, tuple[float, float, float, float, int]] = {}  # kind -> encode, decode, seal, open, +bytes
     task, ps_status, site_status = small_messages()
-    costs = {}
     for name, msg, identity, owner, topic in (
             ("task", task, ps, "ps", topics.ps_task_topic(RUN, "site-a")),
             ("ps status", ps_status, ps, "ps", topics.ps_status_topic(RUN)),
             ("site status", site_status, site, "site-a", topics.site_status_topic(RUN, "site-a"))):
         body = encode(msg)
         sealed = identity.seal(topic, body)
-        costs[name] = (best(lambda b=body, i=identity, t=topic: i.seal(t, b), repeat * 20),
-                       best(lambda s=sealed, t=topic, o=owner: site.ring.open(t, o, s, max_bytes=BUDGET),
+        small[name] = (best(lambda m_=msg: encode(m_), repeat * 20),
+                       best(lambda b=body: decode(b, max_bytes=BUDGET), repeat * 20),
+                       best(lambda b=body, i=identity, t=topic: i.seal(t, b), repeat * 20),
+                       best(lambda s_=sealed, t=topic, o=owner: site.ring.open(t, o, s_, max_bytes=BUDGET),
                             repeat * 20), len(sealed) - len(body))
-    signs = ((sites + 1) * t_sign_manifest + sites * costs["task"][0] + 4 * costs["ps status"][0]
-             + 2 * sites * costs["site status"][0])
-    opens = (2 * sites * t_open_manifest + sites * costs["task"][1] + 3 * sites * costs["ps status"][1]
-             + 2 * sites * costs["site status"][1])
-    on = signs + opens
+    enc, dec, sig, opn = ({k: v[i] for k, v in small.items()} for i in range(4))
+
+    # -- signatures: one per manifest, one per small message --------------------------------------------------------
+    head = encode(manifest, max_bytes=BUDGET)
+    sealed_head = ps.seal(model_topic, head)
+    t_sign = best(lambda: ps.seal(model_topic, head), repeat * 20)
+    t_open = best(lambda: site.ring.open(model_topic, "ps", sealed_head, max_bytes=BUDGET), repeat * 20)
+
+    # The PS: sends the model, N tasks, 3 statuses and the metrics; takes N updates and 2 statuses per site.
+    ps_off = (t_send + sites * t_receive + sites * enc["task"] + 4 * enc["ps status"]
+              + 2 * sites * dec["site status"])
+    ps_sigs = t_sign + sites * sig["task"] + 4 * sig["ps status"] + sites * t_open + 2 * sites * opn["site status"]
+    # A site: takes the model, its task and 3 PS statuses; sends its update and 2 statuses.
+    site_off = t_receive + dec["task"] + 3 * dec["ps status"] + t_send + 2 * enc["site status"]
+    site_sigs = t_open + opn["task"] + 3 * opn["ps status"] + t_sign + 2 * sig["site status"]
 
     # -- what signing the model's bytes themselves would cost ------------------------------------------------------
     key = keys.private["ps"]
@@ -120,10 +123,11 @@ def measure(mb: float, *, sites: int, repeat: int) -> str:
     t_pure_verify = best(lambda: key.public_key().verify(signature, data), repeat)
     t_sha512 = best(lambda: hashlib.sha512(data).digest(), repeat)
 
-    return (f"{len(data) / 1e6:>7.1f} {manifest.count:>6} {off * 1e3:>10.1f} {on * 1e3:>10.2f} {on / off:>8.4f} "
-            f"{t_sign_manifest * 1e6:>9.0f} {t_open_manifest * 1e6:>9.0f} {len(sealed_head) - len(head):>6} "
-            f"{costs['site status'][2]:>6} {t_pure_sign * 1e3:>9.1f} {t_pure_verify * 1e3:>9.1f} "
-            f"{t_sha512 * 1e3:>8.1f} {(sites + 1) * t_pure_sign + 2 * sites * t_pure_verify:>11.3f}")
+    ms = 1e3
+    return (f"{len(data) / 1e6:>7.1f} {manifest.count:>6} {ps_off * ms:>8.1f} {ps_sigs * ms:>8.2f} "
+            f"{ps_sigs / ps_off:>7.4f} {site_off * ms:>8.1f} {site_sigs * ms:>8.2f} {site_sigs / site_off:>7.4f} "
+            f"{t_sign * 1e6:>7.0f} {t_open * 1e6:>7.0f} {len(sealed_head) - len(head):>5} "
+            f"{small['site status'][4]:>5} {t_pure_sign * ms:>8.1f} {t_pure_verify * ms:>8.1f} {t_sha512 * ms:>7.1f}")
 
 
 def main() -> None:
@@ -132,15 +136,16 @@ def main() -> None:
     ap.add_argument("--sites", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    print(f"one FedAvg round with {args.sites} sites (best of {args.repeat}; times in ms unless said)")
-    print(f"{'MB':>7} {'chunks':>6} {'off ms':>10} {'sigs ms':>10} {'ratio':>8} {'sign µs':>9} {'open µs':>9} "
-          f"{'+B man':>6} {'+B st':>6} {'ed-sign':>9} {'ed-verify':>9} {'sha512':>8} {'naive s/rd':>11}")
+    print(f"one FedAvg round with {args.sites} sites, best of {args.repeat}")
+    print(f"{'MB':>7} {'chunks':>6} {'PS off':>8} {'PS sig':>8} {'ratio':>7} {'site off':>8} {'site sig':>8} "
+          f"{'ratio':>7} {'sign':>7} {'open':>7} {'+Bman':>5} {'+Bst':>5} {'ed-sign':>8} {'ed-vrfy':>8} "
+          f"{'sha512':>7}")
     for mb in args.sizes_mb:
         print(measure(mb, sites=args.sites, repeat=args.repeat))
-    print("off: encode + chunk SHA-256 on send, chunk SHA-256 check + decode on receive, for the model (1 out, N in)\n"
-          "and N updates; sigs: every seal and open of the round (manifests, tasks, statuses, metrics); ratio =\n"
-          "sigs / off; sign/open µs: one manifest; +B: bytes a signature adds to a manifest and a status;\n"
-          "ed-sign/ed-verify: Ed25519 over the whole encoded model instead (ms); naive s/rd: that per round, in s")
+    print("PS/site off (ms): the round's encode, chunk SHA-256 and decode work of that party without signatures;\n"
+          "PS/site sig (ms): every seal and open it does with them (one per manifest, task, status, metrics);\n"
+          "ratio = sig / off; sign/open (µs): one manifest; +Bman/+Bst: bytes a signature adds to a manifest and a\n"
+          "status; ed-sign/ed-vrfy (ms): Ed25519 over the whole encoded model instead; sha512 (ms): one pass over it")
 
 
 if __name__ == "__main__":
