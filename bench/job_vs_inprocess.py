@@ -170,7 +170,7 @@ def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Pat
     try:
         observer.connect(timeout_s=30)
         observer.subscribe([topics.site_status_topic("bench", s) for s in site_ids])
-        watch = Channel(observer, run_id="bench", sender="observer")
+        watch = Channel(observer, run_id="bench", identity=layout.identity("observer"))
         t0 = time.monotonic()
         procs = {"ps": spawn("ps", "ps", "start", "--config", str(work / "ps.toml"))}
         for site in site_ids:

@@ -26,6 +26,7 @@ from fedmqtt.config_io import dump_toml
 from fedmqtt.errors import ConfigError
 from fedmqtt.transport import topics
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
+from fedmqtt.transport.signing import SIGNING_TABLE
 
 # The central broker's default per-client limits (mosquitto.conf): a bridge is ONE client there, so everything
 # the central holds for this site in flight or queued must fit these, or the central drops messages silently.
@@ -88,12 +89,14 @@ def write_hospital_broker(
     local_port: int | None = None,
     remote: str | None = None,
     force: bool = False,
+    signing: dict[str, object] | None = None,
 ) -> HospitalBroker:
     """Lay out a hospital broker under `out_dir` from the site's central credentials (`central`).
 
     `model_bytes`: the largest model (or task) the run exchanges; it sizes the queues. `remote`: host:port the
     bridge dials instead of the central address (an outbound proxy); TLS still checks the central's name only
-    when it is the same. Files holding secrets
+    when it is the same. `signing`: the site's `[signing]` table, copied into the local credentials (the agent
+    signs with it). Files holding secrets
     (the config with the central password, keys, passwords, local credentials) are written 0600.
     """
     topics.validate_id(run_id, what="run id")
@@ -148,7 +151,9 @@ def write_hospital_broker(
         local.pop(field, None)  # loopback to its own broker: no TLS
     BrokerSettings.model_validate(local)
     cred = out_dir / "credentials" / f"{site}.toml"
-    certs.write_private(cred, dump_toml({"broker": local}).encode("utf-8"))
+    # The site's signing key and key list go with it: its messages are signed end to end, across the bridge.
+    data: dict[str, object] = {SIGNING_TABLE: signing, "broker": local} if signing is not None else {"broker": local}
+    certs.write_private(cred, dump_toml(data).encode("utf-8"))
     meta = {"run_id": run_id, "site": site, "port": port, "central": f"{central.host}:{central.port}"}
     (out_dir / HOSPITAL_FILE).write_text(dump_toml(meta), encoding="utf-8")
     return HospitalBroker(out_dir, conf_path, port, cred, notification, flow)
@@ -228,6 +233,7 @@ def _bridge_lines(
         f"topic {ps_task} in 2",
         f"topic {topics.chunk_filter(ps_task)} in 2",
         f"topic {topics.ps_turn_topic(run_id, site)} in 2",
+        f"topic {topics.federation_keys_topic(run_id)} in 2",  # key list changes reach the hospital's agent
     ]
     return lines
 

@@ -1,4 +1,5 @@
-"""Lay out one federation on disk: broker config, password file, ACL, and a credentials file per party."""
+"""Lay out one federation on disk: broker config, password file, ACL, a credentials file per party, and the
+coordinator's signing key and key list (broker/keys.py)."""
 
 from __future__ import annotations
 
@@ -22,17 +23,20 @@ from broker.config import (
     render_broker_config,
     set_connection_limit,
 )
+from broker.keys import COORDINATOR_DIR, Coordinator
 from broker.passwords import generate_password, write_password_file
 from broker.process import prepare_for_broker_user
 from fedmqtt.config_io import dump_toml, load_toml
 from fedmqtt.errors import BrokerError, ConfigError
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
+from fedmqtt.transport.signing import SIGNING_TABLE, Identity, load_identity, new_private_key, public_raw
 from fedmqtt.transport.topics import validate_id
+from schemas.signed import COORDINATOR
 
 PS_USER = "ps"
 OBSERVER_USER = "observer"
 FEDERATION_FILE = "federation.toml"
-_MANAGED = (FEDERATION_FILE, "broker", "credentials")  # what init writes, and all that force removes
+_MANAGED = (FEDERATION_FILE, "broker", "credentials", COORDINATOR_DIR)  # what init writes, all that force removes
 DEFAULT_TLS_PORT = 8883
 ISSUING_CERT, ISSUING_KEY = "issuing-ca.crt", "issuing-ca.key"  # the CA that signs leaves (broker/certs.py)
 CA_CHAIN = "ca-chain.crt"  # root + issuing CA: what the broker checks client certificates against
@@ -134,6 +138,16 @@ class FederationLayout:
             )
         return load_credentials(self.credentials[user])
 
+    def identity(self, user: str) -> Identity:
+        """What `user` signs with and verifies against (the `[signing]` table of its credentials file)."""
+        self.settings(user)  # names the known users if `user` is not one
+        return load_identity(self.credentials[user], run_id=self.run_id)
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The coordinator's signing key and key list (only where the coordinating team keeps this folder)."""
+        return Coordinator(self.fed_dir, self.run_id)
+
 
 @dataclass(frozen=True)
 class OwnCertificates:
@@ -234,11 +248,13 @@ def init_federation(
     if tls:
         _write_server_certs(layout, own_certs, export_root_key)
     _write_broker_files(layout)
-    passwords = {user: generate_password() for user in users}
+    passwords = {user: generate_password() for user in [*users, COORDINATOR]}
     write_password_file(layout.broker_dir / "passwd", passwords)
+    coordinator, keys = Coordinator.create(fed_dir, run_id, [user for user in users if user != OBSERVER_USER])
+    _write_login(layout, COORDINATOR, passwords[COORDINATOR], coordinator.login_path)
     (fed_dir / "credentials").mkdir(mode=0o700)
     for user in users:
-        _write_credentials(layout, user, passwords[user])
+        _write_credentials(layout, user, passwords[user], coordinator.signing_table(user, keys.get(user)))
     (fed_dir / FEDERATION_FILE).write_text(dump_toml(meta.model_dump(exclude_none=True)), encoding="utf-8")
     return layout
 
@@ -255,23 +271,28 @@ def load_federation(fed_dir: Path) -> FederationLayout:
 
 
 def add_site(layout: FederationLayout, site: str) -> tuple[FederationLayout, Path]:
-    """Add one hospital: its user, ACL block and credentials file; nobody else's secrets change."""
+    """Add one hospital: its user, ACL block, signing key (a new key list) and credentials file; nobody else's
+    secrets change."""
     validate_id(site, what="site id")
     if site in layout.credentials:
         raise ConfigError(f"{site!r} is already a party of this federation; use rotate to replace its secrets")
+    key = new_private_key()
+    layout.coordinator.change(set_keys={site: public_raw(key)})  # first: it fails without the coordinator key
     new = _save_sites(layout, [*layout.site_ids, site])
     password = generate_password()
     _set_password_entry(new, site, password)
-    _write_credentials(new, site, password)
+    _write_credentials(new, site, password, new.coordinator.signing_table(site, key))
     _write_acl(new)
     _write_connection_limit(new)
     return new, new.credentials[site]
 
 
 def remove_site(layout: FederationLayout, site: str) -> FederationLayout:
-    """Take one hospital out: its password entry, its ACL rights and its credentials file go."""
+    """Take one hospital out: its password entry, its ACL rights, its key (a new key list) and its credentials
+    file go."""
     if site not in layout.site_ids:
         raise ConfigError(f"{site!r} is not a site of this federation; sites: {list(layout.site_ids)}")
+    layout.coordinator.change(remove=(site,))
     new = _save_sites(layout, [s for s in layout.site_ids if s != site])
     _set_password_entry(new, site, None)
     _write_acl(new)  # the removed user has no ACL block left, so it has no rights at all
@@ -282,13 +303,17 @@ def remove_site(layout: FederationLayout, site: str) -> FederationLayout:
 
 
 def rotate(layout: FederationLayout, user: str) -> Path:
-    """A new password (and client certificate under mutual TLS) for one party; the old ones stop working."""
+    """A new password, signing key (a new key list; not for the observer, which signs nothing) and, under
+    mutual TLS, client certificate for one party; the old ones stop working."""
     if user not in layout.credentials:
         raise ConfigError(f"no party {user!r}; parties: {sorted(layout.credentials)}")
+    key = None if user == OBSERVER_USER else new_private_key()
+    if key is not None:
+        layout.coordinator.change(set_keys={user: public_raw(key)})
     password = generate_password()
     _revoke_client_cert(layout, user)
     _set_password_entry(layout, user, password)
-    _write_credentials(layout, user, password)
+    _write_credentials(layout, user, password, layout.coordinator.signing_table(user, key))
     _write_acl(layout)  # unchanged, except for a federation made before a login (`<user>.check`) existed
     return layout.credentials[user]
 
@@ -326,10 +351,10 @@ def _check_ids(run_id: str, site_ids: list[str]) -> list[str]:
         raise ConfigError("a federation needs at least one site id")
     if len(set(sites)) != len(sites):
         raise ConfigError(f"duplicate site ids in {site_ids}")
-    reserved = {PS_USER, OBSERVER_USER} & set(sites)
+    reserved = {PS_USER, OBSERVER_USER, COORDINATOR} & set(sites)
     if reserved:
         raise ConfigError(
-            f"site ids may not be {sorted(reserved)}: those names are the PS and observer users"
+            f"site ids may not be {sorted(reserved)}: those names are the PS, observer and coordinator users"
         )
     return [PS_USER, OBSERVER_USER, *sites]
 
@@ -483,10 +508,16 @@ def _set_password_entry(layout: FederationLayout, user: str, password: str | Non
     os.replace(tmp_path, passwd)
 
 
-def _write_credentials(layout: FederationLayout, user: str, password: str) -> None:
-    """One file per party, 0600: broker address, user, password and, with TLS, the root CA and the broker's
-    pinned key (and under mutual TLS a client certificate for each of its logins, with their key) as text, so
-    nothing else has to travel with it."""
+def _write_credentials(layout: FederationLayout, user: str, password: str, signing: dict[str, object]) -> None:
+    """One file per party, 0600: its `[signing]` table (its own signing key, the coordinator's public key and
+    the key list) and its `[broker]` table (last, so lines appended to the file land there)."""
+    _write_login(layout, user, password, layout.credentials[user], signing=signing)
+
+
+def _write_login(layout: FederationLayout, user: str, password: str, path: Path, *,
+                 signing: dict[str, object] | None = None) -> None:
+    """Broker address, user, password and, with TLS, the CA (and its own client certificate and key under
+    mutual TLS) as PEM text, so nothing else has to travel with it; 0600."""
     table: dict[str, object] = {"host": layout.host, "port": layout.port, "username": user, "password": password}
     if layout.tls:
         table["tls_ca_pem"] = layout.ca_path.read_text(encoding="ascii")
@@ -501,4 +532,5 @@ def _write_credentials(layout: FederationLayout, user: str, password: str) -> No
         table["tls_key_pem"] = client.key_pem.decode("ascii")
         table["tls_seat_certs_pem"] = b"".join(seat.cert_pem for seat in seats).decode("ascii")
     BrokerSettings.model_validate(table)  # fail here, not when a party first loads its file
-    certs.write_private(layout.credentials[user], dump_toml({"broker": table}).encode("utf-8"))
+    data: dict[str, object] = {SIGNING_TABLE: signing, "broker": table} if signing is not None else {"broker": table}
+    certs.write_private(path, dump_toml(data).encode("utf-8"))

@@ -130,7 +130,7 @@ def _follow(layout: FederationLayout, *, rounds: int, procs: dict[str, subproces
     or with `progress` off one plain line per closed round and per change of what the PS waits for."""
     transport = MqttTransport(layout.settings("observer"), client_id=f"fedmqtt-demo-{os.getpid()}")
     transport.connect()
-    channel = Channel(transport, run_id=layout.run_id, sender="observer")
+    channel = Channel(transport, run_id=layout.run_id, identity=layout.identity("observer"))
     transport.subscribe([topics.ps_metrics_topic(layout.run_id), topics.ps_status_topic(layout.run_id)])
     bar = tqdm(total=rounds, desc="rounds", unit="round", dynamic_ncols=True, disable=not progress)
     said, closed = "", 0  # closed: rounds seen closing (the bar's own count stays 0 when it is off)

@@ -28,14 +28,16 @@ def live_reports(credentials: Path, run_id: str, listen_s: float) -> Reports:
     from fedmqtt.transport.channel import Channel
     from fedmqtt.transport.mqtt import MqttTransport
     from fedmqtt.transport.settings import load_credentials
+    from fedmqtt.transport.signing import load_identity
     from schemas.messages import SiteStatus
 
     settings = load_credentials(credentials)
+    identity = load_identity(credentials, run_id=run_id)  # verifies what the sites signed
     seat = "3" if settings.username == "observer" else None  # its own login (watch: 1, dashboard: 2)
     transport = MqttTransport(settings, client_id=f"fedmqtt-recruit-{int(time.time() * 1000) % 10**9}",
                               seat=seat).connect()
-    channel = Channel(transport, run_id=run_id, sender="observer")
-    transport.subscribe([topics.any_site_filter(run_id, "status")])
+    channel = Channel(transport, run_id=run_id, identity=identity)
+    transport.subscribe([topics.any_site_filter(run_id, "status"), topics.federation_keys_topic(run_id)])
     hists: dict[str, Any] = {}
     sizes: dict[str, int] = {}
     end = time.monotonic() + listen_s

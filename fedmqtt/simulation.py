@@ -26,6 +26,7 @@ from fedmqtt.simulation_config import (  # re-exported: callers import the confi
     load_simulation_config,
 )
 from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
+from fedmqtt.transport.signing import FederationKeys
 
 if TYPE_CHECKING:
     from fedmqtt.tracking import RunTracker
@@ -64,9 +65,12 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True,
     def factory(**kw: Any) -> MemoryTransport:
         return MemoryTransport(broker, **kw)
 
-    agents = [SiteAgent(cfg, transport_factory=factory) for cfg in config.site_configs()]
+    # Every party signs and verifies as in a deployment; the keys live and die with this process.
+    site_cfgs = config.site_configs()
+    keys = FederationKeys(daemon_cfg.run_id, ["ps", *(cfg.site_id for cfg in site_cfgs)])
+    agents = [SiteAgent(cfg, transport_factory=factory, identity=keys.identity(cfg.site_id)) for cfg in site_cfgs]
     runner = DaemonRunner(daemon_cfg, force=True, transport_factory=factory,  # a simulation always starts afresh
-                          on_round=None if tracker is None else tracker.round_closed)
+                          identity=keys.identity("ps"), on_round=None if tracker is None else tracker.round_closed)
     for agent in agents:
         agent.start()
     runner.start()

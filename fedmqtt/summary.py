@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from schemas import messages as m
 from schemas.chunks import Chunk, ChunkManifest
+from schemas.signed import KeyList
 
 
 def _metrics(values: dict) -> str:
@@ -45,6 +46,8 @@ def summarize(msg: object) -> str:
     if isinstance(msg, ChunkManifest):
         return (f"{msg.inner_kind} of {msg.total_bytes:,} B in {msg.count} chunks "
                 f"(transfer {msg.transfer_id[:12]}, root {msg.root_sha256[:12]})")
+    if isinstance(msg, KeyList):
+        return f"key list version {msg.version}: {', '.join(sorted(msg.keys))}"
     if isinstance(msg, Chunk):
         return f"chunk {msg.index} of transfer {msg.transfer_id[:12]}: {len(msg.data):,} B"
     return type(msg).__name__

@@ -16,6 +16,7 @@ from fedmqtt.strategies import STRATEGIES, build_strategy
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
 from fedmqtt.training.client_rules import optimiser_problem
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
+from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
 
@@ -166,6 +167,11 @@ class DaemonConfig(BaseModel):
 
     def broker_settings(self) -> BrokerSettings:
         return load_credentials(self.credentials)
+
+    def identity(self) -> Identity:
+        """The PS's signing key and key list (the credentials' [signing] table); the newest key list it accepts
+        is kept in out_dir, so a restart never falls back to an older one."""
+        return load_identity(self.credentials, run_id=self.run_id, store=self.out_dir / KEY_LIST_FILE)
 
 
 def min_drawn(n_sites: int, fraction: float) -> int:

@@ -21,6 +21,7 @@ from fedmqtt.strategies.base import manifest_from_dict
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
+from fedmqtt.transport.signing import Identity
 from fedmqtt.transport.topics import ParsedTopic
 from ps_daemon import effects as fx
 from ps_daemon.audit_trail import RunAudit, refusal_totals
@@ -45,15 +46,17 @@ log = logging.getLogger("fedmqtt.ps")
 
 class DaemonRunner:
     def __init__(self, config: DaemonConfig, *, resume: bool = False, force: bool = False,
-                 transport_factory: Callable[..., Any] | None = None,
+                 transport_factory: Callable[..., Any] | None = None, identity: Identity | None = None,
                  on_round: Callable[[m.RoundMetrics], None] | None = None) -> None:
         """`transport_factory(client_id=..., will=...)` makes the connection (default: MQTT to the broker
-        in the config's credentials; `fedmqtt simulate` passes an in-process one). `force`: start afresh even
-        where out_dir holds checkpoints of an earlier start (they are removed). `on_round`: called with each
-        closed round's metrics as they are published (`--track`, fedmqtt.tracking)."""
+        in the config's credentials; `fedmqtt simulate` passes an in-process one). `identity`: what the PS signs
+        with and verifies against (default: the `[signing]` table of the config's credentials). `force`: start
+        afresh even where out_dir holds checkpoints of an earlier start (they are removed). `on_round`: called
+        with each closed round's metrics as they are published (`--track`, fedmqtt.tracking)."""
         self.config = config
         self._transport_factory = transport_factory or (
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
+        self.identity = identity if identity is not None else config.identity()
         self.machine = Machine(config, build_strategy(config.algorithm, config.strategy_params()), hash_weights)
         private_dir(config.out_dir)  # checkpoints, spooled updates and reports are the PS's alone
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
@@ -125,7 +128,8 @@ class DaemonRunner:
         will = encode(status_message(c, "offline", session=self.state.session, rejected={},  # nothing refused yet
                                      detail="PS disconnected"))
         self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-ps-{c.run_id}",
-                                    will=(topics.ps_status_topic(c.run_id), will), run_id=c.run_id, sender=PS)
+                                    will=(topics.ps_status_topic(c.run_id), will), run_id=c.run_id,
+                                    identity=self.identity)
         self.status = StatusBoard(c, self.channel, self.turns)
         self.inbound = InboundEvents(c, self.machine, self.channel, self.spool, self.turns, self.status,
                                      usage=self.usage, update_bytes=self.update_bytes)

@@ -30,6 +30,7 @@ from schemas.base import (  # noqa: F401
     Timestamp,
 )
 from schemas.chunks import Chunk, ChunkManifest
+from schemas.signed import KeyList
 from schemas.tensors import Tensors
 
 # Every field below is bounded (see schemas.base for why): numbers finite and in range, strings and maps short.
@@ -285,9 +286,9 @@ class UploadTurn(Header):
 
 Message = Annotated[
     GlobalModel | TrainTask | EvalTask | RecruitmentResult | UploadTurn | ClientUpdate | EvalReport | SiteStatus
-    | DaemonStatus | RoundMetrics | ChunkManifest | Chunk,
+    | DaemonStatus | RoundMetrics | ChunkManifest | Chunk | KeyList,
     Field(discriminator="kind"),
 ]
 
 # Kinds that observers read with plain MQTT clients travel as JSON text; the rest as msgpack.
-TEXT_KINDS = frozenset({"site_status", "daemon_status", "round_metrics"})
+TEXT_KINDS = frozenset({"site_status", "daemon_status", "round_metrics", "key_list"})

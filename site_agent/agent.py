@@ -23,6 +23,7 @@ from fedmqtt.recruitment import label_histogram
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
+from fedmqtt.transport.signing import Identity
 from schemas import messages as m
 from schemas.codec import encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
@@ -41,9 +42,13 @@ REMIND_S = 30.0  # a waiting site says what it waits for at least this often
 
 
 class SiteAgent:
-    def __init__(self, config: SiteConfig, *, transport_factory: Callable[..., Any] | None = None) -> None:
+    def __init__(self, config: SiteConfig, *, transport_factory: Callable[..., Any] | None = None,
+                 identity: Identity | None = None) -> None:
+        """`identity`: what this site signs with and verifies against (default: the `[signing]` table of its
+        credentials; `fedmqtt simulate` passes its own, with the in-process `transport_factory`)."""
         self.config = config
         self._transport_factory = transport_factory or (lambda **kw: MqttTransport(config.broker_settings(), **kw))
+        self.identity = identity if identity is not None else config.identity()
         self.data = load_site_data(config.data)
         # "auto" until torch is loaded: then the device it found (cuda or cpu), on every later status.
         self.device: str = config.device
@@ -131,7 +136,7 @@ class SiteAgent:
         self.status_topic = topics.site_status_topic(c.run_id, c.site_id)
         will = (self.status_topic, encode(self._status("offline", "connection lost")))
         self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}",
-                                    will=will, run_id=c.run_id, sender=c.site_id)
+                                    will=will, run_id=c.run_id, identity=self.identity)
         self.uplink = Uplink(self.channel, lambda: self.store, run_id=c.run_id, site_id=c.site_id)
         self.channel.connect(timeout_s=None)
         self.channel.transport.subscribe([topics.ps_status_topic(c.run_id), topics.ps_model_topic(c.run_id),

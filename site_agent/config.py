@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedmqtt.config_io import load_toml
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
+from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
 from schemas.base import ID_PATTERN
 
 
@@ -32,6 +33,11 @@ class SiteConfig(BaseModel):
 
     def broker_settings(self) -> BrokerSettings:
         return load_credentials(self.credentials)
+
+    def identity(self) -> Identity:
+        """This site's signing key and key list (the credentials' [signing] table); the newest key list it accepts
+        is kept in state_dir, so a restart never falls back to an older one."""
+        return load_identity(self.credentials, run_id=self.run_id, store=self.state_dir / KEY_LIST_FILE)
 
 
 def load_site_config(path: Path) -> SiteConfig:

@@ -85,7 +85,10 @@ def init(
         typer.echo(f"  root CA key   : {export_root_key}: move it off this host and keep it offline")
     elif layout.root_key_path.is_file():
         typer.echo(f"  root CA key   : {layout.root_key_path} (better kept off this host: --export-root-key)")
-    typer.echo("Give each party only its own credentials file (it holds its password; keep it 0600).")
+    typer.echo(f"  coordinator   : {layout.coordinator.dir}  (the key that signs the key list: yours only)")
+    typer.echo("Give each party only its own credentials file (it holds its password and signing key; keep it "
+               "0600). Keep the coordinator folder with the team that adds and removes parties, off the broker "
+               "host if another team runs it.")
 
 
 @app.command("start")
@@ -96,6 +99,7 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
     from broker.audit_trail import record_broker
     from broker.bridge import HOSPITAL_FILE
     from broker.federation import load_federation
+    from broker.keys import publish_key_list
     from broker.process import BrokerProcess
     from fedmqtt.atomic import write_atomic
 
@@ -111,6 +115,8 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
         record_broker(layout, "broker-start", pid=proc.pid, listeners=[x.describe() for x in layout.listeners()])
         typer.echo(f"mosquitto pid {proc.pid}; log {layout.log_path}; Ctrl-C stops")
         _echo_listeners(layout)
+        if layout.coordinator.login_path.is_file():  # the coordinator's folder is here: (re)publish the key list
+            typer.echo(publish_key_list(layout.fed_dir, layout.run_id))  # e.g. the broker's database was lost
         try:
             while proc.alive:
                 time.sleep(0.5)
@@ -175,10 +181,13 @@ def bridge_cmd(
     `fedmqtt broker start --dir OUT`.
     """
     from broker.bridge import CENTRAL_MAX_QUEUED_BYTES, load_central, write_hospital_broker
+    from fedmqtt.config_io import read_toml
 
     central = load_central(credentials)
+    signing = read_toml(credentials).get("signing")  # the agent behind the hospital broker signs with it
     hospital = write_hospital_broker(central, run_id=run_id, site=site or central.username, out_dir=out_dir,
-                                     model_bytes=model_bytes, local_port=port, remote=remote, force=force)
+                                     model_bytes=model_bytes, local_port=port, remote=remote, force=force,
+                                     signing=signing if isinstance(signing, dict) else None)
     typer.echo(f"hospital broker in {hospital.out_dir}: 127.0.0.1:{hospital.port}, bridged to "
                f"{central.host}:{central.port} over TLS")
     typer.echo(f"  site agent credentials : {hospital.credentials}")
@@ -208,7 +217,7 @@ def add_site_cmd(
     layout, path = add_site(load_federation(fed_dir), site)
     record_party_change(layout, "party-add", site)
     typer.echo(f"added {site}: hand over {path} (and only that file)")
-    _reload(layout)
+    _publish_keys(layout, running=_reload(layout))
 
 
 @app.command("remove-site")
@@ -223,7 +232,7 @@ def remove_site_cmd(
     layout = remove_site(load_federation(fed_dir), site)
     record_party_change(layout, "party-remove", site)
     typer.echo(f"removed {site}")
-    _reload(layout)
+    _publish_keys(layout, running=_reload(layout))  # from now on every party refuses what the site signs
 
 
 @app.command("rotate")
@@ -239,11 +248,12 @@ def rotate_cmd(
     path = rotate(layout, user)
     record_party_change(layout, "party-rotate", user)
     typer.echo(f"rotated {user}: hand over the new {path}; connections made with the old secrets stay up "
-               "until they reconnect")
-    _reload(layout)
+               "until they reconnect, but what they sign is refused once the new key list is out")
+    _publish_keys(layout, running=_reload(layout))
 
 
-def _reload(layout: FederationLayout) -> None:
+def _reload(layout: FederationLayout) -> bool:
+    """Make a running broker reload; True if one runs."""
     from broker.federation import reload_broker
 
     pid = reload_broker(layout)
@@ -251,6 +261,40 @@ def _reload(layout: FederationLayout) -> None:
         typer.echo("no running broker of this federation found: the change applies when it starts")
     else:
         typer.echo(f"broker pid {pid} reloads its password file, ACL and CRL (SIGHUP)")
+    return pid is not None
+
+
+def _publish_keys(layout: FederationLayout, *, running: bool) -> None:
+    """Put the new key list on the running broker, where running parties take it at once."""
+    from broker.keys import publish_key_list
+
+    if running:
+        typer.echo(publish_key_list(layout.fed_dir, layout.run_id))
+    else:
+        typer.echo("the new key list goes out with the next `broker start` here (or `broker keys --publish`); "
+                   "until then running parties keep the one they have")
+
+
+@app.command("keys")
+def keys_cmd(
+    fed_dir: Path = typer.Option(..., "--dir", help="Federation directory made by `broker init`."),
+    publish: bool = typer.Option(False, "--publish", help="Also put the key list on the running broker "
+                                 "(retained on federation/keys), e.g. after its database was lost."),
+) -> None:
+    """Show the federation's key list (the signing key of every party, signed by the coordinator key)."""
+    from broker.federation import load_federation
+    from broker.keys import publish_key_list
+    from fedmqtt.transport.signing import from_b64u
+    from schemas.signed import key_id
+
+    layout = load_federation(fed_dir)
+    current = layout.coordinator.key_list()
+    typer.echo(f"key list version {current.version} of run {layout.run_id} (coordinator key "
+               f"{key_id(layout.coordinator.public_key())})")
+    for party, entry in sorted(current.keys.items()):
+        typer.echo(f"  {party:<24} {key_id(from_b64u(entry.ed25519))}")
+    if publish:
+        typer.echo(publish_key_list(layout.fed_dir, layout.run_id))
 
 
 def _echo_listeners(layout: FederationLayout) -> None:

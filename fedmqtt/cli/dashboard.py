@@ -44,6 +44,7 @@ def dashboard(
     from fedmqtt.dashboard.state import RunView
     from fedmqtt.errors import FedMqttError
     from fedmqtt.transport.settings import load_credentials
+    from fedmqtt.transport.signing import load_identity
 
     secure = tls or not is_loopback(host) or cert is not None
     check_exposure(host, secure=secure)
@@ -69,17 +70,16 @@ def dashboard(
     else:
         if federation is not None:
             layout = load_federation(federation)
-            settings = layout.settings("observer")
+            credentials = layout.credentials["observer"]
             run_id = run_id or layout.run_id
-        else:
-            assert credentials is not None  # exactly one of --federation, --credentials, --run (checked above)
-            settings = load_credentials(credentials)
-            if not run_id:
-                raise FedMqttError("--credentials needs --run-id (the run to watch)")
+        elif not run_id:
+            raise FedMqttError("--credentials needs --run-id (the run to watch)")
+        assert credentials is not None  # exactly one of --federation, --credentials, --run (checked above)
+        settings = load_credentials(credentials)
         if settings.username != "observer":
             raise FedMqttError(f"the dashboard logs in as the observer only (read-only ACL); "
                                f"{settings.username!r} could publish. Use credentials/observer.toml.")
-        view = RunView(run_id=run_id)
+        view = RunView(run_id=run_id, keys=load_identity(credentials, run_id=run_id).ring)
         board = Board([view])
         listener = BrokerListener(board, view, settings, seat=seat)
         listener.connect()

@@ -31,8 +31,11 @@ def watch(
     from fedmqtt.transport.channel import check_message
     from fedmqtt.transport.mqtt import MqttTransport
     from fedmqtt.transport.settings import load_credentials
+    from fedmqtt.transport.signing import load_identity
+    from schemas.signed import KeyList
 
     settings = load_credentials(credentials)
+    ring = load_identity(credentials, run_id=run_id).ring  # what each signature is checked against
     if seat is None and settings.username == "observer":
         seat = "1"  # leave the plain observer login to the demo and scripts
     transport = MqttTransport(settings, client_id=f"fedmqtt-watch-{int(time.time() * 1000) % 10**9}", seat=seat)
@@ -50,7 +53,10 @@ def watch(
             stamp = datetime.now().strftime("%H:%M:%S")
             short = raw.topic.split("/", 3)[-1]
             try:
-                _, msg = check_message(raw.topic, raw.payload, run_id=run_id, max_bytes=settings.max_payload_bytes)
+                _, msg = check_message(raw.topic, raw.payload, run_id=run_id, max_bytes=settings.max_payload_bytes,
+                                       keys=ring)
+                if isinstance(msg, KeyList):
+                    ring.adopt(msg, raw.payload)  # a newer list: what is signed from now on is checked against it
                 line = f"r{getattr(msg, 'round', '?')} {summarize(msg)}"
             except FedMqttError as exc:
                 line = f"INVALID ({len(raw.payload)} B): {exc}"

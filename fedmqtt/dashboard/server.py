@@ -107,7 +107,7 @@ class BrokerListener(threading.Thread):
 
         prefix = topics.run_prefix(self.view.run_id)
         return [topics.ps_status_topic(self.view.run_id), topics.ps_metrics_topic(self.view.run_id),
-                f"{prefix}/site/+/status"]
+                f"{prefix}/site/+/status", topics.federation_keys_topic(self.view.run_id)]
 
     def connect(self) -> None:
         from fedmqtt.transport.mqtt import MqttTransport

@@ -1,9 +1,10 @@
 """What the dashboard knows about one run, built from observer-readable MQTT messages or from report.json.
 
 Pure: no network, no clock of its own (callers pass `now`), so it is unit-testable. Every payload is
-validated by the same `check_message` the PS uses before anything is stored; a bad one is counted, never shown
-raw. Because `ps/metrics` is retained with the last round only, rounds are accumulated here while the
-dashboard runs; rounds that closed before it connected are reported as unavailable.
+validated by the same `check_message` the PS uses before anything is stored, its signature first (against the
+observer's key list, which follows `federation/keys`); a bad or unsigned one is counted, never shown raw.
+Because `ps/metrics` is retained with the last round only, rounds are accumulated here while the dashboard runs;
+rounds that closed before it connected are reported as unavailable.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 
 from fedmqtt.errors import FedMqttError
 from fedmqtt.transport.channel import check_message
+from fedmqtt.transport.signing import KeyRing
 from schemas import messages as m
+from schemas.signed import KeyList
 
 MAX_SITES_SHOWN = 256  # the schema bounds names per message; this bounds how many distinct sites we keep
 
@@ -74,6 +77,7 @@ class RunView:
     invalid: int = 0
     invalid_reasons: dict[str, int] = field(default_factory=dict)
     version: int = 0  # bumped on every change, so the server pushes only when something changed
+    keys: KeyRing | None = None  # what live messages are verified against (a finished run's report needs none)
 
     # -- live input -------------------------------------------------------------------------------
     def on_message(self, topic: str, payload: bytes, *, now: float, max_bytes: int) -> bool:
@@ -81,11 +85,17 @@ class RunView:
         if not payload:
             return False  # a cleared retained topic
         self.messages += 1
-        try:
-            parsed, msg = check_message(topic, payload, run_id=self.run_id, max_bytes=max_bytes)
-        except FedMqttError as exc:
-            self._count_invalid(type(exc).__name__)
+        if self.keys is None:
+            self._count_invalid("no key list to verify signatures")
             return True
+        try:
+            parsed, msg = check_message(topic, payload, run_id=self.run_id, max_bytes=max_bytes, keys=self.keys)
+        except FedMqttError as exc:
+            self._count_invalid(getattr(exc, "category", type(exc).__name__))
+            return True
+        if isinstance(msg, KeyList):
+            self.keys.adopt(msg, bytes(payload))
+            return False
         if isinstance(msg, m.DaemonStatus) and parsed.role == "ps":
             self._on_ps_status(msg, now)
         elif isinstance(msg, m.RoundMetrics) and parsed.role == "ps":

@@ -24,6 +24,7 @@ from fedmqtt.data.spec import OPTIONS, DataSpec
 from fedmqtt.docgen.tables import code, size, table
 from fedmqtt.simulation_config import SimulationConfig
 from fedmqtt.transport.settings import BrokerSettings
+from fedmqtt.transport.signing import SigningSettings
 from ps_daemon.config import DaemonConfig, MetricsConfig, RecruitmentConfig
 from schemas.messages import ModelSpec, TrainSettings
 from site_agent.config import SiteConfig
@@ -31,7 +32,7 @@ from site_agent.config import SiteConfig
 PATH = "docs/configuration.md"
 # Models whose every field must carry a description (tests/unit/test_docs_protocol.py checks it).
 DESCRIBED: tuple[type[BaseModel], ...] = (DaemonConfig, RecruitmentConfig, MetricsConfig, ModelSpec, TrainSettings,
-                                          SiteConfig, BrokerSettings, SimulationConfig)
+                                          SiteConfig, BrokerSettings, SigningSettings, SimulationConfig)
 
 
 # -- one field -> one row ---------------------------------------------------------------------------------
@@ -349,8 +350,9 @@ Roles and their files:
 - the **PS** reads one config (`fedmqtt ps start --config ps.toml`), which names its credentials file;
 - each **site** reads one config (`fedmqtt site start --config site.toml`), which names that site's own
   credentials file;
-- every party's **credentials file** holds a `[broker]` table: how to reach the broker and as whom (`fedmqtt
-  broker init` writes one per party);
+- every party's **credentials file** holds a `[broker]` table: how to reach the broker and as whom, and a
+  `[signing]` table: the party's own signing key and the keys it checks others against (`fedmqtt broker init`
+  writes one per party);
 - a **simulation** (`fedmqtt simulate sim.toml`) describes a whole federation in one file and runs it in one process.
 
 @@EXAMPLES@@
@@ -374,7 +376,8 @@ is decided here, not by the PS.
 ## Broker settings
 
 The `[broker]` table of every credentials file (PS, each site, the observer). The chunking and budget keys are
-explained in docs/protocol.md, "Chunked transfer".
+explained in docs/protocol.md, "Chunked transfer". The `[signing]` table beside it is written by `fedmqtt broker
+init`, `add-site` and `rotate`, never by hand (docs/protocol.md, "Signatures").
 
 @@BROKER@@
 ## Simulation config
@@ -394,7 +397,9 @@ def render_configuration() -> str:
         "SITE": render_sections(sections_for(SiteConfig, "Site")),
         "OPTIONS": data_options(),
         "BROKER": render_sections([Section("Credentials: `[broker]`", BrokerSettings, "",
-                                           (BrokerSettings.__doc__ or "").strip().split("\n")[0])]),
+                                           (BrokerSettings.__doc__ or "").strip().split("\n")[0]),
+                                   Section("Credentials: `[signing]`", SigningSettings, "",
+                                           (SigningSettings.__doc__ or "").strip().split("\n")[0])]),
         "SIMULATION": render_sections(simulation),
     }
     text = TEMPLATE

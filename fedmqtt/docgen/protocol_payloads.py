@@ -12,11 +12,12 @@ from pydantic import BaseModel
 
 from fedmqtt.docgen.protocol_topics import encoding, kinds_on, placeholder, topic_rows
 from fedmqtt.docgen.tables import code, table
-from fedmqtt.transport import channel
+from fedmqtt.transport import channel, signing
 from ps_daemon.refusals import REFUSAL_CATEGORIES
-from schemas import codec
+from schemas import codec, envelope
 from schemas.checkpoint import Checkpoint
 from schemas.messages import Message
+from schemas.signed import SignedEnvelope
 
 SCHEMA_DIR = "docs/schemas"
 
@@ -29,7 +30,7 @@ def message_models() -> list[type[BaseModel]]:
 
 def schema_files() -> dict[str, str]:
     """docs/schemas/<Model>.json for every wire message, the checkpoint, and the union (Message.json)."""
-    models: list[type[BaseModel]] = [*message_models(), Checkpoint]
+    models: list[type[BaseModel]] = [*message_models(), Checkpoint, SignedEnvelope]
     out = {f"{SCHEMA_DIR}/{model.__name__}.json": _json(model.model_json_schema()) for model in models}
     out[f"{SCHEMA_DIR}/Message.json"] = _json(codec.json_schemas())
     return out
@@ -59,6 +60,9 @@ def schemas_table() -> str:
     rows.append(("[`Checkpoint`](schemas/Checkpoint.json)", code(_kind(Checkpoint)),
                  "on disk, never on the wire", "msgpack",
                  "what the PS saves after every aggregation (`--resume` reads it)"))
+    rows.append(("[`SignedEnvelope`](schemas/SignedEnvelope.json)", "(none)", "around every msgpack payload",
+                 "msgpack", "a msgpack kind with its signature: `signature` first, then `body`, the message's own "
+                 "encoding (JSON kinds carry the same `signature` as their last member instead)"))
     return table(("Model", "kind", "Topics", "Encoding", "What it is"), rows)
 
 
@@ -84,13 +88,19 @@ _CATEGORY_MEANING = {
     "TRANSFER_FAILED": "chunks missing or corrupt after every re-fetch, or slower than the minimum rate",
     "MISMATCH": "the reassembled message differs from its manifest",
     "INTERNAL": "a bug on the receiving side (logged with a traceback); the sender is not blamed",
+    "UNSIGNED": "no signature (every payload but a chunk must carry one)",
+    "WRONG_SIGNER": "signed by a party other than the topic's owner",
+    "UNKNOWN_KEY": "the signer is not in the key list (removed), or signed with a key the list no longer has "
+                   "(rotated)",
+    "BAD_SIGNATURE": "the signature does not match the topic and bytes (altered on the way, or forged)",
 }
+_CATEGORY_MODULES = (codec, channel, envelope, signing)  # where the category constants are defined
 
 
 def categories_table() -> str:
     rows = []
     for name, meaning in _CATEGORY_MEANING.items():
-        module = codec if hasattr(codec, name) else channel
+        module = next(mod for mod in _CATEGORY_MODULES if hasattr(mod, name))
         rows.append((code(getattr(module, name)), meaning))
     return table(("Category", "Refused because"), rows)
 

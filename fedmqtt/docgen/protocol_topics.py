@@ -76,6 +76,9 @@ CATALOGUE = (
     TopicDoc("site_bridge_topic", "a hospital broker's bridge link: `1` up, `0` down",
              "the hospital's Mosquitto (bridge notification, and its Will on the central broker)",
              "PS; observers"),
+    TopicDoc("federation_keys_topic", "every party's signing key, signed by the coordinator (the key list)",
+             "the coordinator's tooling (`broker start`, `add-site`, `remove-site`, `rotate`, `broker keys`)",
+             "every party, observers included"),
 )
 
 
@@ -121,7 +124,7 @@ def chunked_topics() -> list[str]:
 
 # -- rights: the ACL broker/acl.py writes, applied to sample topics ----------------------------------------
 PARTIES = (("ps", "PS"), ("observer", "observers"), (SAMPLE_SITE, "the site itself"),
-           (OTHER_SITE, "other sites"))
+           (OTHER_SITE, "other sites"), ("coordinator", "the coordinator's tooling"))
 
 
 def acl_rules() -> dict[str, list[tuple[str, str]]]:

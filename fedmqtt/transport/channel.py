@@ -1,7 +1,8 @@
 """Typed messages over a transport: encode on send; decode, check and de-duplicate on receive.
 
 Every check that protects a receiver from a bad or spoofed payload lives here, so the PS and the
-site agents see only messages that are well-formed, on the right topic, from the right sender.
+site agents see only messages that are well-formed, on the right topic, from the right sender, signed by that
+sender's current key (fedmqtt/transport/signing.py). The signature is checked first, before the body is parsed.
 A refused message is counted per sender and category (`ChannelStats`) and logged in one bounded line, at a bounded
 rate (`fedmqtt.logs.RefusalLog`: the first few per sender and category, then a summary per interval); `accept`
 never raises, whatever bytes arrive.
@@ -22,10 +23,19 @@ from fedmqtt.transport.bulk import Completed, Failed, Fetcher, split
 from fedmqtt.transport.bulk import tensor_index as bulk_index
 from fedmqtt.transport.heap import release_free_heap
 from fedmqtt.transport.mqtt import MqttTransport, RawMessage
-from fedmqtt.transport.topics import BRIDGE, CHUNKED_KINDS, ParsedTopic, chunk_topic, parse_topic
+from fedmqtt.transport.signing import Identity, KeyRing
+from fedmqtt.transport.topics import (
+    BRIDGE,
+    CHUNKED_KINDS,
+    ParsedTopic,
+    chunk_topic,
+    federation_keys_topic,
+    parse_topic,
+)
 from schemas.chunks import MAX_CHUNK_BYTES, ChunkManifest
 from schemas.codec import WireError, clip, decode, encode
 from schemas.messages import Message
+from schemas.signed import KeyList
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +49,7 @@ KINDS_BY_TOPIC = {
     ("site", "status"): {"site_status"},
     ("site", "update"): {"client_update"},
     ("site", "report"): {"eval_report"},
+    ("federation", "keys"): {"key_list"},
 }
 PS_SENDER = "ps"
 UNKNOWN_SENDER = "?"  # the topic did not parse, so whose message it was is unknown
@@ -87,12 +98,13 @@ def _parse_topic(topic: str) -> ParsedTopic:
 
 
 def topic_owner(topic: str) -> str:
-    """Who may write `topic`: its site, "ps" for ps/..., "?" if it is not a topic of ours."""
+    """Who may write `topic`: its site, "ps" for ps/..., "coordinator" for the key list, "?" if it is not a topic
+    of ours."""
     try:
         parsed = _parse_topic(topic)
     except TopicError:
         return UNKNOWN_SENDER
-    return parsed.site_id if parsed.role == "site" and parsed.site_id else PS_SENDER
+    return parsed.owner
 
 
 @dataclass(frozen=True)
@@ -131,13 +143,34 @@ class ChannelStats:
 
 
 def check_message(
-    topic: str, payload: bytes | bytearray, *, run_id: str, max_bytes: int
+    topic: str, payload: bytes | bytearray, *, run_id: str, max_bytes: int, keys: KeyRing
 ) -> tuple[ParsedTopic, Message]:
-    """Decode `payload` and check it belongs on `topic`; raise SchemaError/TopicError naming the problem
-    (a WireError's `category` says which check failed)."""
+    """Check `payload`'s signature, then decode it and check it belongs on `topic`; raise SchemaError/TopicError
+    naming the problem (a WireError's `category` says which check failed). A chunk carries no signature of its
+    own: its bytes are checked against the digests of its signed manifest as they arrive (transport/bulk.py)."""
+    parsed = _check_topic(topic, run_id)
+    if parsed.chunk is None:
+        payload = keys.open(topic, parsed.owner, payload, max_bytes=max_bytes)
+    return parsed, _check_body(topic, parsed, payload, run_id=run_id, max_bytes=max_bytes)
+
+
+def check_vouched(topic: str, payload: bytes | bytearray, *, run_id: str, max_bytes: int) -> tuple[ParsedTopic,
+                                                                                                      Message]:
+    """check_message for the reassembled body of a chunked transfer, whose signed manifest's digests vouched for
+    every byte of it already."""
+    parsed = _check_topic(topic, run_id)
+    return parsed, _check_body(topic, parsed, payload, run_id=run_id, max_bytes=max_bytes)
+
+
+def _check_topic(topic: str, run_id: str) -> ParsedTopic:
     parsed = _parse_topic(topic)
     if parsed.run_id != run_id:
         raise WrongRun(f"{topic}: run {parsed.run_id!r} is not this run ({run_id!r})")
+    return parsed
+
+
+def _check_body(topic: str, parsed: ParsedTopic, payload: bytes | bytearray, *, run_id: str,
+                max_bytes: int) -> Message:
     message: Any = decode(payload, max_bytes=max_bytes)
     kind = message.kind
     allowed = KINDS_BY_TOPIC[parsed.base]
@@ -153,7 +186,7 @@ def check_message(
                                      f"(expected {sorted(allowed)})")
     if message.run_id != run_id:
         raise WireError(WRONG_RUN, f"{topic}: message run_id {message.run_id!r} != {run_id!r}")
-    expected_sender = parsed.site_id if parsed.role == "site" else PS_SENDER
+    expected_sender = parsed.owner
     if message.sender != expected_sender:
         raise WireError(WRONG_SENDER, f"{topic}: sender {message.sender!r} claims another identity than its "
                                       f"topic ({expected_sender!r})")
@@ -161,7 +194,7 @@ def check_message(
     whole = parsed.chunk is None and message.kind != "chunk_manifest"
     if whole and parsed.kind in ("task", "turn") and task_site != parsed.site_id:
         raise WireError(WRONG_ADDRESS, f"{topic}: task addressed to {task_site!r} on {parsed.site_id!r}'s topic")
-    return parsed, message
+    return message
 
 
 class Channel:
@@ -171,9 +204,12 @@ class Channel:
     `chunk_threshold_bytes` goes as chunks over `bulk` (a second connection, so status, Last Will and
     keepalive never queue behind 100 MB), then its manifest over `transport`. Received chunks are fetched
     and verified by a `Fetcher` on the caller's thread; `receive` yields only whole, checked messages.
+
+    `identity` signs everything sent (a message, or a chunked one's manifest; the Last Will at connect time) and
+    verifies everything received against the key list, which follows `federation/keys` by itself.
     """
 
-    def __init__(self, transport: MqttTransport, *, run_id: str, sender: str, bulk: Any = None,
+    def __init__(self, transport: MqttTransport, *, run_id: str, identity: Identity, bulk: Any = None,
                  dedupe_window: int = 4096,
                  admit_manifest: Callable[[ParsedTopic, ChunkManifest], str | None] | None = None) -> None:
         """`admit_manifest(topic, manifest)`: the receiver's own judgement of a chunked transfer before a single
@@ -182,7 +218,7 @@ class Channel:
         self.transport = transport
         self.bulk = bulk if bulk is not None else transport
         self.run_id = run_id
-        self.sender = sender
+        self.identity = identity
         self.stats = ChannelStats()
         self.refusals = RefusalLog(log)  # the PS logs its own refusals through it too, for one summary per site
         # Message ids already delivered, per topic owner: a party that reuses or guesses another's id on its own
@@ -199,17 +235,24 @@ class Channel:
 
     @classmethod
     def open(cls, factory: Any, *, client_id: str, will: tuple[str, bytes] | None, run_id: str,
-             sender: str) -> Channel:
-        """A control connection (with the Last Will) and a bulk one (`<client_id>-bulk`) feeding one inbox."""
+             identity: Identity) -> Channel:
+        """A control connection (with the Last Will) and a bulk one (`<client_id>-bulk`) feeding one inbox.
+
+        `will`: (topic, encoded message). It is signed here, once: the broker publishes it later without us, and
+        its content (an "offline" status of this party) says nothing a replay could abuse (docs/threat-model.md)."""
+        if will is not None:
+            will = (will[0], identity.seal(will[0], will[1]))
         control = factory(client_id=client_id, will=will)
         # Its own broker user `<user>.bulk`: the broker forces client id = user name (broker/acl.py).
         bulk = factory(client_id=f"{client_id}-bulk", will=None, inbox=control.inbox, seat="bulk")
-        return cls(control, run_id=run_id, sender=sender, bulk=bulk)
+        return cls(control, run_id=run_id, identity=identity, bulk=bulk)
 
     def connect(self, *, timeout_s: float | None = 30.0) -> None:
+        """Connect both connections and follow the key list (retained: the newest arrives at once)."""
         self.transport.connect(timeout_s=timeout_s)
         if self.bulk is not self.transport:
             self.bulk.connect(timeout_s=timeout_s)
+        self.transport.subscribe([federation_keys_topic(self.run_id)])
 
     def interrupt(self) -> None:
         self.transport.interrupt()
@@ -217,7 +260,10 @@ class Channel:
             self.bulk.interrupt()
 
     def close(self, *, final: tuple[str, bytes] | None = None) -> None:
+        """`final`: (topic, encoded message) to publish before disconnecting (signed here)."""
         self.refusals.close()
+        if final is not None:
+            final = (final[0], self.identity.seal(final[0], final[1]))
         try:
             self.transport.close(final=final)
         finally:
@@ -244,13 +290,16 @@ class Channel:
         chunked = len(data) > s.chunk_threshold_bytes and parse_topic(topic).base in CHUNKED_KINDS
         if not chunked:
             self._clear_old_chunks(topic, 0)
-            self.transport.publish(topic, data, retain=retain)
-            return len(data)
+            sealed = self.identity.seal(topic, data)
+            self.transport.publish(topic, sealed, retain=retain)
+            return len(sealed)
+        # Chunks go unsigned: the manifest's SHA-256 per chunk (computed by split anyway) is signed instead, so a
+        # receiver verifies one signature per transfer and every chunk by the digest it checks already.
         manifest, chunks = split(data, message, chunk_bytes=s.chunk_bytes)
         sent = self.bulk.publish_many(
             (chunk_topic(topic, c.index), encode(c, max_bytes=MAX_CHUNK_BYTES + 4096)) for c in chunks())
         self._clear_old_chunks(topic, manifest.count)
-        head = encode(manifest, max_bytes=self.max_bytes)
+        head = self.identity.seal(topic, encode(manifest, max_bytes=self.max_bytes))
         self.transport.publish(topic, head, retain=retain)  # last: its chunks are at the broker already
         release_free_heap(len(data))
         return sent + len(head)
@@ -310,7 +359,7 @@ class Channel:
     def _accept_reassembled(self, done: Completed) -> Inbound | None:
         m = done.manifest
         try:
-            parsed, message = check_message(done.topic, done.payload, run_id=self.run_id, max_bytes=self.max_bytes)
+            parsed, message = check_vouched(done.topic, done.payload, run_id=self.run_id, max_bytes=self.max_bytes)
             inner: Any = message
             if (inner.kind, inner.msg_id, inner.round) != (m.inner_kind, m.transfer_id, m.round):
                 raise WireError(MISMATCH, f"{done.topic}: reassembled message does not match its manifest")
@@ -359,11 +408,16 @@ class Channel:
 
     def _accept(self, raw: RawMessage) -> Inbound | None:
         try:
-            parsed, message = check_message(raw.topic, raw.payload, run_id=self.run_id, max_bytes=self.max_bytes)
+            parsed, message = check_message(raw.topic, raw.payload, run_id=self.run_id, max_bytes=self.max_bytes,
+                                            keys=self.identity.ring)
         except (SchemaError, TopicError) as exc:
             self._reject(raw.topic, rejection_category(exc), exc)
             return None
         kind = message.kind
+        if kind == "key_list":
+            assert isinstance(message, KeyList)
+            self.identity.ring.adopt(message, bytes(raw.payload))  # only if newer than the one we hold
+            return None
         if kind == "chunk":
             assert parsed.chunk is not None
             base = raw.topic.rsplit("/", 2)[0]
@@ -397,7 +451,7 @@ class Channel:
             # Statuses are idempotent state, and a Last Will re-fires with the same bytes (and id)
             # after every network loss: de-duplicating them would hide the second outage.
             return Inbound(parsed, message, size, retained, chunks)
-        owner = PS_SENDER if parsed.role == "ps" else str(parsed.site_id)
+        owner = parsed.owner
         seen = self._seen.get(owner)
         if seen is None:
             if len(self._seen) >= MAX_TRACKED_SENDERS:  # only reachable without the broker's ACL

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from fedmqtt.errors import TopicError
 from schemas.chunks import MAX_CHUNKS
+from schemas.signed import COORDINATOR
 
 ROOT = "fedmqtt"
 VERSION = "v1"
@@ -19,6 +20,7 @@ _ID = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62})$")
 PS_STATUS = "ps/status"
 PS_MODEL = "ps/model"
 PS_METRICS = "ps/metrics"
+FEDERATION_KEYS = "federation/keys"
 SITE_KINDS = ("status", "update", "report")
 BRIDGE = "bridge"  # site/<id>/bridge: a hospital broker's bridge notification, "1" or "0" (not a schema message)
 # Payloads that may be too big for one MQTT message travel as chunks under `<topic>/chunk/<index>`
@@ -55,6 +57,12 @@ def ps_model_topic(run_id: str) -> str:
 
 def ps_metrics_topic(run_id: str) -> str:
     return f"{run_prefix(run_id)}/{PS_METRICS}"
+
+
+def federation_keys_topic(run_id: str) -> str:
+    """`federation/keys` (retained): the coordinator-signed list of every party's signing key
+    (fedmqtt/transport/signing.py). Only the coordinator's tooling writes it."""
+    return f"{run_prefix(run_id)}/{FEDERATION_KEYS}"
 
 
 def ps_task_topic(run_id: str, site_id: str) -> str:
@@ -127,14 +135,21 @@ class ParsedTopic:
     """A topic taken apart: who it is about and what it carries."""
 
     run_id: str
-    role: str  # "ps" or "site"
-    kind: str  # status | model | metrics | task | turn | update | report
+    role: str  # "ps", "site" or "federation"
+    kind: str  # status | model | metrics | task | turn | update | report | keys
     site_id: str | None = None
     chunk: int | None = None  # set on `<topic>/chunk/<index>`
 
     @property
     def base(self) -> tuple[str, str]:
         return (self.role, self.kind)
+
+    @property
+    def owner(self) -> str:
+        """The one party that may write this topic, and whose signature its messages must carry."""
+        if self.role == "site" and self.site_id:
+            return self.site_id
+        return COORDINATOR if self.role == "federation" else "ps"
 
 
 def parse_topic(topic: str) -> ParsedTopic:
@@ -155,6 +170,8 @@ def parse_topic(topic: str) -> ParsedTopic:
         return ParsedTopic(base.run_id, base.role, base.kind, base.site_id, int(index))
     if rest[0] == "ps" and len(rest) == 2 and rest[1] in ("status", "model", "metrics"):
         return ParsedTopic(run_id, "ps", rest[1])
+    if "/".join(rest) == FEDERATION_KEYS:
+        return ParsedTopic(run_id, "federation", "keys")
     if rest[0] == "ps" and len(rest) == 3 and rest[1] in ("task", "turn"):
         return ParsedTopic(run_id, "ps", rest[1], validate_id(rest[2], what="site id"))
     if rest[0] == "site" and len(rest) == 3 and rest[2] in SITE_KINDS:

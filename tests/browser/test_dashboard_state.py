@@ -14,15 +14,24 @@ from fedmqtt.dashboard.server import CSP, check_exposure
 from fedmqtt.dashboard.state import RunView
 from fedmqtt.errors import FedMqttError
 from fedmqtt.transport import topics
+from fedmqtt.transport.signing import FederationKeys
 from schemas import messages as m
 from schemas.codec import encode
 
 RUN = "dash-unit"
 MAX = 1 << 20
+KEYS = FederationKeys(RUN, ["ps", "a", "b", "c"])
+
+
+def _live() -> RunView:
+    """A live view, verifying what arrives with the observer's key list."""
+    return RunView(run_id=RUN, keys=KEYS.identity("observer").ring)
 
 
 def _feed(view: RunView, topic: str, msg: object, now: float = 100.0) -> None:
-    view.on_message(topic, encode(msg), now=now, max_bytes=MAX)
+    """`msg` as the topic's owner signs and publishes it."""
+    owner = topics.parse_topic(topic).owner
+    view.on_message(topic, KEYS.identity(owner).seal(topic, encode(msg)), now=now, max_bytes=MAX)
 
 
 def _metrics(r: int, sites: tuple[str, ...], loss: float, phase: str = "train") -> m.RoundMetrics:
@@ -32,7 +41,7 @@ def _metrics(r: int, sites: tuple[str, ...], loss: float, phase: str = "train") 
 
 
 def test_live_view_accumulates_rounds_and_says_history_is_missing() -> None:
-    view = RunView(run_id=RUN)
+    view = _live()
     _feed(view, topics.ps_status_topic(RUN), m.DaemonStatus(
         run_id=RUN, sender="ps", round=3, state="training", algorithm="fedavg", rounds_total=10,
         sites_expected=("a", "b"), sites_online=("a", "b"), waiting_for=("b",), rejected={"b": {"schema": 2}},
@@ -55,18 +64,29 @@ def test_live_view_accumulates_rounds_and_says_history_is_missing() -> None:
 
 
 def test_a_site_cannot_speak_for_another_and_other_runs_are_dropped() -> None:
-    view = RunView(run_id=RUN)
+    view = _live()
     _feed(view, topics.site_status_topic(RUN, "a"), m.SiteStatus(run_id=RUN, sender="b", round=0, state="error"))
     _feed(view, topics.site_status_topic("other", "a"),
           m.SiteStatus(run_id="other", sender="a", round=0, state="online"))
     assert view.sites == {} and view.invalid == 2
 
 
+def test_an_unsigned_or_forged_status_is_counted_never_shown() -> None:
+    """The dashboard verifies like any receiver: a status without the owner's signature changes nothing."""
+    view = _live()
+    topic = topics.ps_status_topic(RUN)
+    status = encode(m.DaemonStatus(run_id=RUN, sender="ps", round=7, state="done"))
+    view.on_message(topic, status, now=1.0, max_bytes=MAX)  # unsigned
+    view.on_message(topic, KEYS.identity("a").seal(topic, status), now=1.0, max_bytes=MAX)  # a site's key
+    assert view.ps_state == "unknown" and view.invalid == 2
+    assert view.invalid_reasons == {"unsigned": 1, "wrong signer": 1}
+
+
 @settings(max_examples=200, deadline=None)
 @given(kind=st.sampled_from(["ps/status", "ps/metrics", "site/a/status", "site/a/update"]),
        payload=st.binary(max_size=300))
 def test_garbage_is_counted_never_raised_or_shown(kind: str, payload: bytes) -> None:
-    view = RunView(run_id=RUN)
+    view = _live()
     view.on_message(f"{topics.run_prefix(RUN)}/{kind}", payload, now=1.0, max_bytes=MAX)
     snap = view.snapshot(now=2.0)
     assert snap["sites"] == [] and snap["rounds"] == [] and snap["ps"]["state"] == "unknown"
@@ -92,7 +112,7 @@ def _status(state: str, **kw: object) -> m.DaemonStatus:
 
 
 def test_quorum_and_min_sites_come_from_ps_status() -> None:
-    view = RunView(run_id=RUN)
+    view = _live()
     assert view.snapshot(now=1.0)["status"] == "waiting"  # nothing from the PS yet
     _feed(view, topics.ps_status_topic(RUN), _status("training", quorum=2, min_sites=3))
     snap = view.snapshot(now=1.0)
@@ -103,7 +123,7 @@ def test_quorum_and_min_sites_come_from_ps_status() -> None:
 def test_each_sites_last_update_size_and_compute_time_come_live_from_ps_metrics() -> None:
     """Observers may not read updates, so ps/metrics repeats what each accepted one cost and weighed."""
     # Prepare
-    view = RunView(run_id=RUN)
+    view = _live()
     usage = m.ResourceUsage(device="cpu", wall_s=1.5, cpu_s=1.25)
     msg = _metrics(1, ("a", "b"), 0.7).model_copy(update={"usage": {"a": usage}, "update_bytes": {"a": 4096, "b": 10}})
     # Execute
@@ -116,7 +136,7 @@ def test_each_sites_last_update_size_and_compute_time_come_live_from_ps_metrics(
 
 
 def test_status_says_live_finished_or_offline() -> None:
-    view = RunView(run_id=RUN)
+    view = _live()
     for ps_state, shown in (("waiting_for_sites", "live"), ("evaluating", "live"), ("offline", "offline"),
                             ("training", "live"), ("error", "error"), ("done", "finished")):
         _feed(view, topics.ps_status_topic(RUN), _status(ps_state))

@@ -112,7 +112,7 @@ class CliFederation:
             t.connect()
             run = self.layout.run_id
             t.subscribe([topics.ps_metrics_topic(run), topics.ps_status_topic(run)])
-            self.observer = Channel(t, run_id=run, sender="observer")
+            self.observer = Channel(t, run_id=run, identity=self.layout.identity("observer"))
         return self.observer
 
     def wait_message(self, predicate: Callable[[object], bool], timeout_s: float, what: str) -> object:

@@ -1,4 +1,5 @@
-"""Bad input from a real MQTT client holding a site's own credentials: rejected, named, run unharmed."""
+"""Bad input from a real MQTT client holding a site's own credentials (broker login and signing key): rejected,
+named, run unharmed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from fedmqtt.transport import topics
+from fedmqtt.transport.signing import Identity
 from schemas import messages as m
 from schemas.codec import decode, encode
 from schemas.tensors import TensorBlob
@@ -18,7 +20,7 @@ from schemas.tensors import TensorBlob
 pytestmark = pytest.mark.e2e
 
 
-def _retained_model(client: mqtt.Client, run_id: str) -> m.GlobalModel:
+def _retained_model(client: mqtt.Client, run_id: str, me: Identity) -> m.GlobalModel:
     got: list[bytes] = []
     ready = threading.Event()
 
@@ -29,13 +31,14 @@ def _retained_model(client: mqtt.Client, run_id: str) -> m.GlobalModel:
     client.on_message = on_message
     client.subscribe(topics.ps_model_topic(run_id), qos=2)
     assert ready.wait(60), "no retained model"
-    model = decode(got[0])
+    model = decode(me.ring.open(topics.ps_model_topic(run_id), "ps", got[0], max_bytes=1 << 26))
     assert isinstance(model, m.GlobalModel)
     return model
 
 
-def _publish(client: mqtt.Client, topic: str, payload: bytes) -> None:
-    client.publish(topic, payload, qos=2, retain=True).wait_for_publish(10)
+def _publish(client: mqtt.Client, topic: str, payload: bytes, me: Identity) -> None:
+    """`payload` signed with the credentials' own key, so the PS judges what it says."""
+    client.publish(topic, me.seal(topic, payload), qos=2, retain=True).wait_for_publish(10)
 
 
 def test_ps_rejects_bad_updates_and_finishes(cli_federation, paho_client) -> None:
@@ -46,10 +49,11 @@ def test_ps_rejects_bad_updates_and_finishes(cli_federation, paho_client) -> Non
     fed.start_ps()
     fed.start_site("hungary")
     intruder = paho_client(fed.layout.settings("cleveland"))
+    me = fed.layout.identity("cleveland")
     # A valid "online" status from cleveland's credentials lets the PS start round 1.
     _publish(intruder, topics.site_status_topic("e2e-bad", "cleveland"),
-             encode(m.SiteStatus(run_id="e2e-bad", sender="cleveland", round=0, state="online")))
-    model = _retained_model(intruder, "e2e-bad")
+             encode(m.SiteStatus(run_id="e2e-bad", sender="cleveland", round=0, state="online")), me)
+    model = _retained_model(intruder, "e2e-bad", me)
     update_topic = topics.site_update_topic("e2e-bad", "cleveland")
     good = m.ClientUpdate(run_id="e2e-bad", sender="cleveland", round=1, session=model.session,
                           base_model_hash=model.model_hash,
@@ -60,12 +64,12 @@ def test_ps_rejects_bad_updates_and_finishes(cli_federation, paho_client) -> Non
     small = TensorBlob.from_numpy(model.tensors[0].name, np.zeros(3, np.float32))
     wrong_shape = good.model_copy(update={"tensors": (small, *model.tensors[1:])})
     # Execute
-    _publish(intruder, topics.site_status_topic("e2e-bad", "cleveland"), b"{not json")
-    _publish(intruder, update_topic, b"\x00garbage\xff")
-    _publish(intruder, update_topic, msgpack.packb(dict(raw, schema_version=2)))
-    _publish(intruder, update_topic, msgpack.packb(nan))
-    _publish(intruder, update_topic, encode(good.model_copy(update={"sender": "hungary"})))
-    _publish(intruder, update_topic, encode(wrong_shape))
+    _publish(intruder, topics.site_status_topic("e2e-bad", "cleveland"), b"{not json", me)
+    _publish(intruder, update_topic, b"\x00garbage\xff", me)
+    _publish(intruder, update_topic, msgpack.packb(dict(raw, schema_version=2)), me)
+    _publish(intruder, update_topic, msgpack.packb(nan), me)
+    _publish(intruder, update_topic, encode(good.model_copy(update={"sender": "hungary"})), me)
+    _publish(intruder, update_topic, encode(wrong_shape), me)
     # One connection per login (the broker forces client id = user name): the intruder leaves before the real
     # cleveland agent logs in, or the two would push each other off.
     intruder.disconnect()

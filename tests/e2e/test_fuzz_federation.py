@@ -1,4 +1,5 @@
-"""Property: whatever invalid messages a party with one site's real credentials publishes during a real run
+"""Property: whatever invalid messages a party with one site's real credentials (broker login and signing key)
+publishes, signed with that key, during a real run
 (broker, PS and site processes), the PS never crashes, refuses and logs every one of them with its reason, and
 the run ends with a final model bit-identical to the same run without that party.
 
@@ -33,6 +34,7 @@ from broker.process import find_mosquitto
 from fedmqtt.demo import DEMO_MODEL
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.transport import topics
+from fedmqtt.transport.signing import Identity
 from schemas import messages as m
 from schemas.codec import decode, encode
 from schemas.tensors import TensorBlob
@@ -148,10 +150,12 @@ def _build(how: str, arg: Any, live: m.GlobalModel | None) -> bytes:
 
 
 class _Intruder:
-    """A real paho client with the hostile site's own credentials; remembers the newest global model."""
+    """A real paho client with the hostile site's own credentials; signs what it sends with the site's own key and
+    remembers the newest global model."""
 
-    def __init__(self, client: mqtt.Client) -> None:
+    def __init__(self, client: mqtt.Client, me: Identity) -> None:
         self.client = client
+        self.me = me
         self.model: m.GlobalModel | None = None
         self.seen_model = threading.Event()
         client.on_message = self._on_message
@@ -159,7 +163,8 @@ class _Intruder:
 
     def _on_message(self, _c, _u, msg) -> None:  # noqa: ANN001
         if msg.payload:
-            model = decode(msg.payload, max_bytes=64 * 1024 * 1024)
+            body = self.me.ring.open(msg.topic, "ps", msg.payload, max_bytes=64 * 1024 * 1024)
+            model = decode(body, max_bytes=64 * 1024 * 1024)
             if isinstance(model, m.GlobalModel):
                 self.model = model
                 self.seen_model.set()
@@ -167,7 +172,7 @@ class _Intruder:
     def publish(self, kind: str, payload: bytes, *, retain: bool = False) -> None:
         topic = {"status": topics.site_status_topic(RUN, MALLORY), "update": topics.site_update_topic(RUN, MALLORY),
                  "report": topics.site_report_topic(RUN, MALLORY)}[kind]
-        info = self.client.publish(topic, payload, qos=2, retain=retain)
+        info = self.client.publish(topic, self.me.seal(topic, payload), qos=2, retain=retain)
         info.wait_for_publish(10)
         assert info.is_published(), f"broker did not take a message on {topic}"
 
@@ -205,7 +210,7 @@ def test_hostile_messages_during_a_real_run_change_nothing(clean_model, mosquitt
     try:
         fed.start_broker()
         fed.start_ps()
-        intruder = _Intruder(_connect(fed))
+        intruder = _Intruder(_connect(fed), fed.layout.identity(MALLORY))
         # Mallory says it is offline (a valid, retained message), so rounds do not wait for it; everything after
         # is hostile, published once the PS listens.
         intruder.publish("status", encode(m.SiteStatus(run_id=RUN, sender=MALLORY, round=0, state="offline")),

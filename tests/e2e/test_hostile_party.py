@@ -1,4 +1,5 @@
-"""A party holding one site's valid credentials tries what crashed or altered the federation before.
+"""A party holding one site's valid credentials (its broker login and its signing key) tries what crashed or
+altered the federation before.
 
 Every message below once crashed the PS, made it crash-loop on `--resume`, altered the aggregate, left files on
 disk for ever or made the PS allocate a gigabyte. Now each is refused with a logged reason and counted per site in
@@ -21,6 +22,7 @@ import pytest
 from harness import CliFederation
 
 from fedmqtt.transport import topics
+from fedmqtt.transport.signing import Identity
 from schemas import messages as m
 from schemas.chunks import ChunkManifest, TensorEntry, root_digest
 from schemas.codec import decode, encode
@@ -32,13 +34,14 @@ SITES = ("cleveland", "hungary")
 MALLORY = "cleveland"  # its agent never runs: a client with its credentials plays it
 
 
-def _publish(client: mqtt.Client, topic: str, payload: bytes) -> None:
-    info = client.publish(topic, payload, qos=2, retain=True)
+def _publish(client: mqtt.Client, topic: str, payload: bytes, signer: Identity | None = None) -> None:
+    """Publish `payload`, signed by `signer` (the credentials' own key: signing does not make content valid)."""
+    info = client.publish(topic, payload if signer is None else signer.seal(topic, payload), qos=2, retain=True)
     info.wait_for_publish(10)
     assert info.is_published(), f"broker did not take {topic}"
 
 
-def _retained_model(client: mqtt.Client) -> m.GlobalModel:
+def _retained_model(client: mqtt.Client, me: Identity) -> m.GlobalModel:
     got: list[bytes] = []
     ready = threading.Event()
 
@@ -50,7 +53,7 @@ def _retained_model(client: mqtt.Client) -> m.GlobalModel:
     client.on_message = on_message
     client.subscribe(topics.ps_model_topic(RUN), qos=2)
     assert ready.wait(60), "no retained model"
-    model = decode(got[-1])
+    model = decode(me.ring.open(topics.ps_model_topic(RUN), "ps", got[-1], max_bytes=1 << 26))
     assert isinstance(model, m.GlobalModel)
     return model
 
@@ -102,20 +105,21 @@ def _run(fed: CliFederation, paho_client, *, hostile: bool) -> dict[str, np.ndar
     fed.start_broker()
     fed.start_ps()
     mallory = paho_client(fed.layout.settings(MALLORY))
+    me = fed.layout.identity(MALLORY)
     _publish(mallory, topics.site_status_topic(RUN, MALLORY),
-             encode(m.SiteStatus(run_id=RUN, sender=MALLORY, round=0, state="online", n_train=50)))
+             encode(m.SiteStatus(run_id=RUN, sender=MALLORY, round=0, state="online", n_train=50)), me)
     fed.start_site("hungary")
-    model = _retained_model(mallory)
+    model = _retained_model(mallory, me)
     good = m.ClientUpdate(run_id=RUN, sender=MALLORY, round=1, session=model.session, base_model_hash=model.model_hash,
                           tensors=model.tensors, n_samples=50, local_steps=3, msg_id="a" * 32)
     topic = {"status": topics.site_status_topic(RUN, MALLORY), "update": topics.site_update_topic(RUN, MALLORY),
              "report": topics.site_report_topic(RUN, MALLORY)}
     if not hostile:
-        _publish(mallory, topic["update"], encode(good))
+        _publish(mallory, topic["update"], encode(good), me)
     else:
         before = _peak_rss_mb(fed.procs["ps"].pid)
         for _what, kind, payload in _hostile_messages(model, good):
-            _publish(mallory, topic[kind], payload)
+            _publish(mallory, topic[kind], payload, me)
         status = fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and sum(
             msg.rejected.get(MALLORY, {}).values()) >= 7, 60, "ps/status counting the refused messages")
         fed.check_alive()
@@ -127,7 +131,7 @@ def _run(fed: CliFederation, paho_client, *, hostile: bool) -> dict[str, np.ndar
         fed.kill("ps")
         fed.start_ps(resume=True)
     fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and msg.round >= 2, 120, "round 1 closed")
-    _publish(mallory, topic["status"], encode(m.SiteStatus(run_id=RUN, sender=MALLORY, round=0, state="offline")))
+    _publish(mallory, topic["status"], encode(m.SiteStatus(run_id=RUN, sender=MALLORY, round=0, state="offline")), me)
     fed.wait_ps_done(120)
     return fed.final_weights()
 

@@ -26,7 +26,7 @@ def _channel(federation, user: str, *filters: str, **settings) -> Channel:
     base = federation.settings(user).model_copy(update=settings)
     tag = f"{user}-{np.random.randint(1 << 30)}"
     ch = Channel.open(lambda **kw: MqttTransport(base, **kw), client_id=tag, will=None,
-                      run_id=federation.run_id, sender=user)
+                      run_id=federation.run_id, identity=federation.layout.identity(user))
     ch.connect(timeout_s=10)
     ch.transport.subscribe(filters)
     return ch

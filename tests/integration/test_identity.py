@@ -98,8 +98,10 @@ def test_intruder_with_own_credentials_cannot_take_over_the_ps(
     run = federation.run_id
     status = topics.ps_status_topic(run)
     victim_id = f"fedmqtt-ps-{run}"
+    me = federation.layout.identity("ps")
     ps = Channel.open(lambda **kw: MqttTransport(federation.settings("ps"), **kw), client_id=victim_id,
-                      will=(status, WILL), run_id=run, sender="ps")
+                      will=(status, WILL), run_id=run, identity=me)
+    will = me.seal(status, WILL)  # what the broker would publish: Channel.open signs the Will (deterministically)
     ps.connect(timeout_s=10)
     watcher, seen = _watch_status(federation)
     try:
@@ -111,7 +113,7 @@ def test_intruder_with_own_credentials_cannot_take_over_the_ps(
         # Assert
         assert ps.transport.connected and ps.bulk.connected
         assert ps.transport.connects == 1 and ps.bulk.connects == 1  # never dropped, never reconnected
-        assert WILL not in list(seen.queue)
+        assert will not in list(seen.queue)
         assert not reason.is_failure
         assert assigned == intruder_user  # the broker replaced the requested id by the intruder's user name
         ps.transport.publish(status, b"still-here")  # and both connections still work
@@ -123,7 +125,7 @@ def test_intruder_with_own_credentials_cannot_take_over_the_ps(
                 payloads.append(seen.get(timeout=0.2))
             except queue.Empty:
                 pass
-        assert b"still-here" in payloads and b"bulk-still-here" in payloads and WILL not in payloads
+        assert b"still-here" in payloads and b"bulk-still-here" in payloads and will not in payloads
         intruder.disconnect()
         intruder.loop_stop()
     finally:

@@ -24,7 +24,7 @@ def _channel(federation, user: str, *filters: str) -> Channel:
     t = MqttTransport(federation.settings(user), client_id=f"{user}-{np.random.randint(1 << 30)}")
     t.connect(timeout_s=10)
     t.subscribe(filters)
-    return Channel(t, run_id=federation.run_id, sender=user)
+    return Channel(t, run_id=federation.run_id, identity=federation.layout.identity(user))
 
 
 def _receive(channel: Channel, kind: type, timeout_s: float = 10.0):
@@ -54,7 +54,8 @@ def test_late_subscriber_gets_the_retained_model(federation) -> None:
 
 
 def test_will_says_offline_when_a_site_process_is_killed(federation) -> None:
-    """SIGKILL of a connected site process makes the broker publish its retained 'offline' status."""
+    """SIGKILL of a connected site process makes the broker publish its retained 'offline' status (signed by the
+    site when it connected, so the PS takes it like any signed status)."""
     # Prepare: a real separate process holding site-a's connection with its Last Will.
     ps = _channel(federation, "ps", topics.any_site_filter(federation.run_id, "status"))
     creds = federation.layout.credentials["site-a"]
@@ -63,14 +64,17 @@ def test_will_says_offline_when_a_site_process_is_killed(federation) -> None:
         from fedmqtt.config_io import load_toml
         from fedmqtt.transport.settings import BrokerSettings
         from fedmqtt.transport.mqtt import MqttTransport
+        from fedmqtt.transport.signing import load_identity
         from fedmqtt.transport import topics
         from schemas import messages as m
         from schemas.codec import encode
         s = load_toml({str(creds)!r}, BrokerSettings, section="broker")
+        me = load_identity({str(creds)!r}, run_id={federation.run_id!r})
         topic = topics.site_status_topic({federation.run_id!r}, "site-a")
         will = encode(m.SiteStatus(run_id={federation.run_id!r}, sender="site-a", round=0, state="offline"))
-        t = MqttTransport(s, client_id="site-a-proc", will=(topic, will)).connect()
-        t.publish(topic, encode(m.SiteStatus(run_id={federation.run_id!r}, sender="site-a", round=0, state="online")))
+        t = MqttTransport(s, client_id="site-a-proc", will=(topic, me.seal(topic, will))).connect()
+        online = m.SiteStatus(run_id={federation.run_id!r}, sender="site-a", round=0, state="online")
+        t.publish(topic, me.seal(topic, encode(online)))
         print("ready", flush=True)
         time.sleep(60)
     """)

@@ -47,6 +47,8 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
     expected = {
         ("ps", "read", f"{P}/#"),
         *(("ps", "write", topic) for topic in ps_writes),
+        ("coordinator", "readwrite", f"{P}/federation/keys"),
+        ("observer", "read", f"{P}/federation/keys"),
         ("observer", "read", f"{P}/ps/status"),
         ("observer", "read", f"{P}/ps/metrics"),
         ("observer", "read", f"{P}/site/+/status"),
@@ -58,6 +60,7 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
         ("site-a", "read", f"{P}/ps/model/chunk/+"),
         ("site-a", "read", f"{P}/ps/task/site-a/chunk/+"),
         ("site-a", "read", f"{P}/ps/turn/site-a"),
+        ("site-a", "read", f"{P}/federation/keys"),
         *_site_writes("site-b"),
         ("site-b", "read", f"{P}/ps/status"),
         ("site-b", "read", f"{P}/ps/model"),
@@ -65,6 +68,7 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
         ("site-b", "read", f"{P}/ps/model/chunk/+"),
         ("site-b", "read", f"{P}/ps/task/site-b/chunk/+"),
         ("site-b", "read", f"{P}/ps/turn/site-b"),
+        ("site-b", "read", f"{P}/federation/keys"),
     }
 
     # Execute
@@ -74,7 +78,7 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
     primary = {rule for rule in _rules(acl) if "." not in rule[0]}
     assert primary == expected
     users = [line.split(" ", 1)[1] for line in acl.splitlines() if line.startswith("user ")]
-    assert [u for u in users if "." not in u] == ["ps", "observer", "site-a", "site-b"]  # sites sorted
+    assert [u for u in users if "." not in u] == ["ps", "coordinator", "observer", "site-a", "site-b"]  # sorted sites
     assert "pattern" not in acl  # patterns would apply to the PS and observer too
 
 
@@ -106,7 +110,7 @@ def test_every_login_of_a_party_has_exactly_the_party_rights() -> None:
     users = [line.split(" ", 1)[1] for line in acl.splitlines() if line.startswith("user ")]
 
     # Assert
-    parties = ["ps", "observer", "site-a", "site-b"]
+    parties = ["ps", "coordinator", "observer", "site-a", "site-b"]
     assert sorted(users) == sorted(name for party in parties for name in login_names(party))
     assert len(users) == len(set(users))
     for party in parties:
@@ -156,6 +160,7 @@ def test_acl_topics_all_come_from_the_topic_builders() -> None:
         *(topics.chunk_filter(topics.ps_task_topic(RUN, s)) for s in sites),
         *(topics.chunk_filter(topics.site_update_topic(RUN, s)) for s in sites),
         *(topics.ps_turn_topic(RUN, s) for s in sites),
+        topics.federation_keys_topic(RUN),
     }
 
     # Execute
@@ -166,13 +171,14 @@ def test_acl_topics_all_come_from_the_topic_builders() -> None:
 
 
 def test_acl_custom_ps_and_observer_user_names() -> None:
-    """The PS and observer blocks use the user names passed in."""
+    """The PS, observer and coordinator blocks use the user names passed in."""
     # Execute
-    rules = _rules(render_acl(RUN, ["site-a"], ps_user="coordinator", observer_user="dashboard"))
+    rules = _rules(render_acl(RUN, ["site-a"], ps_user="server", observer_user="dashboard", coordinator_user="keys"))
 
     # Assert
-    assert ("coordinator", "read", f"{P}/#") in rules
-    assert ("coordinator", "write", f"{P}/ps/status") in rules
+    assert ("server", "read", f"{P}/#") in rules
+    assert ("server", "write", f"{P}/ps/status") in rules
+    assert ("keys", "readwrite", f"{P}/federation/keys") in rules
     assert ("dashboard", "read", f"{P}/ps/metrics") in rules
 
 

@@ -4,6 +4,7 @@ else on that topic is refused and counted like any bad message."""
 from __future__ import annotations
 
 import pytest
+from signed_wire import identity
 
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import BridgeState, Channel
@@ -14,7 +15,8 @@ RUN = "r1"
 
 
 def _channel() -> Channel:
-    return Channel(MemoryTransport(MemoryBroker(), SIMULATION_SETTINGS, client_id="ps"), run_id=RUN, sender="ps")
+    return Channel(MemoryTransport(MemoryBroker(), SIMULATION_SETTINGS, client_id="ps"), run_id=RUN,
+                   identity=identity(RUN, "ps"))
 
 
 @pytest.mark.parametrize(("payload", "up"), [(b"1", True), (b"0", False)])

@@ -1,9 +1,12 @@
-"""check_message: a payload is accepted only on its own topic, from its own sender, in this run."""
+"""check_message: a payload is accepted only on its own topic, from its own sender, in this run. Every payload here
+is signed by the party that may write its topic (tests/unit/test_signatures.py covers the signature itself), so
+each test reaches the check it is about."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from signed_wire import ring, signed
 
 from fedmqtt.errors import SchemaError, TopicError
 from fedmqtt.transport import topics as t
@@ -14,6 +17,11 @@ from schemas.tensors import arrays_to_blobs
 
 RUN = "r1"
 MAX = 1 << 20
+
+
+def _check(topic: str, message: object, *, max_bytes: int = MAX):  # noqa: ANN202
+    """check_message of `message` as the topic's owner signs and publishes it."""
+    return check_message(topic, signed(RUN, topic, encode(message)), run_id=RUN, max_bytes=max_bytes, keys=ring(RUN))
 
 
 def _update(sender: str = "site-a", run_id: str = RUN) -> m.ClientUpdate:
@@ -57,7 +65,7 @@ def test_accepts_an_update_from_its_own_site() -> None:
     topic = t.site_update_topic(RUN, "site-a")
     update = _update()
     # Execute
-    parsed, message = check_message(topic, encode(update), run_id=RUN, max_bytes=MAX)
+    parsed, message = _check(topic, update)
     # Assert
     assert (parsed.run_id, parsed.role, parsed.kind, parsed.site_id) == (RUN, "site", "update", "site-a")
     assert message == update
@@ -79,7 +87,7 @@ def test_accepts_an_update_from_its_own_site() -> None:
 )
 def test_accepts_each_kind_on_its_topic(topic: str, message: object) -> None:
     """Well-formed messages on their own topics are accepted."""
-    _, got = check_message(topic, encode(message), run_id=RUN, max_bytes=MAX)
+    _, got = _check(topic, message)
     assert got == message
 
 
@@ -156,7 +164,7 @@ def test_rejects_and_names_the_problem(
 ) -> None:
     """Spoofed, misplaced or foreign messages raise an error whose text says why."""
     with pytest.raises(error) as info:
-        check_message(topic, encode(message), run_id=RUN, max_bytes=MAX)
+        _check(topic, message)
     assert needle in str(info.value)
 
 
@@ -164,15 +172,15 @@ def test_rejects_garbage_and_oversized_payloads() -> None:
     """Undecodable bytes and payloads over max_bytes are SchemaErrors, never exceptions of other types."""
     topic = t.site_update_topic(RUN, "site-a")
     with pytest.raises(SchemaError, match="malformed payload"):
-        check_message(topic, b"\xc1\xc1", run_id=RUN, max_bytes=MAX)
+        check_message(topic, signed(RUN, topic, b"\xc1\xc1"), run_id=RUN, max_bytes=MAX, keys=ring(RUN))
     with pytest.raises(SchemaError, match="exceeds the budget of 64 bytes"):
-        check_message(topic, encode(_update()), run_id=RUN, max_bytes=64)
+        _check(topic, _update(), max_bytes=64)
 
 
 def test_rejects_a_topic_outside_the_table() -> None:
     """A topic that is not in the topic table is a TopicError before the payload is read."""
     with pytest.raises(TopicError, match="unknown fedmqtt topic"):
-        check_message("fedmqtt/v1/r1/site/site-a/secrets", b"", run_id=RUN, max_bytes=MAX)
+        check_message("fedmqtt/v1/r1/site/site-a/secrets", b"", run_id=RUN, max_bytes=MAX, keys=ring(RUN))
 
 
 @pytest.mark.parametrize(("topic", "message", "category"), [
@@ -191,5 +199,5 @@ def test_each_refusal_has_a_stable_category(topic: str, message: object, categor
     from fedmqtt.transport.channel import rejection_category
 
     with pytest.raises((SchemaError, TopicError)) as info:
-        check_message(topic, encode(message), run_id=RUN, max_bytes=MAX)
+        _check(topic, message)
     assert rejection_category(info.value) == category

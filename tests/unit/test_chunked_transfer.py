@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from signed_wire import identity, signed
 
 from fedmqtt.errors import TopicError
 from fedmqtt.transport import topics
@@ -19,6 +20,7 @@ from fedmqtt.transport.memory import SIMULATION_SETTINGS, MemoryBroker, MemoryTr
 from schemas import messages as m
 from schemas.chunks import MAX_CHUNKED_BYTES, MAX_CHUNKS, Chunk, ChunkManifest, chunk_digest, root_digest
 from schemas.codec import WireError, decode, encode
+from schemas.envelope import unseal
 from schemas.tensors import arrays_to_blobs, tensors_hash
 
 RUN = "run-1"
@@ -50,13 +52,18 @@ def _pair(broker: MemoryBroker, clock: Clock | None = None) -> tuple[Channel, Ch
     def factory(**kw):
         return MemoryTransport(broker, SETTINGS, **kw)
 
-    ps = Channel.open(factory, client_id="ps", will=None, run_id=RUN, sender="ps")
-    site = Channel.open(factory, client_id="site", will=None, run_id=RUN, sender="site-a")
+    ps = Channel.open(factory, client_id="ps", will=None, run_id=RUN, identity=identity(RUN, "ps"))
+    site = Channel.open(factory, client_id="site", will=None, run_id=RUN, identity=identity(RUN, "site-a"))
     for ch in (ps, site):
         ch.connect()
         if clock is not None:
             ch.fetcher.clock = clock
     return ps, site
+
+
+def _opened(payload: bytes):  # noqa: ANN202
+    """A retained (signed) message or manifest, decoded after taking its signature off."""
+    return decode(unseal(payload, max_bytes=1 << 20)[1], max_bytes=1 << 20)
 
 
 def _drain(channel: Channel, polls: int = 400) -> list:
@@ -85,7 +92,7 @@ def test_large_model_crosses_as_chunks_and_arrives_bit_identical() -> None:
     # Assert: one message, same bytes; chunks retained; on-wire overhead small
     assert len(got) == 1 and encode(got[0]) == encode(model)
     assert len(_chunk_topics(broker)) == math.ceil(size / CHUNK)
-    assert isinstance(decode(broker.retained[MODEL_TOPIC], max_bytes=1 << 20), ChunkManifest)
+    assert isinstance(_opened(broker.retained[MODEL_TOPIC]), ChunkManifest)  # one signature per transfer
     assert size < sent < size * 1.35  # ~200 B of header per 1 KiB chunk here; 0.01% at the default 2 MiB
     assert site.fetcher.stats.completed == 1 and site.fetcher.stats.failed == 0
     assert not [f for f in site.bulk.filters if "/chunk/" in f]  # every chunk subscription was dropped
@@ -96,7 +103,7 @@ def test_small_messages_are_not_chunked() -> None:
     ps, _ = _pair(broker)
     ps.send(MODEL_TOPIC, _model(n=10))
     assert _chunk_topics(broker) == []
-    assert isinstance(decode(broker.retained[MODEL_TOPIC]), m.GlobalModel)
+    assert isinstance(_opened(broker.retained[MODEL_TOPIC]), m.GlobalModel)
 
 
 def test_the_fetch_window_bounds_the_chunks_asked_for_at_once() -> None:
@@ -240,7 +247,7 @@ def test_manifest_over_the_budget_is_refused_before_any_download(caplog) -> None
     huge = ChunkManifest(run_id=RUN, sender="ps", round=1, inner_kind="global_model", transfer_id="t" * 32,
                          total_bytes=MAX_CHUNKS * 8 << 20, chunk_bytes=8 << 20, chunk_sha256=digests,
                          root_sha256=root_digest(digests))
-    broker.retained[MODEL_TOPIC] = encode(huge, max_bytes=1 << 30)
+    broker.retained[MODEL_TOPIC] = signed(RUN, MODEL_TOPIC, encode(huge, max_bytes=1 << 30))
     site.transport.subscribe([MODEL_TOPIC])
     assert _drain(site, 5) == []
     assert not site.fetcher.busy and "exceeds the budget" in caplog.text

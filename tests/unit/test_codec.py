@@ -15,6 +15,7 @@ from schemas import messages as m
 from schemas.chunks import Chunk, ChunkManifest, TensorEntry, chunk_digest, root_digest
 from schemas.codec import decode, encode, json_schemas, pack
 from schemas.messages import TEXT_KINDS
+from schemas.signed import KeyList, PartyKey
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays, tensors_hash
 
 RUN = "r1"
@@ -120,6 +121,8 @@ def _all_messages() -> list[BaseModel]:
         ),
         _manifest(),
         Chunk(run_id=RUN, sender="ps", round=1, transfer_id="t" * 32, index=0, data=b"\x01" * 2048),
+        KeyList(run_id=RUN, sender="coordinator", round=0, version=3,
+                keys={"ps": PartyKey(ed25519="A" * 43), "site-a": PartyKey(ed25519="b-_" * 14 + "c")}),
     ]
 
 
@@ -166,9 +169,9 @@ def test_round_trip_equals(message: BaseModel) -> None:
 
 @pytest.mark.parametrize("message", ALL, ids=lambda msg: msg.kind)
 def test_observer_kinds_are_json_and_the_rest_msgpack(message: BaseModel) -> None:
-    """site_status, daemon_status and round_metrics are JSON text; tensor-carrying kinds are msgpack."""
+    """site_status, daemon_status, round_metrics and key_list are JSON text; tensor-carrying kinds are msgpack."""
     data = encode(message)
-    if message.kind in {"site_status", "daemon_status", "round_metrics"}:
+    if message.kind in {"site_status", "daemon_status", "round_metrics", "key_list"}:
         assert data[:1] == b"{"
         assert json.loads(data.decode("utf-8"))["kind"] == message.kind
     else:
@@ -177,8 +180,8 @@ def test_observer_kinds_are_json_and_the_rest_msgpack(message: BaseModel) -> Non
 
 
 def test_text_kinds_constant_matches_the_observer_kinds() -> None:
-    """TEXT_KINDS names exactly the three observer-facing kinds."""
-    assert TEXT_KINDS == {"site_status", "daemon_status", "round_metrics"}
+    """TEXT_KINDS names exactly the three observer-facing kinds and the key list (observers verify with it)."""
+    assert TEXT_KINDS == {"site_status", "daemon_status", "round_metrics", "key_list"}
 
 
 def test_tensors_survive_the_round_trip_bit_identical() -> None:

@@ -126,7 +126,7 @@ def test_qos_and_retention_as_documented(federation, paho_client) -> None:
     settings = federation.settings("ps").model_copy(update={"chunk_threshold_bytes": MIN_CHUNK_BYTES,
                                                             "chunk_bytes": MIN_CHUNK_BYTES})
     ps = Channel.open(lambda **kw: MqttTransport(settings, **kw), client_id="ps-docs", will=None, run_id=run,
-                      sender="ps")
+                      identity=federation.layout.identity("ps"))
     ps.connect(timeout_s=10)
     blobs = arrays_to_blobs({"w": np.arange(2048, dtype=np.float32)})
     model = m.GlobalModel(run_id=run, sender="ps", round=1, model=m.ModelSpec(name="mlp"),

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from signed_wire import identity, ring, signed
 
 from fedmqtt.errors import SchemaError, TopicError
 from fedmqtt.transport import topics
@@ -33,6 +34,7 @@ from schemas import codec
 from schemas import messages as m
 from schemas.chunks import Chunk, ChunkManifest, TensorEntry, chunk_digest, root_digest
 from schemas.codec import MAX_DEPTH, WireError, decode, encode, json_depth
+from schemas.signed import KeyList, PartyKey
 from schemas.tensors import TensorBlob, all_finite, arrays_to_blobs
 
 RUN = "run-1"
@@ -93,6 +95,7 @@ def _examples() -> list[BaseModel]:
                        train_loss=0.3, duration_s=4.25),
         _manifest(),
         Chunk(run_id=RUN, sender="ps", round=1, transfer_id="t" * 32, index=0, data=b"\x01" * 2048),
+        KeyList(run_id=RUN, sender="coordinator", round=0, version=2, keys={"ps": PartyKey(ed25519="A" * 43)}),
     ]
 
 
@@ -369,16 +372,18 @@ def test_depth_limit_is_exact_for_json_and_msgpack() -> None:
 
 def test_a_100000_deep_status_document_is_refused_without_recursion() -> None:
     """The reported crash: a deeply nested JSON document retained on a site's own status topic."""
+    topic = topics.site_status_topic(RUN, "site-a")
     payload = b'{"kind": "site_status", "detail": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    with pytest.raises(WireError) as info:
-        check_message(topics.site_status_topic(RUN, "site-a"), payload, run_id=RUN, max_bytes=MAX)
+    with pytest.raises(WireError) as info:  # signed by site-a itself: its key does not make the content safe
+        check_message(topic, signed(RUN, topic, payload), run_id=RUN, max_bytes=MAX, keys=ring(RUN))
     assert info.value.category == "too deep"
 
 
 def test_a_topic_of_thousands_of_chunk_levels_is_a_topic_error_not_a_recursion() -> None:
     topic = topics.site_update_topic(RUN, "site-a") + "/chunk/0" * 3000  # a site may write site/<id>/#
     with pytest.raises(TopicError, match="not a fedmqtt topic"):
-        check_message(topic, encode(next(e for e in EXAMPLES if e.kind == "chunk")), run_id=RUN, max_bytes=MAX)
+        check_message(topic, encode(next(e for e in EXAMPLES if e.kind == "chunk")), run_id=RUN, max_bytes=MAX,
+                      keys=ring(RUN))
 
 
 def test_finite_check_covers_every_block_of_a_large_tensor() -> None:
@@ -470,7 +475,7 @@ def _ps_channel(broker: MemoryBroker | None = None, **kw: Any) -> Channel:
     def factory(**f: Any) -> MemoryTransport:
         return MemoryTransport(broker, SMALL, **f)
 
-    ps = Channel.open(factory, client_id="ps", will=None, run_id=RUN, sender="ps")
+    ps = Channel.open(factory, client_id="ps", will=None, run_id=RUN, identity=identity(RUN, "ps"))
     ps.admit_manifest = kw.get("admit_manifest")
     ps.connect()
     return ps
@@ -498,11 +503,18 @@ def _hostile_payloads() -> st.SearchStrategy[bytes]:
         st.sampled_from(EXAMPLES).map(encode))
 
 
+def _as_owner(topic: str, payload: bytes) -> bytes:
+    """`payload` signed by the party that may write `topic` (a hostile party signs its own hostile messages)."""
+    return signed(RUN, topic, payload) if _OWNERS[topic] != "?" and payload else payload
+
+
 @CHANNEL_FUZZ
-@given(st.lists(st.tuples(_TOPICS, _hostile_payloads(), st.booleans()), min_size=1, max_size=8))
+@given(st.lists(st.tuples(_TOPICS, _hostile_payloads(), st.booleans(), st.booleans()), min_size=1, max_size=8))
 def test_channel_accept_never_raises_and_counts_every_rejection_per_site(batch: list) -> None:
+    """Hostile payloads, most signed with the valid key of the topic's owner, some unsigned."""
     ps = _ps_channel()
-    for topic, payload, retain in batch:
+    for topic, hostile, retain, sign in batch:
+        payload = _as_owner(topic, hostile) if sign else hostile
         owner = _OWNERS[topic]
         before = (sum(ps.stats.rejected.values()), ps.stats.duplicates,
                   sum(ps.stats.rejected_by_site.get(owner, {}).values()))
@@ -525,29 +537,33 @@ def test_channel_accept_never_raises_and_counts_every_rejection_per_site(batch: 
 def test_rejections_are_counted_by_the_topic_owner_and_logged_once(caplog) -> None:
     ps = _ps_channel()
     deep = b'{"kind": "site_status", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
-    ps.accept(RawMessage(topics.site_status_topic(RUN, "site-b"), deep, True))
-    ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"), b"\xc1", False))
+    status_b, update_a = topics.site_status_topic(RUN, "site-b"), topics.site_update_topic(RUN, "site-a")
+    ps.accept(RawMessage(status_b, signed(RUN, status_b, deep), True))
+    ps.accept(RawMessage(update_a, signed(RUN, update_a, b"\xc1"), False))
+    ps.accept(RawMessage(update_a, b"\xc1", False))
     ps.accept(RawMessage("fedmqtt/v1/run-1/nowhere/at/all", b"\x00", False))
     forged = m.ClientUpdate(run_id=RUN, sender="site-b", round=1, base_model_hash="h", tensors=_blobs(),
                             n_samples=1, local_steps=1)
-    ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"), encode(forged), False))
-    assert ps.stats.rejected_by_site == {"site-b": {"too deep": 1}, "site-a": {"malformed": 1, "wrong sender": 1},
+    ps.accept(RawMessage(update_a, signed(RUN, update_a, encode(forged)), False))
+    assert ps.stats.rejected_by_site == {"site-b": {"too deep": 1},
+                                         "site-a": {"malformed": 1, "unsigned": 1, "wrong sender": 1},
                                          "?": {"bad topic": 1}}
     lines = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert len(lines) == 4 and all(len(r.getMessage()) < 1500 for r in lines)
+    assert len(lines) == 5 and all(len(r.getMessage()) < 1500 for r in lines)
 
 
 def test_a_site_cannot_suppress_another_partys_message_by_reusing_its_id() -> None:
     ps = _ps_channel()
     base = dict(run_id=RUN, round=1, base_model_hash="h", tensors=_blobs(), n_samples=1, local_steps=1,
                 msg_id="same-id-123")
-    first = ps.accept(RawMessage(topics.site_update_topic(RUN, "site-b"),
-                                 encode(m.ClientUpdate(sender="site-b", **base)), False))
-    second = ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"),
-                                  encode(m.ClientUpdate(sender="site-a", **base)), False))
+    update_a, update_b = topics.site_update_topic(RUN, "site-a"), topics.site_update_topic(RUN, "site-b")
+    first = ps.accept(RawMessage(update_b, signed(RUN, update_b, encode(m.ClientUpdate(sender="site-b", **base))),
+                                 False))
+    second = ps.accept(RawMessage(update_a, signed(RUN, update_a, encode(m.ClientUpdate(sender="site-a", **base))),
+                                  False))
     assert first is not None and second is not None
-    replay = ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"),
-                                  encode(m.ClientUpdate(sender="site-a", **base)), False))
+    replay = ps.accept(RawMessage(update_a, signed(RUN, update_a, encode(m.ClientUpdate(sender="site-a", **base))),
+                                  False))
     assert replay is None and ps.stats.duplicates == 1
 
 
@@ -555,15 +571,17 @@ def test_a_flood_of_new_ids_does_not_evict_another_partys_ids() -> None:
     """The de-duplication window is per topic owner: site-a sending many messages cannot make a retained
     replay of site-b's update look new."""
     broker = MemoryBroker()
-    ps = Channel(MemoryTransport(broker, SMALL, client_id="ps"), run_id=RUN, sender="ps", dedupe_window=8)
+    ps = Channel(MemoryTransport(broker, SMALL, client_id="ps"), run_id=RUN, identity=identity(RUN, "ps"),
+                 dedupe_window=8)
     status_b = topics.site_update_topic(RUN, "site-b")
-    b_update = encode(m.ClientUpdate(run_id=RUN, sender="site-b", round=1, base_model_hash="h", tensors=_blobs(),
-                                     n_samples=1, local_steps=1))
+    b_update = signed(RUN, status_b, encode(m.ClientUpdate(run_id=RUN, sender="site-b", round=1, base_model_hash="h",
+                                                           tensors=_blobs(), n_samples=1, local_steps=1)))
     assert ps.accept(RawMessage(status_b, b_update, True)) is not None
     for i in range(50):
         flood = m.ClientUpdate(run_id=RUN, sender="site-a", round=1, base_model_hash="h", tensors=_blobs(),
                                n_samples=1, local_steps=1, msg_id=f"flood-{i:04d}")
-        ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"), encode(flood), False))
+        update_a = topics.site_update_topic(RUN, "site-a")
+        ps.accept(RawMessage(update_a, signed(RUN, update_a, encode(flood)), False))
     assert ps.accept(RawMessage(status_b, b_update, True)) is None and ps.stats.duplicates == 1
 
 
@@ -574,11 +592,12 @@ def test_a_manifest_of_tiny_chunks_asks_for_a_bounded_number_of_topics() -> None
     from schemas.chunks import MAX_CHUNKS
 
     wide = SMALL.model_copy(update={"fetch_window_bytes": 64 << 20, "max_payload_bytes": 1 << 30})
-    ps = Channel(MemoryTransport(MemoryBroker(), wide, client_id="ps"), run_id=RUN, sender="ps")
+    ps = Channel(MemoryTransport(MemoryBroker(), wide, client_id="ps"), run_id=RUN, identity=identity(RUN, "ps"))
     ps.connect()
-    ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"), encode(_huge_manifest(MAX_CHUNKS << 10, chunk=1024)),
-                         True))
-    assert ps.fetcher.busy and 0 < len(ps.bulk.filters) <= min(MAX_WINDOW_CHUNKS, MAX_CHUNKS)
+    topic = topics.site_update_topic(RUN, "site-a")
+    ps.accept(RawMessage(topic, _as_owner(topic, encode(_huge_manifest(MAX_CHUNKS << 10, chunk=1024))), True))
+    assert ps.fetcher.busy and 0 < len([f for f in ps.bulk.filters if "/chunk/" in f]) <= min(MAX_WINDOW_CHUNKS,
+                                                                                                  MAX_CHUNKS)
 
 
 def _big_update(n: int = 3000, seed: int = 0, sender: str = "site-a", round_no: int = 1) -> m.ClientUpdate:
@@ -599,9 +618,9 @@ def test_a_1_gib_manifest_costs_almost_nothing() -> None:
     """The reported finding: one 9 kB manifest made the PS allocate the 1 GiB it declared."""
     big = SMALL.model_copy(update={"max_payload_bytes": 1 << 30})
     broker = MemoryBroker()
-    ps = Channel(MemoryTransport(broker, big, client_id="ps"), run_id=RUN, sender="ps")
+    ps = Channel(MemoryTransport(broker, big, client_id="ps"), run_id=RUN, identity=identity(RUN, "ps"))
     ps.connect()
-    payload = encode(_huge_manifest(1 << 30))
+    payload = _as_owner(topics.site_update_topic(RUN, "site-a"), encode(_huge_manifest(1 << 30)))
     assert len(payload) < 20_000
     tracemalloc.start()
     try:
@@ -615,8 +634,8 @@ def test_a_1_gib_manifest_costs_almost_nothing() -> None:
 
 def test_a_manifest_above_max_payload_is_refused_before_fetching() -> None:
     ps = _ps_channel()
-    ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"), encode(_huge_manifest(MAX + 1, chunk=1 << 20)),
-                         True))
+    topic = topics.site_update_topic(RUN, "site-a")
+    ps.accept(RawMessage(topic, _as_owner(topic, encode(_huge_manifest(MAX + 1, chunk=1 << 20))), True))
     assert not ps.fetcher.busy and ps.stats.rejected_by_site == {"site-a": {"too large": 1}}
     assert not ps.bulk.filters  # nothing subscribed
 
@@ -629,8 +648,8 @@ def test_the_admission_hook_refuses_a_manifest_before_any_chunk_is_asked_for() -
         return "round 1 is closed" if manifest.round == 1 else None
 
     ps = _ps_channel(admit_manifest=admit)
-    ps.accept(RawMessage(topics.site_update_topic(RUN, "site-a"), encode(_huge_manifest(MAX // 2, chunk=1 << 16)),
-                         True))
+    topic = topics.site_update_topic(RUN, "site-a")
+    ps.accept(RawMessage(topic, _as_owner(topic, encode(_huge_manifest(MAX // 2, chunk=1 << 16))), True))
     assert seen == [("site-a", 1)] and not ps.fetcher.busy and not ps.bulk.filters
     assert ps.stats.rejected_by_site == {"site-a": {"manifest refused": 1}}
 
@@ -639,17 +658,17 @@ def test_a_senders_queued_transfers_are_bounded_by_configuration() -> None:
     tight = SMALL.model_copy(update={"max_pending_chunk_bytes": MAX, "max_pending_manifests": 2,
                                      "max_payload_bytes": MAX})
     broker = MemoryBroker()
-    ps = Channel(MemoryTransport(broker, tight, client_id="ps"), run_id=RUN, sender="ps")
+    ps = Channel(MemoryTransport(broker, tight, client_id="ps"), run_id=RUN, identity=identity(RUN, "ps"))
     ps.connect()
     update_a, report_a = topics.site_update_topic(RUN, "site-a"), topics.site_report_topic(RUN, "site-a")
-    ps.accept(RawMessage(update_a, encode(_huge_manifest(MAX - 4096, chunk=1 << 16)), True))
+    ps.accept(RawMessage(update_a, _as_owner(update_a, encode(_huge_manifest(MAX - 4096, chunk=1 << 16))), True))
     second = _huge_manifest(8192, chunk=4096).model_copy(update={"inner_kind": "eval_report",
                                                                  "transfer_id": "y" * 32})
-    ps.accept(RawMessage(report_a, encode(second), True))  # MAX - 4096 + 8192 > MAX
+    ps.accept(RawMessage(report_a, _as_owner(report_a, encode(second)), True))  # MAX - 4096 + 8192 > MAX
     assert ps.stats.rejected_by_site == {"site-a": {"over budget": 1}}
     # another site's budget is its own
-    ps.accept(RawMessage(topics.site_update_topic(RUN, "site-b"), encode(_huge_manifest(MAX, "site-b", 1 << 16)),
-                         True))
+    update_b = topics.site_update_topic(RUN, "site-b")
+    ps.accept(RawMessage(update_b, _as_owner(update_b, encode(_huge_manifest(MAX, "site-b", 1 << 16))), True))
     assert "site-b" not in ps.stats.rejected_by_site and len(ps.fetcher.pending) == 1
 
 
@@ -663,8 +682,8 @@ def test_reassembly_holds_no_more_than_the_verified_chunks(rng: random.Random, n
     data = encode(update)
     manifest, chunks = split(data, update, chunk_bytes=SMALL.chunk_bytes)
     topic = topics.site_update_topic(RUN, "site-a")
-    ps = Channel(MemoryTransport(MemoryBroker(), SMALL, client_id="ps"), run_id=RUN, sender="ps")
-    ps.accept(RawMessage(topic, encode(manifest), True))
+    ps = Channel(MemoryTransport(MemoryBroker(), SMALL, client_id="ps"), run_id=RUN, identity=identity(RUN, "ps"))
+    ps.accept(RawMessage(topic, _as_owner(topic, encode(manifest)), True))
     delivered: set[int] = set()
     got = None
     events = [c for c in chunks() if rng.random() >= p_drop]
@@ -691,7 +710,7 @@ def test_a_transfer_trickling_slower_than_the_minimum_rate_gives_up_the_fetch_sl
     update = _big_update(20_000)
     manifest, chunks = split(encode(update), update, chunk_bytes=SMALL.chunk_bytes)
     topic = topics.site_update_topic(RUN, "site-a")
-    ps.accept(RawMessage(topic, encode(manifest), True))
+    ps.accept(RawMessage(topic, _as_owner(topic, encode(manifest)), True))
     limit = ps.fetcher.active.deadline
     for c in list(chunks())[:-1]:  # every chunk but the last, each just before the stall timer fires
         clock[0] += SMALL.chunk_stall_s * 0.9
