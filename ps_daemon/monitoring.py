@@ -21,13 +21,14 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, get_args
 
 from fedmqtt.transport import channel as ch
+from fedmqtt.transport import signing
 from fedmqtt.transport.bulk import TransferStats
 from ps_daemon.config import DaemonConfig
 from ps_daemon.refusals import REFUSAL_CATEGORIES, refusal_category
 from ps_daemon.state import DaemonState, Phase, RoundRecord
 from ps_daemon.status import StatusBoard
 from ps_daemon.turns import UploadTurns
-from schemas import codec
+from schemas import codec, envelope
 
 PHASES: tuple[str, ...] = get_args(Phase)
 OTHER = "other"  # the label of a sender outside the site list, or of a reason not known here
@@ -42,7 +43,8 @@ KNOWN_REASONS: frozenset[str] = frozenset(
     | {codec.TOO_LARGE, codec.TOO_DEEP, codec.MALFORMED, codec.WRONG_VERSION, codec.SCHEMA, codec.NON_FINITE,
        codec.OUT_OF_RANGE, codec.TENSOR_LAYOUT}
     | {ch.BAD_TOPIC, ch.WRONG_RUN, ch.WRONG_TOPIC, ch.WRONG_SENDER, ch.WRONG_ADDRESS, ch.MANIFEST_REFUSED,
-       ch.OVER_BUDGET, ch.TRANSFER_FAILED, ch.MISMATCH, ch.INTERNAL})
+       ch.OVER_BUDGET, ch.TRANSFER_FAILED, ch.MISMATCH, ch.INTERNAL}
+    | {envelope.UNSIGNED, signing.BAD_SIGNATURE, signing.UNKNOWN_KEY, signing.WRONG_SIGNER})
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,8 @@ def test_the_check_login_reads_the_ps_status_and_model_and_writes_nothing() -> N
     # Assert
     for party in ("ps", "site-a", "site-b"):
         granted = {(access, topic) for user, access, topic in rules if user == check_login(party)}
-        assert granted == {("read", f"{P}/ps/status"), ("read", f"{P}/ps/model")}, party
+        assert granted == {("read", f"{P}/ps/status"), ("read", f"{P}/ps/model"),
+                           ("read", f"{P}/federation/keys")}, party  # the key list: to verify what it reads
     assert not [user for user, _, _ in rules if user == "observer.check"]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from signed_wire import identity, signed
 
 from broker.config import free_port
 from fedmqtt.errors import ConfigError
@@ -126,7 +127,7 @@ class PsParts:
 
 
 def ps_parts(config: DaemonConfig) -> PsParts:
-    channel = Channel(MemoryTransport(MemoryBroker(), client_id="ps"), run_id="r1", sender="ps")
+    channel = Channel(MemoryTransport(MemoryBroker(), client_id="ps"), run_id="r1", identity=identity("r1", "ps"))
     turns = UploadTurns(2)
     return PsParts(DaemonState(phase="waiting_for_sites", round=0, weights={}, model_hash=""), channel,
                    StatusBoard(config, channel, turns), turns, SimpleNamespace(checkpoint_time=DurationTally()))
@@ -142,12 +143,13 @@ def test_the_ps_serves_its_numbers_counts_a_junk_message_and_stops_serving_when_
     port = free_port()
     broker = MemoryBroker()
     ps = DaemonRunner(ps_config(tmp_path, port=port), force=True,
-                      transport_factory=lambda **kw: MemoryTransport(broker, **kw))
+                      transport_factory=lambda **kw: MemoryTransport(broker, **kw), identity=identity("r1", "ps"))
     ps.start()
     try:
         first = scrape(port)
         # Execute: bytes that are no message, on a site's update topic
-        broker.deliver(topics.site_update_topic("r1", "site-a"), b"\xc1 not msgpack", retain=False)
+        update = topics.site_update_topic("r1", "site-a")  # signed by site-a: the signature holds, the body not
+        broker.deliver(update, signed("r1", update, b"\xc1 not msgpack"), retain=False)
         end = time.monotonic() + 10
         while not (fams := scrape(port))["fedmqtt_ps_refused"].samples and time.monotonic() < end:
             ps.poll(0.05)
@@ -166,7 +168,8 @@ def test_the_ps_serves_its_numbers_counts_a_junk_message_and_stops_serving_when_
 def test_a_busy_port_stops_the_ps_before_it_touches_the_run(tmp_path: Path) -> None:
     port = free_port()
     ps = DaemonRunner(ps_config(tmp_path, port=port), force=True,
-                      transport_factory=lambda **kw: MemoryTransport(MemoryBroker(), **kw))
+                      transport_factory=lambda **kw: MemoryTransport(MemoryBroker(), **kw),
+                      identity=identity("r1", "ps"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port))
         taken.listen()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from signed_wire import identity, signed
 
 from fedmqtt.logs import MAX_REFUSING_PARTIES, OTHER_PARTIES, REFUSALS_VERBATIM, RefusalLog, summary_line
 from fedmqtt.transport import topics
@@ -96,13 +97,14 @@ def test_summary_names_the_most_frequent_reasons_first_and_bounds_the_line() -> 
 def test_a_channel_counts_every_refusal_and_logs_a_bounded_number(caplog) -> None:
     """2,000 junk messages through a real channel (in-memory transport): all counted, a few logged."""
     # Prepare
-    ps = Channel(MemoryTransport(MemoryBroker(), SIMULATION_SETTINGS, client_id="ps"), run_id="run", sender="ps")
+    ps = Channel(MemoryTransport(MemoryBroker(), SIMULATION_SETTINGS, client_id="ps"), run_id="run",
+                 identity=identity("run", "ps"))
     caplog.set_level(logging.WARNING)
     update = topics.site_update_topic("run", "site-a")
 
     # Execute
     for i in range(2000):
-        ps.accept(RawMessage(update, b"\x00junk %d" % i, False))
+        ps.accept(RawMessage(update, signed("run", update, b"\x00junk %d" % i), False))  # signed by site-a
     ps.refusals.close()
 
     # Assert
