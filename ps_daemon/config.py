@@ -89,8 +89,8 @@ class DaemonConfig(BaseModel):
                            "round for this long: re-publish its model and the missing sites' tasks (0: never)")
     seed: int = Field(default=0, description="seeds the initial model, the per-round draw of sites and "
                       "local training (every task carries it in place of train.seed)")
-    selection_metric: str = Field(default="auroc", description="validation metric of the best round "
-                                  "(docs/algorithms.md 17.1); "
+    selection_metric: str = Field(default="auroc", max_length=128,  # a metric name on the wire is at most 128
+                                  description="validation metric of the best round (docs/algorithms.md 17.1); "
                                   "loss, mae, mape, mse and msle are minimised, the rest maximised")
     out_dir: Path = Field(default=Path("runs/ps"), description="where checkpoints, logs and the run report go")
     keep_checkpoints: int = Field(default=3, ge=1, description="checkpoints kept on disk (the newest ones)")

@@ -38,7 +38,8 @@ def status_message(config: DaemonConfig, state: StatusState, round_no: int = 0, 
     c = config
     return m.DaemonStatus(run_id=c.run_id, sender=PS, round=round_no, state=state, algorithm=c.algorithm,
                           rounds_total=c.rounds, sites_expected=c.sorted_sites, session=session,
-                          quorum=c.quorum, min_sites=c.start_sites, rejected=rejected, **kw)
+                          selection_metric=c.selection_metric, quorum=c.quorum, min_sites=c.start_sites,
+                          rejected=rejected, **kw)
 
 
 class StatusBoard:

@@ -239,6 +239,9 @@ class DaemonStatus(Header):
     kind: Literal["daemon_status"] = "daemon_status"
     state: PsState
     algorithm: Annotated[str, Field(max_length=64)] = ""
+    # The validation metric whose round mean picks the best round (the PS's selection_metric), so an observer
+    # marks the same best round as the run's report.
+    selection_metric: Name = ""
     rounds_total: Annotated[int, Field(ge=0, le=MAX_ROUND)] = 0
     sites_expected: SiteNames = ()
     sites_online: SiteNames = ()

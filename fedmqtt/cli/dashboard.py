@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -15,7 +14,10 @@ def dashboard(
                                                "(its broker table); needs --run-id."),
     run_id: str | None = typer.Option(None, "--run-id", help="The run to watch (default: the federation's)."),
     run: list[Path] = typer.Option([], "--run", help="A finished run directory holding report.json (repeat to "
-                                   "show runs side by side); no broker needed."),
+                                   "compare runs); no broker needed."),
+    runs: list[Path] = typer.Option([], "--runs", help="An output folder: lists every finished run in it and in "
+                                    "its sub-folders (three deep; the newest 100), to open and compare. "
+                                    "Repeatable, and combines with --run."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. Plain HTTP on loopback only; "
                              "any other address is served over HTTPS with a login."),
     port: int = typer.Option(8765, "--port", min=1, max=65535, help="TCP port to serve on."),
@@ -37,9 +39,11 @@ def dashboard(
                                          "but its own (--host, --name, the certificate's, loopback names on "
                                          "loopback) are refused: DNS rebinding."),
 ) -> None:
-    """Serve a read-only page with the run's progress, every site's state and the metrics per round."""
+    """Serve a read-only page: a run's progress, sites, timeline and metrics per round; for finished runs their
+    results, downloads and a comparison."""
     from broker.federation import load_federation
     from fedmqtt.dashboard.hosts import allowed_hosts
+    from fedmqtt.dashboard.rundir import find_runs
     from fedmqtt.dashboard.server import Board, BrokerListener, check_exposure, is_loopback, serve
     from fedmqtt.dashboard.state import RunView
     from fedmqtt.errors import FedMqttError
@@ -48,24 +52,21 @@ def dashboard(
 
     secure = tls or not is_loopback(host) or cert is not None
     check_exposure(host, secure=secure)
-    if bool(federation) + bool(credentials) + bool(run) != 1:
+    if bool(federation) + bool(credentials) + bool(run or runs) != 1:
         raise FedMqttError("give exactly one of --federation DIR, --credentials observer.toml (with --run-id) "
-                           "or --run DIR (repeatable)")
+                           "or finished runs: --run DIR and/or --runs FOLDER (both repeatable)")
     access = _access(host, federation, cert, key, name, password_file, new_password) if secure else None
     hosts = allowed_hosts(host, names=name, certificate=access.certificate if access is not None else None,
                           extra=allow_host)
     views: list[RunView] = []
     listener = None
-    if run:
-        for directory in run:
-            path = directory / "report.json"
-            if not path.is_file():
-                raise FedMqttError(f"{path} not found: --run takes a finished run directory (the PS's out dir)")
-            try:
-                report = json.loads(path.read_text(encoding="utf-8"))
-                views.append(RunView.from_report(report, label=str(directory)))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise FedMqttError(f"{path} is not a report.json this version can read: {exc}") from None
+    if run or runs:
+        listed = [(directory, str(directory)) for directory in run]
+        for folder in runs:
+            listed += [(found, str(found.relative_to(folder)) if found != folder else str(folder))
+                       for found in find_runs(folder)]
+        views = [_finished(directory, label) for directory, label in listed]
+        typer.echo(f"{len(views)} finished run{'s' * (len(views) != 1)}")
         board = Board(views)
     else:
         if federation is not None:
@@ -91,6 +92,20 @@ def dashboard(
     finally:
         if listener is not None:
             listener.close()
+
+
+def _finished(directory: Path, label: str):
+    """The view of one finished run directory: its report, audit log and downloads."""
+    from fedmqtt.dashboard.rundir import read_audit, read_report
+    from fedmqtt.dashboard.state import RunView
+    from fedmqtt.errors import FedMqttError
+
+    report = read_report(directory)
+    try:
+        return RunView.from_report(report, label=label, directory=directory.resolve(), audit=read_audit(directory))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise FedMqttError(f"{directory / 'report.json'} is not a report.json this version can read: "
+                           f"{type(exc).__name__}: {exc}") from None
 
 
 def _access(host: str, federation: Path | None, cert: Path | None, key: Path | None, names: list[str],

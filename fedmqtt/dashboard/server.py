@@ -1,9 +1,12 @@
 """The dashboard's HTTP side (aiohttp) and its broker listener (the observer's MQTT session, subscribe only).
 
-Routes are GET only: the page, its static files, `/api/state` (a JSON snapshot) and `/events` (server-sent
-events: the same snapshot, pushed when it changes). SSE instead of MQTT-over-websockets because the page must
-never hold broker credentials and Debian's Mosquitto 2.0.11 would not open a websockets listener here; one
-HTTP response stream needs nothing from the broker and nothing in the browser but EventSource.
+Routes are GET only: the page, its static files, `/api/state` (a JSON snapshot), `/events` (server-sent
+events: the whole snapshot first, then only what changed: rounds changed and timeline events added since) and
+`/runs/<n>/files/<name>` (a finished run's report, per-site CSV and models: a fixed list of names, rundir.py).
+
+SSE instead of MQTT-over-websockets because the page must never hold broker credentials and Debian's Mosquitto
+2.0.11 would not open a websockets listener here; one HTTP response stream needs nothing from the broker and
+nothing in the browser but EventSource.
 
 Every request is checked first for its Host (the dashboard's own names only: hosts.py), then for its method;
 every response, the event stream and errors included, carries the security headers (`harden`). A login, when
@@ -29,7 +32,8 @@ from aiohttp import hdrs, web
 
 from fedmqtt.dashboard.hosts import AllowedHosts, allowed_hosts, host_of, is_loopback
 from fedmqtt.dashboard.login import COOKIE, SESSION_S, Sessions
-from fedmqtt.dashboard.state import RunView
+from fedmqtt.dashboard.rundir import CHUNK, DOWNLOADS, open_download
+from fedmqtt.dashboard.state import Cursor, RunView
 from fedmqtt.dashboard.throttle import LoginThrottle
 from fedmqtt.errors import FedMqttError
 
@@ -49,9 +53,10 @@ HEADERS = {
 }
 HSTS = "max-age=86400"
 HASH_WORKERS = 2  # scrypt checks run at once (32 MiB each); the throttle bounds how many are queued
-PUBLIC = ("/login", "/static/style.css")  # what a browser may fetch before logging in
+PUBLIC = ("/login", "/static/style.css", "/static/favicon.svg", "/favicon.ico")  # fetched before logging in
 MAX_REQUEST_BYTES = 4096  # the only body ever accepted is the login form
-STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css",
+          "favicon.svg": "image/svg+xml"}
 PUSH_EVERY_S = 0.5
 HEARTBEAT_S = 15.0
 
@@ -75,6 +80,14 @@ class Access:
     certificate: Path | None = None  # its names are among those the dashboard answers to
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What one event stream last sent of a run: its version and its cursor (rounds and events)."""
+
+    version: int
+    cursor: Cursor
+
+
 class Board:
     """The runs shown, guarded by one lock (the MQTT thread writes, the HTTP loop reads)."""
 
@@ -90,7 +103,27 @@ class Board:
     def snapshot(self) -> dict[str, Any]:
         now = time.time()
         with self.lock:
-            return {"runs": [r.snapshot(now=now) for r in self.runs], "note": self.note, "now": now}
+            return {"runs": [r.snapshot(now=now) | {"key": i} for i, r in enumerate(self.runs)], "note": self.note,
+                    "now": now, "delta": False}
+
+    def delta(self, sent: list[Sent] | None) -> tuple[dict[str, Any], list[Sent]]:
+        """What changed since an earlier call (None: everything), and what this call sent (one stream's
+        bookkeeping). Runs whose version did not change are left out; the others come with only their new
+        rounds and timeline events, the rest of their view whole."""
+        now = time.time()
+        with self.lock:
+            if sent is None:
+                runs = [r.snapshot(now=now) | {"key": i} for i, r in enumerate(self.runs)]
+            else:
+                runs = [r.snapshot(now=now, since=sent[i].cursor) | {"key": i} for i, r in enumerate(self.runs)
+                        if r.version != sent[i].version]
+            return ({"runs": runs, "note": self.note, "now": now, "delta": sent is not None},
+                    [Sent(r.version, r.cursor()) for r in self.runs])
+
+    def directory(self, key: int) -> Path | None:
+        """The folder of finished run `key` (from the command line), None for a live run or no such run."""
+        with self.lock:
+            return self.runs[key].directory if 0 <= key < len(self.runs) else None
 
 
 class BrokerListener(threading.Thread):
@@ -275,7 +308,7 @@ def make_app(board: Board, sessions: Sessions | None = None, *, hosts: AllowedHo
     files = resources.files("fedmqtt.dashboard") / "static"
 
     async def static(request: web.Request) -> web.Response:
-        name = request.match_info.get("name", "index.html")
+        name = "favicon.svg" if request.path == "/favicon.ico" else request.match_info.get("name", "index.html")
         if name not in STATIC:  # a fixed list: no path from the request ever reaches the file system
             raise web.HTTPNotFound()
         return web.Response(body=(files / name).read_bytes(), content_type=STATIC[name])
@@ -286,12 +319,14 @@ def make_app(board: Board, sessions: Sessions | None = None, *, hosts: AllowedHo
     async def events(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        sent, last_write = None, 0.0
+        sent, last_write, cursors = None, 0.0, None
         try:
             while True:
                 version = board.version()
                 if version != sent:
-                    await response.write(f"data: {json.dumps(board.snapshot())}\n\n".encode())
+                    # The first message is whole; later ones only what changed (the page merges them).
+                    update, cursors = board.delta(cursors)
+                    await response.write(f"data: {json.dumps(update)}\n\n".encode())
                     sent, last_write = version, time.monotonic()
                 elif time.monotonic() - last_write > HEARTBEAT_S:
                     await response.write(b": still here\n\n")  # keeps proxies and the browser from timing out
@@ -301,10 +336,32 @@ def make_app(board: Board, sessions: Sessions | None = None, *, hosts: AllowedHo
             pass
         return response
 
+    async def download(request: web.Request) -> web.StreamResponse:
+        """A file of a finished run's folder: only the names in DOWNLOADS, opened without following links."""
+        key, name = request.match_info["key"], request.match_info["name"]
+        directory = board.directory(int(key)) if key.isdigit() and len(key) < 6 else None
+        opened = open_download(directory, name) if directory is not None else None
+        if opened is None:
+            raise web.HTTPNotFound(text="no such file: a finished run offers report.json, report.md, per_site.csv "
+                                        "and its models\n")
+        fh, size = opened
+        response = web.StreamResponse(headers={
+            "Content-Type": DOWNLOADS[name].content_type, "Content-Length": str(size),
+            "Content-Disposition": f'attachment; filename="{name}"'})
+        loop = asyncio.get_running_loop()
+        with fh:
+            await response.prepare(request)
+            while request.method != "HEAD" and (block := await loop.run_in_executor(None, fh.read, CHUNK)):
+                await response.write(block)  # a model may be large: read off the loop, a MiB at a time
+        await response.write_eof()
+        return response
+
     app.router.add_get("/", static)
+    app.router.add_get("/favicon.ico", static)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/api/state", state)
     app.router.add_get("/events", events)
+    app.router.add_get("/runs/{key}/files/{name}", download)
     return app
 
 

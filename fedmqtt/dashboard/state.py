@@ -2,24 +2,33 @@
 
 Pure: no network, no clock of its own (callers pass `now`), so it is unit-testable. Every payload is
 validated by the same `check_message` the PS uses before anything is stored, its signature first (against the
-observer's key list, which follows `federation/keys`); a bad or unsigned one is counted, never shown raw.
-Because `ps/metrics` is retained with the last round only, rounds are accumulated here while the dashboard runs;
-rounds that closed before it connected are reported as unavailable.
+observer's key list, which follows `federation/keys`); a bad or unsigned one is counted with its sender (the
+topic's site) and reason, never shown raw. Because `ps/metrics` is retained with the last round only, rounds are
+accumulated here while the dashboard runs; rounds that closed before it connected are reported as unavailable.
+
+Snapshots can be incremental (`snapshot(since=cursor)`): rounds changed and timeline events added after the
+cursor, everything else whole (it is small: the sites' rows and the PS's status).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from fedmqtt.dashboard.timeline import Kind, Timeline, classify_detail, events_from_report, refusal_events
 from fedmqtt.errors import FedMqttError
+from fedmqtt.means import best_round, direction_of
 from fedmqtt.transport.channel import check_message
 from fedmqtt.transport.signing import KeyRing
 from schemas import messages as m
 from schemas.signed import KeyList
 
 MAX_SITES_SHOWN = 256  # the schema bounds names per message; this bounds how many distinct sites we keep
+MAX_INVALID_KINDS = 64  # distinct (sender, reason) pairs of dropped messages kept
+INVALID_EVENT_EVERY_S = 10.0  # a flood of bad messages from one sender adds one timeline event per this
+REASON_CHARS = 300
+Cursor = tuple[int, int]  # (round changes, timeline events) already sent
 
 
 @dataclass
@@ -31,6 +40,7 @@ class SiteView:
     n_train: int = 0
     n_val: int = 0
     n_test: int = 0
+    label_histogram: dict[str, int] | None = None
     detail: str = ""
     rounds: set[int] = field(default_factory=set)
     usage: dict[str, float] = field(default_factory=dict)
@@ -39,10 +49,24 @@ class SiteView:
 
     def as_json(self, rejected: dict[str, dict[str, int]]) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "last_seen": self.last_seen, "device": self.device,
-                "n_train": self.n_train, "n_val": self.n_val, "n_test": self.n_test, "detail": self.detail,
+                "n_train": self.n_train, "n_val": self.n_val, "n_test": self.n_test,
+                "label_histogram": self.label_histogram, "detail": self.detail,
                 "rounds_participated": len(self.rounds), "rejected": rejected.get(self.name, {}),
                 "usage": self.usage, "last_compute": self.last_compute,
                 "last_update_bytes": self.last_update_bytes}
+
+
+@dataclass
+class Dropped:
+    """Messages this dashboard dropped from one sender for one reason."""
+
+    sender: str
+    topic: str
+    reason: str
+    count: int = 0
+    last: str = ""  # the last one's full reason (bounded)
+    shown_count: int = 0  # how many of them the timeline has reported
+    shown_at: float = float("-inf")
 
 
 @dataclass
@@ -52,9 +76,11 @@ class RunView:
     run_id: str
     source: str = "live"  # "live" (broker) or "report" (a finished run directory)
     label: str = ""
+    directory: Path | None = None  # a finished run's folder: where its downloads come from
     ps_state: str = "unknown"
     ps_detail: str = ""
     algorithm: str = ""
+    selection_metric: str = ""  # "" while unknown (no ps/status yet, or a PS that does not say it)
     round: int = 0
     rounds_total: int = 0
     sites_expected: tuple[str, ...] = ()
@@ -68,14 +94,22 @@ class RunView:
     messages: int = 0  # messages received for this run (what the dashboard costs the broker in deliveries)
     rejected: dict[str, dict[str, int]] = field(default_factory=dict)
     ps_last_seen: float | None = None
+    ps_seen: bool = False
     sites: dict[str, SiteView] = field(default_factory=dict)
     rounds: dict[int, dict[str, Any]] = field(default_factory=dict)
+    round_changed: dict[int, int] = field(default_factory=dict)  # round -> its change number
+    round_changes: int = 0
     final: dict[str, Any] | None = None
     first_metrics_round: int | None = None
-    best_round: dict[str, Any] | None = None
+    best_round: dict[str, Any] | None = None  # a finished run: the report's own; live: derived (see snapshot)
     recruitment: Any = None
+    results: dict[str, Any] | None = None  # a finished run's results panel (results.py)
+    files: list[dict[str, Any]] = field(default_factory=list)  # its downloads (rundir.py)
+    timeline: Timeline = field(default_factory=Timeline)
+    timeline_note: str = ""
+    finished_at: float | None = None
     invalid: int = 0
-    invalid_reasons: dict[str, int] = field(default_factory=dict)
+    dropped: dict[tuple[str, str], Dropped] = field(default_factory=dict)
     version: int = 0  # bumped on every change, so the server pushes only when something changed
     keys: KeyRing | None = None  # what live messages are verified against (a finished run's report needs none)
 
@@ -86,12 +120,12 @@ class RunView:
             return False  # a cleared retained topic
         self.messages += 1
         if self.keys is None:
-            self._count_invalid("no key list to verify signatures")
+            self._drop(topic, "unverifiable", "no key list to verify signatures", now)
             return True
         try:
             parsed, msg = check_message(topic, payload, run_id=self.run_id, max_bytes=max_bytes, keys=self.keys)
         except FedMqttError as exc:
-            self._count_invalid(getattr(exc, "category", type(exc).__name__))
+            self._drop(topic, getattr(exc, "category", type(exc).__name__), str(exc), now)
             return True
         if isinstance(msg, KeyList):
             self.keys.adopt(msg, bytes(payload))
@@ -99,19 +133,35 @@ class RunView:
         if isinstance(msg, m.DaemonStatus) and parsed.role == "ps":
             self._on_ps_status(msg, now)
         elif isinstance(msg, m.RoundMetrics) and parsed.role == "ps":
-            self._on_metrics(msg)
+            self._on_metrics(msg, now)
         elif isinstance(msg, m.SiteStatus) and parsed.role == "site" and parsed.site_id == msg.sender:
             self._on_site_status(msg, now)
         else:
-            self._count_invalid("unexpected kind on topic")
+            self._drop(topic, "unexpected kind on topic", f"a {msg.kind} on {topic}", now)
             return True
         self.version += 1
         return True
 
-    def _count_invalid(self, reason: str) -> None:
+    def _drop(self, topic: str, reason: str, detail: str, now: float) -> None:
+        """Count a message this dashboard refused, by sender (the topic's site: the broker's ACL lets each login
+        publish on its own topics only) and reason; the timeline reports each pair, a flood in batches."""
         self.invalid += 1
-        if reason in self.invalid_reasons or len(self.invalid_reasons) < 32:
-            self.invalid_reasons[reason] = self.invalid_reasons.get(reason, 0) + 1
+        sender = _sender_of(topic, self.run_id)
+        key = (sender, reason[:64])
+        entry = self.dropped.get(key)
+        if entry is None:
+            if len(self.dropped) >= MAX_INVALID_KINDS:
+                key = ("?", "other")
+                entry = self.dropped.setdefault(key, Dropped("?", "", "other"))
+            else:
+                entry = self.dropped[key] = Dropped(sender, topic[:200], reason[:64])
+        entry.count += 1
+        entry.last = detail[:REASON_CHARS]
+        if now - entry.shown_at >= INVALID_EVENT_EVERY_S:
+            new = entry.count - entry.shown_count
+            self.timeline.add(now, "invalid", f"dropped {new} message{'s' * (new > 1)} from {entry.sender}: "
+                              f"{entry.reason}: {entry.last}", site=entry.sender, reason=entry.reason, count=new)
+            entry.shown_count, entry.shown_at = entry.count, now
         self.version += 1
 
     def _site(self, name: str) -> SiteView | None:
@@ -120,7 +170,10 @@ class RunView:
         return self.sites.setdefault(name, SiteView(name))
 
     def _on_ps_status(self, msg: m.DaemonStatus, now: float) -> None:
+        before = (self.ps_state, self.round, self.ps_detail)
+        rejected_before, first = self.rejected, not self.ps_seen
         self.ps_state, self.ps_detail, self.algorithm = msg.state, msg.detail, msg.algorithm
+        self.selection_metric = msg.selection_metric or self.selection_metric
         # The PS counts the final evaluation as round R + 1; show it as the last round, never "R + 1 of R".
         self.round, self.rounds_total = min(msg.round, msg.rounds_total or msg.round), msg.rounds_total
         self.sites_expected, self.sites_online = tuple(msg.sites_expected), tuple(msg.sites_online)
@@ -128,19 +181,55 @@ class RunView:
         self.upload_turns = tuple(msg.upload_turns)
         self.quorum, self.min_sites = msg.quorum, msg.min_sites
         self.rejected = {s: dict(r) for s, r in msg.rejected.items()}
-        self.ps_last_seen = now
+        self.ps_last_seen, self.ps_seen = now, True
         for name in msg.sites_expected:
             self._site(name)
+        self._ps_events(before, msg, now)
+        refusal_events(self.timeline, {} if first else rejected_before, self.rejected, t=now, round_no=self.round,
+                       first=first)
 
-    def _on_metrics(self, msg: m.RoundMetrics) -> None:
+    def _ps_events(self, before: tuple[str, int, str], msg: m.DaemonStatus, now: float) -> None:
+        state, round_no, detail = before
+        if (state, round_no) != (msg.state, self.round):
+            text = {"waiting_for_sites": f"PS waiting for sites ({len(msg.sites_online)} of "
+                                         f"{len(msg.sites_expected)} online, {msg.min_sites} needed)",
+                    "training": f"round {self.round} started"
+                                + (f": {msg.detail.removeprefix(f'round {msg.round}: ')}" if msg.detail else ""),
+                    "evaluating": "final evaluation started",
+                    "done": f"run finished ({msg.detail})" if msg.detail != "done" else "run finished",
+                    "offline": f"PS offline: {msg.detail or 'its Last Will'}",
+                    "error": f"PS stopped on an error: {msg.detail}"}.get(msg.state, f"PS {msg.state}")
+            ended = msg.state in ("offline", "error")
+            kind: Kind = "round" if msg.state == "training" else "offline" if ended else "run"
+            # The page shows the deadline in the reader's own time zone.
+            deadline = msg.deadline if msg.state in ("training", "evaluating") else None
+            self.timeline.add(now, kind, text, round_no=self.round, deadline=deadline)
+        elif msg.detail != detail and (noted := classify_detail(msg.detail)) is not None:
+            self.timeline.add(now, noted, msg.detail, round_no=self.round)
+
+    def _on_metrics(self, msg: m.RoundMetrics, now: float) -> None:
         if msg.phase == "final":
             self.final = {"sites": list(msg.sites), "per_site": _metrics(msg.per_site), "mean": dict(msg.mean)}
             return
         if self.first_metrics_round is None:
             self.first_metrics_round = msg.round
+        known = msg.round in self.rounds
         self.rounds[msg.round] = {"round": msg.round, "sites": list(msg.sites), "stragglers": list(msg.stragglers),
                                   "per_site": _metrics(msg.per_site), "mean": dict(msg.mean),
-                                  "train_loss": msg.train_loss, "duration_s": msg.duration_s}
+                                  "train_loss": msg.train_loss, "duration_s": msg.duration_s, "closed_at": now}
+        self.round_changes += 1
+        self.round_changed[msg.round] = self.round_changes
+        if not known:  # the retained metrics again (a reconnect) is the same round, not a new event
+            self.timeline.add(now, "round", f"round {msg.round} closed in {msg.duration_s:.1f} s: "
+                              f"{len(msg.sites)} update{'s' * (len(msg.sites) != 1)}", round_no=msg.round,
+                              duration_s=msg.duration_s)
+            if msg.stragglers:
+                # A round closes early only when every missing site was seen going offline; else at its deadline.
+                offline = all(self.sites.get(s, SiteView(s)).state in ("offline", "error") for s in msg.stragglers)
+                missing = ", ".join(msg.stragglers)
+                self.timeline.add(now, "offline" if offline else "deadline",
+                                  f"round {msg.round} closed without {missing} (offline)" if offline else
+                                  f"round {msg.round} closed at its deadline without {missing}", round_no=msg.round)
         for name in msg.sites:
             site = self._site(name)
             if site is not None:
@@ -155,56 +244,31 @@ class RunView:
         site = self._site(msg.sender)
         if site is None:
             return
+        was = site.state
         site.state, site.device, site.detail = msg.state, msg.device, msg.detail
         site.n_train, site.n_val, site.n_test = msg.n_train, msg.n_val, msg.n_test
+        site.label_histogram = dict(msg.label_histogram) if msg.label_histogram is not None else None
         site.last_seen = now
+        if msg.state == was:
+            return
+        if msg.state in ("offline", "error"):
+            self.timeline.add(now, "offline", f"{msg.sender} {msg.state}" + (f": {msg.detail}" if msg.detail else ""),
+                              site=msg.sender, round_no=self.round)
+        elif was in ("offline", "error"):
+            self.timeline.add(now, "back", f"{msg.sender} back ({msg.state})", site=msg.sender, round_no=self.round)
+        elif was == "unknown":
+            self.timeline.add(now, "site", f"{msg.sender} seen ({msg.state})", site=msg.sender, round_no=self.round)
 
     # -- finished runs ------------------------------------------------------------------------------
     @classmethod
-    def from_report(cls, report: dict[str, Any], *, label: str) -> RunView:
+    def from_report(cls, report: dict[str, Any], *, label: str, directory: Path | None = None,
+                    audit: list[dict[str, Any]] | None = None) -> RunView:
         """A finished run from its report.json (written by our PS; still read defensively)."""
-        view = cls(run_id=str(report.get("run_id", "?")), source="report", label=label)
-        view.algorithm = str(report.get("algorithm", ""))
-        view.ps_state = "done"
-        rounds = report.get("rounds") or []
-        config = report.get("config") or {}
-        view.rounds_total = int(config.get("rounds", len(rounds)) or len(rounds))
-        view.quorum = int(config.get("quorum") or 0)
-        view.min_sites = int(config.get("min_sites") or len(config.get("sites") or ()))
-        for r in rounds:
-            n = int(r["round"])
-            view.rounds[n] = {"round": n, "sites": list(r.get("sites", [])),
-                              "stragglers": list(r.get("stragglers", [])),
-                              "per_site": {s: dict(v) for s, v in (r.get("per_site") or {}).items()},
-                              "mean": dict(r.get("mean") or {}), "train_loss": r.get("train_loss"),
-                              "duration_s": r.get("duration_s")}
-            for name in r.get("sites", []):
-                view._site(str(name)).rounds.add(n)  # type: ignore[union-attr]
-        view.round = max(view.rounds, default=0)
-        view.first_metrics_round = min(view.rounds, default=None)
-        final = report.get("final") or {}
-        for name in final.get("per_site") or {}:
-            view._site(str(name))
-        view.final = {"per_site": {s: (v.get("metrics") or {}).get("test", {})
-                                   for s, v in (final.get("per_site") or {}).items()},
-                      "mean": (final.get("mean") or {}).get("test", {}) if isinstance(final.get("mean"), dict) else {}}
-        view.best_round = report.get("best_round")
-        view.recruitment = report.get("recruitment")
-        for name, total in ((report.get("usage") or {}).get("per_site_total") or {}).items():
-            site = view._site(str(name))
-            if site is not None:
-                site.usage = {k: float(v) for k, v in total.items() if isinstance(v, (int, float))}
-        per_round = (report.get("usage") or {}).get("per_round") or {}
-        for site in view.sites.values():
-            site.state = "finished"
-            if site.rounds:
-                last = (per_round.get(str(max(site.rounds))) or {}).get(site.name) or {}
-                site.last_compute = {k: float(last[k]) for k in ("wall_s", "cpu_s")
-                                     if isinstance(last.get(k), (int, float))}
-            missing = ((final.get("per_site") or {}).get(site.name) or {}).get("missing")
-            if missing:  # it left the run (killed, offline, past the deadline): say so, not "finished"
-                site.state, site.detail = "offline", str(missing)
-        view.sites_expected = tuple(sorted(str(s) for s in (config.get("sites") or view.sites)))
+        from fedmqtt.dashboard.finished import fill_from_report
+
+        view = cls(run_id=str(report.get("run_id", "?")), source="report", label=label, directory=directory)
+        fill_from_report(view, report, audit or [])
+        view.timeline = events_from_report(report, audit or [])
         return view
 
     # -- what the page gets ---------------------------------------------------------------------------
@@ -221,7 +285,21 @@ class RunView:
             return "waiting"
         return "live"
 
-    def snapshot(self, *, now: float) -> dict[str, Any]:
+    def cursor(self) -> Cursor:
+        return self.round_changes, self.timeline.seq
+
+    def best(self, rounds: list[dict[str, Any]], missing_before: int | None) -> dict[str, Any] | None:
+        """The best round: the report's own for a finished run; live, the PS's rule on the rounds seen."""
+        if self.best_round is not None:
+            return self.best_round
+        found = best_round_of(rounds, self.selection_metric)
+        if found is not None and missing_before:
+            found["note"] = f"best of the rounds this page saw (from round {missing_before})"
+        return found
+
+    def snapshot(self, *, now: float, since: Cursor | None = None) -> dict[str, Any]:
+        """The page's view; with `since` (a cursor of an earlier snapshot), only the rounds changed and the
+        timeline events added after it ("delta": true), everything else whole."""
         rounds = [self.rounds[n] for n in sorted(self.rounds)]
         durations = [r["duration_s"] for r in rounds
                      if isinstance(r.get("duration_s"), (int, float)) and r["duration_s"] > 0]
@@ -231,20 +309,29 @@ class RunView:
         missing_before = None
         if self.source == "live" and self.first_metrics_round is not None and self.first_metrics_round > 1:
             missing_before = self.first_metrics_round
+        best = self.best(rounds, missing_before)
+        sent_rounds, sent_events = since if since is not None else (0, 0)
         return {
             "run_id": self.run_id, "source": self.source, "label": self.label or self.run_id,
             "status": self.status(), "messages": self.messages,
             "ps": {"state": self.ps_state, "detail": self.ps_detail, "last_seen": self.ps_last_seen},
-            "algorithm": self.algorithm, "round": self.round, "rounds_total": self.rounds_total,
+            "algorithm": self.algorithm, "selection_metric": self.selection_metric,
+            "round": self.round, "rounds_total": self.rounds_total,
             "sites_expected": list(self.sites_expected), "sites_online": list(self.sites_online),
             "waiting_for": list(self.waiting_for), "upload_turns": list(self.upload_turns),
             "deadline": self.deadline,
             "quorum": self.quorum, "min_sites": self.min_sites,
-            "seconds_per_round": per_round, "eta_s": eta,
+            "seconds_per_round": per_round, "eta_s": eta, "finished_at": self.finished_at,
             "history_missing_before": missing_before,
             "sites": [self.sites[n].as_json(self.rejected) for n in sorted(self.sites)],
-            "rounds": rounds, "final": self.final, "best_round": self.best_round or _best_round(rounds),
-            "recruitment": self.recruitment, "invalid": self.invalid, "invalid_reasons": dict(self.invalid_reasons),
+            "delta": since is not None,
+            "rounds": [r for r in rounds if self.round_changed.get(r["round"], 0) > sent_rounds],
+            "events": self.timeline.since(sent_events), "events_dropped": self.timeline.dropped,
+            "timeline_note": self.timeline_note,
+            "final": self.final, "best_round": best, "results": self.results, "files": self.files,
+            "recruitment": self.recruitment, "invalid": self.invalid,
+            "dropped": [{"sender": d.sender, "topic": d.topic, "reason": d.reason, "count": d.count, "last": d.last}
+                        for d in self.dropped.values()],
             "now": now,
         }
 
@@ -253,11 +340,25 @@ def _metrics(per_site: Any) -> dict[str, dict[str, Any]]:
     return {str(s): dict(v) for s, v in per_site.items()}
 
 
-def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Live best round: lowest mean validation loss so far (the report names the PS's own choice when open)."""
-    scored = [(r["mean"].get("loss"), r["round"]) for r in rounds
-              if isinstance(r["mean"].get("loss"), (int, float)) and math.isfinite(r["mean"]["loss"])]
-    if not scored:
+def _sender_of(topic: str, run_id: str) -> str:
+    """Who published on `topic`: the site of `.../site/<id>/...`, "ps" for `.../ps/...`, else the topic."""
+    parts = topic.split("/")
+    if len(parts) >= 5 and parts[2] == run_id:
+        if parts[3] == "site":
+            return parts[4][:64]
+        if parts[3] == "ps":
+            return "ps"
+    return f"topic {topic[:120]}"
+
+
+def best_round_of(rounds: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """The PS's rule (ps_daemon/machine.py `_better_best`, docs/algorithms.md 17.1) on what ps/metrics carries:
+    the round whose mean validation `metric` is best (lowest for loss-type metrics, else highest); ties keep the
+    earlier round. The round mean is the same number the PS compares (`RoundRecord.mean`)."""
+    if not metric:
         return None
-    loss, n = min(scored)
-    return {"round": n, "score": loss, "metric": "val loss (lowest so far)"}
+    found = best_round({r["round"]: {"mean": r.get("mean") or {}} for r in rounds}, metric)
+    if found is None:
+        return None
+    direction = "lowest" if direction_of(metric) == "min" else "highest"
+    return {"round": found[0], "score": found[1], "metric": f"val {metric}", "rule": f"{direction} mean val {metric}"}

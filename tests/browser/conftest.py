@@ -101,6 +101,26 @@ def _chrome(*, accept_insecure_certs: bool) -> Iterator[object]:
     driver.quit()
 
 
+# Two real finished runs of the bundled heart-disease sites (`fedmqtt simulate`: the PS's own code writes
+# report.json, report.md, per_site.csv, the models and the audit log), different enough to compare.
+# With these settings the best round by val AUROC (the selection metric) is neither the last round nor the one
+# with the lowest val loss, which is what a page picking by loss would have marked.
+FINISHED_RUNS = {"fedavg": ("-a", "fedavg", "--lr", "0.01", "--epochs", "5"),
+                 "fedadam": ("-a", "fedadam", "-H", "eta_g=0.01", "--lr", "0.01", "--epochs", "5")}
+
+
+@pytest.fixture(scope="session")
+def finished_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An output folder holding two finished runs, `fedavg/` and `fedadam/` (8 rounds each)."""
+    out = tmp_path_factory.mktemp("runs")
+    for name, args in FINISHED_RUNS.items():
+        done = subprocess.run([sys.executable, "-m", "fedmqtt", "simulate", "--rounds", "8", "--seed", "1",
+                               "--out", str(out / name), "--no-progress", *args],
+                              capture_output=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stdout.decode(errors="replace")[-3000:]
+    return out
+
+
 @pytest.fixture
 def screenshots(tmp_path: Path) -> Path:
     """Where screenshots go: $FEDMQTT_SCREENSHOTS if set (CI artifacts), else the test's tmp dir."""

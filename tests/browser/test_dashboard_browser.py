@@ -32,9 +32,14 @@ const sites = {};
 run.querySelectorAll('table.sites tr[data-site]').forEach(tr => {
   const td = tr.querySelectorAll('td');
   sites[tr.dataset.site] = {state: td[1].textContent, rounds: Number(td[3].textContent), usage: td[7].textContent,
-                            detail: td[8].textContent, detail_children: td[8].children.length};
+                            data: td[5].textContent,
+                            detail: td[8].textContent,
+                            // elements in the detail cell besides the <bdi> that isolates the text: none
+                            detail_children: [...td[8].querySelectorAll('*')].filter(e => e.tagName !== 'BDI').length};
 });
 return {facts, sites, plots: run.querySelectorAll('figure.plot svg polyline').length,
+        events: [...run.querySelectorAll('ol.timeline li')].map(
+            li => [li.dataset.kind, li.lastElementChild.textContent]),
         history: (run.querySelector('.history') || {}).textContent || '',
         header: document.getElementById('status').textContent};
 """
@@ -68,7 +73,7 @@ def _publish_as(settings, topic: str, payload: bytes) -> None:
 @pytest.fixture
 def federation(mosquitto_bin: str, tmp_path: Path):
     fed = CliFederation(tmp_path / "fed", run_id="dash-live", rounds=10, round_timeout_s=8,
-                        train={**FAST_TRAIN, "epochs": 60})
+                        train={**FAST_TRAIN, "epochs": 60}, share_label_histogram=True)
     yield fed
     fed.stop_all()
     for proc in fed.procs.values():  # stop_all SIGKILLs a process slow to stop without reaping it
@@ -96,9 +101,14 @@ def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboar
     assert page["plots"] > 0 and "live" in page["facts"]["source"]
     assert page["header"] == "live" and page["facts"]["status"] == "live"
     assert page["facts"]["quorum"].startswith("1 of 4") and page["facts"]["min sites"].startswith("4 of 4")
-    # Live from ps/metrics: each site's last round's compute time and update size.
-    assert all(re.search(r"last round [0-9.]+ s \(CPU [0-9.]+ s\); update [0-9.]+ KiB", s["usage"])
+    # The data column: each site's rows per split and its label histogram, from its status.
+    assert all(re.match(r"\d+ / \d+ / \d+labels 0: \d+, 1: \d+", s["data"])
+               for s in page["sites"].values()), page["sites"]
+    # Live from ps/metrics: each site's last round's compute time (milliseconds, never "0.0 s") and update size.
+    seconds = r"(<1 ms|[0-9.]+ ms|[0-9.]+ s)"
+    assert all(re.search(rf"last round {seconds} \(CPU {seconds}\); update [0-9.]+ KiB", s["usage"])
                for s in page["sites"].values() if s["rounds"] > 0), page["sites"]
+    assert "0.0 s" not in json.dumps(page["sites"])
     chrome.save_screenshot(str(screenshots / "02-rounds-advance.png"))
 
     # A killed site goes offline (its Last Will), and the others carry on.
@@ -106,6 +116,14 @@ def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboar
     page = wait_page(chrome, lambda p: p["sites"]["va"]["state"] == "offline", 60, "va offline", fed)
     rounds_when_killed = page["sites"]["va"]["rounds"]
     chrome.save_screenshot(str(screenshots / "03-site-killed.png"))
+    # The timeline says so, and then that rounds close without it, not waiting for their deadline.
+    assert ["offline", "va offline: connection lost"] in page["events"]
+    without_va = re.compile(r"round \d+ closed without va \(offline\)")
+    page = wait_page(chrome, lambda p: any(k == "offline" and without_va.fullmatch(t) for k, t in p["events"]),
+                     60, "a round closed without va", fed)
+    part = chrome.find_element("css selector", "section.run .part[id$='-timeline']")
+    chrome.execute_script("arguments[0].scrollIntoView()", part)
+    part.screenshot(str(screenshots / "dashboard-timeline-live.png"))
 
     # A hostile status string with va's own credentials is shown as text, never run or parsed as markup.
     settings = fed.layout.settings("va")
@@ -120,12 +138,17 @@ def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboar
     fed.wait_ps_done(300)
     page = wait_page(chrome, lambda p: p["facts"].get("phase", "").startswith("done"), 30, "phase done", fed)
     assert page["facts"]["round"] == "10 of 10" and page["header"] == "finished"
+    assert page["facts"]["phase"] != "done — done"
     # Rounds per site as the PS recorded them (a slow machine may leave any site out of a round at its deadline).
     report = json.loads((fed.work / "ps" / "report.json").read_text())
     for site in fed.sites:
         assert page["sites"][site]["rounds"] == sum(site in r["sites"] for r in report["rounds"]), site
-    assert page["sites"]["va"]["rounds"] == rounds_when_killed < 10
+    # Its count stopped: an update it sent just before it was killed may still close that round with it.
+    assert rounds_when_killed <= page["sites"]["va"]["rounds"] <= rounds_when_killed + 1 < 10
     chrome.save_screenshot(str(screenshots / "05-run-done.png"))
+    # The live page's best round is the report's (the same rule on the same metric, from ps/status).
+    assert page["facts"]["best round"].startswith(f"round {report['best_round']['round']} by "
+                                                  f"{report['best_round']['metric']} ")
 
     # The finished run directory shows the same page without a broker.
     fed.stop_all()

@@ -308,7 +308,8 @@ def _wait_rendered(driver) -> dict:
         page = driver.execute_script("""
             const h = document.querySelector('section.run h2');
             if (!h) return null;
-            const legend = [...document.querySelectorAll('.legend span')].map(s => getComputedStyle(s).color);
+            const legend = [...document.querySelectorAll('.legend .swatch')].map(
+                s => getComputedStyle(s).backgroundColor);
             return {heading: h.textContent, rows: document.querySelectorAll('table.sites tr[data-site]').length,
                     lines: document.querySelectorAll('figure.plot svg polyline').length, legend,
                     header: getComputedStyle(document.querySelector('header')).backgroundColor,
@@ -324,7 +325,7 @@ def _assert_renders_as_before(page: dict) -> None:
     assert page["lines"] == 3  # the mean and one line per site
     assert page["header"] == "rgb(29, 43, 69)"  # style.css applied
     # Colours set by app.js through the DOM (not inline markup): allowed by the policy.
-    assert page["legend"] == ["rgb(17, 17, 17)", "rgb(255, 127, 14)", "rgb(44, 160, 44)"]
+    assert page["legend"] == ["rgb(17, 17, 17)", "rgb(31, 119, 180)", "rgb(255, 127, 14)"]  # mean, a, b
 
 
 @pytest.mark.e2e

@@ -44,6 +44,7 @@ def test_live_view_accumulates_rounds_and_says_history_is_missing() -> None:
     view = _live()
     _feed(view, topics.ps_status_topic(RUN), m.DaemonStatus(
         run_id=RUN, sender="ps", round=3, state="training", algorithm="fedavg", rounds_total=10,
+        selection_metric="loss",
         sites_expected=("a", "b"), sites_online=("a", "b"), waiting_for=("b",), rejected={"b": {"schema": 2}},
         upload_turns={"b": 7}))
     _feed(view, topics.site_status_topic(RUN, "a"), m.SiteStatus(run_id=RUN, sender="a", round=3, state="training",
@@ -188,6 +189,9 @@ def test_http_is_read_only_with_a_strict_csp(dashboard, tmp_path: Path) -> None:
             assert exc.code == code, (method, path, exc.code)
         else:
             raise AssertionError(f"{method} /{path} succeeded")
+    for path in ("favicon.ico", "static/favicon.svg"):  # served from static/, no external resource
+        with urllib.request.urlopen(url + path, timeout=10) as icon:
+            assert icon.headers["Content-Type"] == "image/svg+xml" and icon.read().startswith(b"<svg")
     js = urllib.request.urlopen(url + "static/app.js", timeout=10).read().decode()
     for sink in (".innerHTML", ".outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
         assert sink not in js, sink
