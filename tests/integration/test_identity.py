@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.reasoncodes import ReasonCode
+from signed_wire import identity
 
 from broker.config import free_port
 from broker.federation import FederationLayout, init_federation
@@ -290,7 +291,7 @@ def test_each_connection_of_a_party_logs_in_with_its_own_certificate(mtls: Feder
     """A site's control and bulk connections (Channel.open) and several observers: each is its own user, so none
     pushes another off."""
     site = Channel.open(lambda **kw: MqttTransport(mtls.settings("site-a"), **kw), client_id="site",
-                        will=None, run_id=mtls.run_id, sender="site-a")
+                        will=None, run_id=mtls.run_id, identity=identity(mtls.run_id, "site-a"))
     site.connect(timeout_s=10)
     observers = [MqttTransport(mtls.settings("observer"), client_id="o", seat=seat).connect(timeout_s=10)
                  for seat in (None, "1", "7")]
