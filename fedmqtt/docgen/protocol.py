@@ -5,7 +5,7 @@ What is generated and from where (so the document cannot drift from the code):
 - payload kinds per topic: the channel's own table of what it accepts where;
 - encoding: schemas.messages.TEXT_KINDS (JSON) versus everything else (msgpack);
 - who may write and read: the Mosquitto ACL that broker/acl.py renders, matched topic by topic;
-- QoS and retention: the values below, which tests/unit/test_docs_protocol.py checks against a real broker;
+- QoS and retention: the values below, which tests/integration/test_docs_protocol.py checks against a real broker;
 - payload schemas: each pydantic model's JSON Schema;
 - limits, states and reason codes: the constants themselves.
 Publisher and subscriber columns and the prose are written here by hand: they explain, they do not define.
@@ -35,7 +35,7 @@ from schemas.messages import TEXT_KINDS, DaemonStatus, Message, SiteStatus
 PATH = "docs/protocol.md"
 SCHEMA_DIR = "docs/schemas"
 # Every message fedmqtt publishes goes out at this QoS (fedmqtt.transport.mqtt publishes and subscribes at
-# QoS 2 only), and so do the Last Wills. Checked against a real Mosquitto by tests/unit/test_docs_protocol.py.
+# QoS 2 only), and so do the Last Wills. Checked against a real Mosquitto by tests/integration/test_docs_protocol.py.
 QOS = 2
 # Mosquitto's bridge notification (site/<id>/bridge) and its Will: QoS 1, retained (Mosquitto's own choice).
 BRIDGE_QOS = 1

@@ -26,8 +26,6 @@ from fedmqtt.transport import topics
 from fedmqtt.transport.mqtt import MqttTransport, explain, is_transient
 from fedmqtt.transport.settings import BrokerSettings
 
-pytestmark = pytest.mark.integration
-
 RUN = "rc-run"
 PASSWORDS = {"ps": secrets.token_urlsafe(16), "observer": secrets.token_urlsafe(16),
              "site-a": secrets.token_urlsafe(16)}
