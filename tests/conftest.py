@@ -1,10 +1,17 @@
-"""Shared fixtures: a real Mosquitto per test with its own federation and run id, and real paho clients."""
+"""Shared fixtures: a real Mosquitto per test with its own federation and run id, real paho clients, and a
+`fedmqtt dashboard` process; the markers each test folder implies."""
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
+import signal
+import subprocess
+import sys
 import threading
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,13 +20,51 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.reasoncodes import ReasonCode
 
-from broker.config import free_port
-from broker.federation import FederationLayout, init_federation
-from broker.process import BrokerProcess, find_mosquitto
-from fedmqtt.errors import BrokerError
-from fedmqtt.transport.settings import BrokerSettings
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS / "e2e"))  # harness.py: the CLI federation and process helpers
+
+from harness import PORT_TRIES, _port_open, on_free_port, port_taken, stop_processes  # noqa: E402
+
+from broker.config import free_port  # noqa: E402
+from broker.federation import FederationLayout, init_federation  # noqa: E402
+from broker.process import BrokerProcess, find_mosquitto  # noqa: E402
+from fedmqtt.errors import BrokerError  # noqa: E402
+from fedmqtt.transport.settings import BrokerSettings  # noqa: E402
 
 CONNECT_TIMEOUT_S = 5.0
+# What a test needs follows from its folder: the marker is set here, once, not in each file.
+FOLDER_MARKERS = {"integration": "integration", "e2e": "e2e", "browser": "browser"}
+# Modules whose tests share a module-scoped fixture too costly to build on every pytest-xdist worker (a Dask
+# cluster of worker processes): with `--dist loadgroup` (scripts/test.sh) one worker runs all of them.
+ONE_WORKER_MODULES = {"integration/test_grid_cluster.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker and xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.resolve()
+        if not path.is_relative_to(TESTS):
+            continue
+        relative = path.relative_to(TESTS)
+        marker = FOLDER_MARKERS.get(relative.parts[0])
+        if marker is not None:
+            item.add_marker(marker)
+        if relative.as_posix() in ONE_WORKER_MODULES and item.config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group(relative.stem))
+
+
+@pytest.fixture(autouse=True)
+def _collect_mqtt_garbage(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A closed paho client that sits in a reference cycle (its callbacks are bound methods of its owner) is
+    left to the cycle collector, which may finalise its socket pair before the client's __del__ closes it: a
+    ResourceWarning, an error under filterwarnings, in whichever test runs next on this pytest-xdist worker.
+    Collect each MQTT test's garbage at its own teardown, quietly, as test_tls.py does after a failed
+    handshake."""
+    yield
+    if any(request.node.get_closest_marker(name) for name in FOLDER_MARKERS.values()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
 
 
 def reachable_by_broker(path: Path) -> Path:
@@ -89,8 +134,13 @@ class RunningFederation:
 def federation(mosquitto_bin: str, tmp_path: Path) -> Iterator[RunningFederation]:
     """Sites site-a and site-b, a fresh run id, a broker on a free loopback port; stopped at teardown."""
     run_id = f"t-{secrets.token_hex(4)}"
-    layout = init_federation(tmp_path / "fed", run_id=run_id, site_ids=["site-a", "site-b"], port=free_port())
-    running = RunningFederation(layout, BrokerProcess.start(layout.conf_path, port=layout.port))
+
+    def start(port: int) -> RunningFederation:
+        layout = init_federation(tmp_path / "fed", run_id=run_id, site_ids=["site-a", "site-b"], port=port,
+                                 force=True)
+        return RunningFederation(layout, BrokerProcess.start(layout.conf_path, port=layout.port))
+
+    running = on_free_port(start)
     try:
         yield running
     finally:
@@ -135,3 +185,40 @@ def paho_client() -> Iterator[Callable[..., mqtt.Client]]:
         # and warn ("unclosed socket"), which fails the session at exit.
         client.on_message = client.on_connect = client.on_subscribe = client.on_disconnect = None
     clients.clear()
+
+
+@pytest.fixture
+def dashboard(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Factory: `dashboard(*cli_args)` starts `fedmqtt dashboard ... --port P` and returns its URL (https with
+    --tls); its output goes to `dashboard-<port>.log` in the test's tmp dir. All are stopped at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> str:
+        for attempt in range(1, PORT_TRIES + 1):
+            port = free_port()
+            log = tmp_path / f"dashboard-{port}.log"
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen([sys.executable, "-m", "fedmqtt", "dashboard", *args, "--port", str(port)],
+                                        stdout=fh, stderr=subprocess.STDOUT)
+            procs.append(proc)
+            if _wait_listening(port, 30, proc, log):
+                return f"{'https' if '--tls' in args else 'http'}://127.0.0.1:{port}/"
+            output = log.read_text(errors="replace")
+            if attempt == PORT_TRIES or not port_taken(output):  # else another process took the port: again
+                pytest.fail(f"dashboard exited with {proc.returncode}:\n{output}")
+        raise AssertionError("unreachable")
+
+    yield start
+    stop_processes([(proc, signal.SIGTERM) for proc in procs])
+
+
+def _wait_listening(port: int, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> bool:
+    """True once the process listens on `port`, False if it exited first; fails the test after `timeout_s`."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            return False
+        if _port_open("127.0.0.1", port):
+            return True
+        time.sleep(0.1)
+    pytest.fail(f"dashboard did not listen on {port} within {timeout_s} s:\n{log.read_text(errors='replace')}")

@@ -30,7 +30,7 @@ from schemas.messages import ModelSpec, TrainSettings
 from site_agent.config import SiteConfig
 
 PATH = "docs/configuration.md"
-# Models whose every field must carry a description (tests/unit/test_docs_protocol.py checks it).
+# Models whose every field must carry a description (tests/integration/test_docs_protocol.py checks it).
 DESCRIBED: tuple[type[BaseModel], ...] = (DaemonConfig, RecruitmentConfig, MetricsConfig, ModelSpec, TrainSettings,
                                           SiteConfig, BrokerSettings, SigningSettings, SimulationConfig)
 

@@ -6,7 +6,7 @@ or value made from the code, so the document cannot drift from it:
 - payload kinds per topic: the channel's own table of what it accepts where;
 - encoding: schemas.messages.TEXT_KINDS (JSON) versus everything else (msgpack);
 - who may write and read: the Mosquitto ACL that broker/acl.py renders, matched topic by topic;
-- QoS and retention: the values in protocol_topics, which tests/unit/test_docs_protocol.py checks against a
+- QoS and retention: the values in protocol_topics, which tests/integration/test_docs_protocol.py checks against a
   real broker;
 - payload schemas: each pydantic model's JSON Schema;
 - limits, states and reason codes: the constants themselves.

@@ -21,7 +21,7 @@ from fedmqtt.transport import channel, topics
 from schemas.messages import TEXT_KINDS
 
 # Every message fedmqtt publishes goes out at this QoS (fedmqtt.transport.mqtt publishes and subscribes at
-# QoS 2 only), and so do the Last Wills. Checked against a real Mosquitto by tests/unit/test_docs_protocol.py.
+# QoS 2 only), and so do the Last Wills. Checked against a real Mosquitto by tests/integration/test_docs_protocol.py.
 QOS = 2
 # Mosquitto's bridge notification (site/<id>/bridge) and its Will: QoS 1, retained (Mosquitto's own choice).
 BRIDGE_QOS = 1

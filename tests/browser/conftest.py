@@ -1,66 +1,19 @@
-"""Fixtures for the dashboard tests: headless Chromium (Debian's chromium + chromium-driver) and a running
-`fedmqtt dashboard` process. Browser tests skip locally when Chromium is missing and fail under CI."""
+"""Fixtures for the browser tests: headless Chromium (Debian's chromium + chromium-driver) driven by selenium
+(the `dashboard` process fixture is in tests/conftest.py). They skip locally when Chromium is missing and fail
+under CI."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the CLI federation harness
-
 CHROMEDRIVER = "/usr/bin/chromedriver"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            pytest.fail(f"dashboard exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    pytest.fail(f"dashboard did not listen on {port} within {timeout_s} s:\n{log.read_text(errors='replace')}")
-
-
-@pytest.fixture
-def dashboard(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """Factory: `dashboard(*cli_args)` starts `fedmqtt dashboard ... --port P` and returns its URL (https with
-    --tls); its output goes to `dashboard-<port>.log` in the test's tmp dir."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> str:
-        port = free_port()
-        log = tmp_path / f"dashboard-{port}.log"
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "fedmqtt", "dashboard", *args, "--port", str(port)],
-                                    stdout=fh, stderr=subprocess.STDOUT)
-        procs.append(proc)
-        wait_port(port, 30, proc, log)
-        return f"{'https' if '--tls' in args else 'http'}://127.0.0.1:{port}/"
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture
@@ -84,7 +37,8 @@ def _chrome(*, accept_insecure_certs: bool) -> Iterator[object]:
     except ImportError:
         missing.append("selenium (pip)")
     if missing:
-        why = f"browser tests need {', '.join(missing)} (scripts/setup.sh --browser installs them)"
+        why = (f"browser tests need {', '.join(missing)} (scripts/test.sh installs chromium and chromium-driver "
+               "with apt-get; selenium is in the dev extra)")
         if os.environ.get("CI"):
             pytest.fail(f"{why}; CI must run the browser tests")
         pytest.skip(why)

@@ -76,10 +76,6 @@ def federation(mosquitto_bin: str, tmp_path: Path):
                         train={**FAST_TRAIN, "epochs": 60}, share_label_histogram=True)
     yield fed
     fed.stop_all()
-    for proc in fed.procs.values():  # stop_all SIGKILLs a process slow to stop without reaping it
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboard, chrome, screenshots: Path) -> None:

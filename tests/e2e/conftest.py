@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from harness import CliFederation
+from harness import CliFederation, stop_federations
 
 
 @pytest.fixture
@@ -19,5 +19,4 @@ def cli_federation(mosquitto_bin: str, tmp_path: Path) -> Iterator[Callable[...,
         return fed
 
     yield make
-    for fed in made:
-        fed.stop_all()
+    stop_federations(made)  # all at once: a test with two federations waits for the slowest process only

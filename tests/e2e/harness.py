@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -17,6 +18,7 @@ from safetensors.numpy import load_file
 from broker.config import free_port
 from broker.federation import FederationLayout, load_federation
 from fedmqtt.demo import write_role_configs
+from fedmqtt.errors import BrokerError
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
@@ -24,6 +26,45 @@ from fedmqtt.transport.mqtt import MqttTransport
 SITES = ("cleveland", "hungary", "switzerland", "va")
 # Small but real local work, so four sites and the PS fit on two cores.
 FAST_TRAIN = {"epochs": 1, "batch_size": 32, "lr": 0.003, "optimizer": "adam"}
+# free_port() only says a port was free a moment ago: under pytest-xdist another worker's broker (or any
+# process) can take it before Mosquitto binds it. A start that finds its port taken tries a new one.
+PORT_TRIES = 5
+_PORT_TAKEN = ("address already in use", "cannot listen on")  # Mosquitto, aiohttp, BrokerProcess
+T = TypeVar("T")
+
+
+def port_taken(text: str) -> bool:
+    """Whether a broker's error output says its port was taken by someone else."""
+    return any(sign in text.lower() for sign in _PORT_TAKEN)
+
+
+def on_free_port(start: Callable[[int], T], tries: int = PORT_TRIES) -> T:
+    """`start(port)` with a free port; again with a new one (up to `tries` in all) while it raises a
+    BrokerError saying the port was taken. `start` must lay out everything that names the port itself."""
+    for attempt in range(1, tries + 1):
+        try:
+            return start(free_port())
+        except BrokerError as exc:
+            if attempt == tries or not port_taken(str(exc)):
+                raise
+    raise AssertionError("unreachable")
+
+
+def stop_processes(procs: Iterable[tuple[subprocess.Popen[bytes], int]], timeout_s: float = 10.0) -> None:
+    """Send each (process, signal) its signal first, then wait for all of them against one deadline, then
+    SIGKILL and reap whatever is left: teardown costs the slowest process, not the sum of them."""
+    procs = list(procs)
+    for proc, signum in procs:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    deadline = time.monotonic() + timeout_s
+    for proc, _ in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for proc, _ in procs:
+        proc.wait()
 
 
 def cli(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -45,16 +86,8 @@ class CliFederation:
         self.work = work
         self.sites = sites
         self.logs = work / "logs"
-        fed = work / "federation"
-        args = ["broker", "init", "--dir", str(fed), "--run-id", run_id, "--port", str(free_port())]
-        for site in sites:
-            args += ["--site", site]
-        args += list(init_extra)
-        subprocess.run([sys.executable, "-m", "fedmqtt", *args], check=True, capture_output=True)
-        self.layout: FederationLayout = load_federation(fed)
-        for path in self.layout.credentials.values():
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.writelines(f"{key} = {value}\n" for key, value in (broker_extra or {}).items())
+        self._run_id, self._broker_extra, self._init_extra = run_id, broker_extra or {}, init_extra
+        self.layout: FederationLayout = self._init_federation(free_port())
         self.ps_config, self.site_configs = write_role_configs(
             self.layout, work, rounds=rounds, seed=0, round_timeout_s=round_timeout_s, train=train or FAST_TRAIN,
             algorithm=algorithm, hyper=hyper, model=model, share_label_histogram=share_label_histogram,
@@ -62,10 +95,50 @@ class CliFederation:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.observer: Channel | None = None
 
+    def _init_federation(self, port: int, *, force: bool = False) -> FederationLayout:
+        """`broker init` on `port`; again with force=True gives the same federation a new port and passwords
+        (the role configs name only the credentials files, which keep their paths)."""
+        fed = self.work / "federation"
+        args = ["broker", "init", "--dir", str(fed), "--run-id", self._run_id, "--port", str(port)]
+        for site in self.sites:
+            args += ["--site", site]
+        args += [*self._init_extra, *(["--force"] if force else [])]
+        subprocess.run([sys.executable, "-m", "fedmqtt", *args], check=True, capture_output=True)
+        layout = load_federation(fed)
+        for path in layout.credentials.values():
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.writelines(f"{key} = {value}\n" for key, value in self._broker_extra.items())
+        return layout
+
     # -- processes ------------------------------------------------------------------------------
     def start_broker(self) -> None:
-        self.procs["broker"] = cli("broker", "start", "--dir", str(self.layout.fed_dir), log=self.logs / "broker.log")
-        wait_until(lambda: _port_open(self.layout.host, self.layout.port), 15, "broker port open")
+        """`broker start`, back once it has written its pid file (after Mosquitto accepted a connection). The
+        first start of the federation moves to a new port if another process took its port (see on_free_port);
+        a restart keeps its port, which the clients know."""
+        for attempt in range(1, PORT_TRIES + 1):
+            exited = self._start_broker_once()
+            if exited is None:
+                return
+            first_start = list(self.procs) == ["broker"]
+            if not (first_start and port_taken(exited)) or attempt == PORT_TRIES:
+                raise AssertionError(f"broker start exited with {self.procs['broker'].returncode}:\n{exited}")
+            self.layout = self._init_federation(free_port(), force=True)
+
+    def _start_broker_once(self) -> str | None:
+        """None once the broker is up; the output of `broker start` if it exited instead."""
+        log, pid_path = self.logs / "broker.log", self.layout.pid_path
+        offset = log.stat().st_size if log.exists() else 0
+        stale = pid_path.read_text() if pid_path.is_file() else None  # left by a SIGKILLed `broker start`
+        proc = self.procs["broker"] = cli("broker", "start", "--dir", str(self.layout.fed_dir), log=log)
+
+        def up_or_exited() -> bool:
+            if proc.poll() is not None:
+                return True
+            pid = pid_path.read_text() if pid_path.is_file() else None
+            return pid not in (None, "", stale) and _port_open(self.layout.host, self.layout.port)
+
+        wait_until(up_or_exited, 15, "broker started")
+        return None if proc.poll() is None else log.read_bytes()[offset:].decode(errors="replace")
 
     def start_ps(self, *, resume: bool = False, fault: str | None = None, extra: tuple[str, ...] = ()) -> None:
         """`fault` (e.g. "after_checkpoint:1") makes the PS SIGKILL itself at that point (FEDMQTT_FAULT);
@@ -93,16 +166,8 @@ class CliFederation:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
 
-    def stop_all(self) -> None:
-        if self.observer is not None:
-            self.observer.transport.close()
-        for name, proc in reversed(list(self.procs.items())):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT if name == "broker" else signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        stop_federations([self], timeout_s)
 
     # -- watching -------------------------------------------------------------------------------
     def watch(self) -> Channel:
@@ -142,6 +207,19 @@ class CliFederation:
 
     def final_weights(self) -> dict[str, np.ndarray]:
         return load_file(str(self.work / "ps" / "final_model.safetensors"))
+
+
+def stop_federations(feds: Iterable[CliFederation], timeout_s: float = 10.0) -> None:
+    """SIGTERM the PS and the sites of every federation at once and wait for them together, so they say goodbye
+    to a live broker; then SIGINT the brokers (Ctrl-C: each stops its Mosquitto). Stragglers are SIGKILLed."""
+    feds = list(feds)
+    for fed in feds:
+        if fed.observer is not None:
+            fed.observer.transport.close()
+            fed.observer = None
+    stop_processes([(proc, signal.SIGTERM) for fed in feds for name, proc in fed.procs.items() if name != "broker"],
+                   timeout_s)
+    stop_processes([(fed.procs["broker"], signal.SIGINT) for fed in feds if "broker" in fed.procs], timeout_s)
 
 
 def _port_open(host: str, port: int) -> bool:

@@ -9,15 +9,12 @@ import threading
 import msgpack
 import numpy as np
 import paho.mqtt.client as mqtt
-import pytest
 
 from fedmqtt.transport import topics
 from fedmqtt.transport.signing import Identity
 from schemas import messages as m
 from schemas.codec import decode, encode
 from schemas.tensors import TensorBlob
-
-pytestmark = pytest.mark.e2e
 
 
 def _retained_model(client: mqtt.Client, run_id: str, me: Identity) -> m.GlobalModel:

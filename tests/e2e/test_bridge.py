@@ -29,7 +29,7 @@ from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.settings import BrokerSettings
 from schemas import messages as m
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SITES = ("cleveland", "hungary", "switzerland")
 ROUNDS = 3

@@ -20,7 +20,7 @@ from fedmqtt.demo import DEMO_MODEL
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from schemas import messages as m
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 ROUNDS = 4
 SITES = ("cleveland", "hungary")
 

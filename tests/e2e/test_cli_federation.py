@@ -8,11 +8,9 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from schemas import messages as m
 
-pytestmark = pytest.mark.e2e
 ROUNDS = 3
 
 

@@ -39,7 +39,7 @@ from schemas import messages as m
 from schemas.codec import decode, encode
 from schemas.tensors import TensorBlob
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 RUN = "e2e-fuzz"
 HONEST = ("cleveland", "hungary")
 MALLORY = "switzerland"

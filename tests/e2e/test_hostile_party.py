@@ -28,7 +28,7 @@ from schemas.chunks import ChunkManifest, TensorEntry, root_digest
 from schemas.codec import decode, encode
 from schemas.tensors import TensorBlob
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 RUN = "e2e-hostile"
 SITES = ("cleveland", "hungary")
 MALLORY = "cleveland"  # its agent never runs: a client with its credentials plays it

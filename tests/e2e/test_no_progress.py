@@ -7,9 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.e2e
 BAR = ("it/s", "round/s", "s/round", "%|")
 
 

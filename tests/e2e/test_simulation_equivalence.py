@@ -10,7 +10,6 @@ from safetensors.numpy import load_file, save_file
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.training.weights import initial_arrays
 
-pytestmark = pytest.mark.e2e
 ROUNDS = 2
 SITES = ("cleveland", "switzerland")
 # A BatchNorm model, so FLOATBUF/INTBUF and local normalisation layers take their real paths.

@@ -14,7 +14,6 @@ from safetensors.numpy import load_file
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from schemas import messages as m
 
-pytestmark = pytest.mark.e2e
 ROUNDS = 3
 SITES = ("cleveland", "switzerland")
 KILLED = "cleveland"

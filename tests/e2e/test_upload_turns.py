@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.transport import topics
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SITES = ("cleveland", "hungary", "switzerland")
 ROUNDS = 2

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import stop_processes
 
 REPO = Path(__file__).resolve().parents[2]
 SITES = ("cleveland", "hungary")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def _run(*args: str | Path, cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
@@ -102,12 +103,7 @@ def test_installed_wheel_runs_a_federation_outside_the_repo(mosquitto_bin: str, 
         assert rc == 0, (logs / "ps.log").read_text()[-3000:]
         assert (work / "ps" / "final_model.safetensors").is_file()
         assert "(plain TCP, no TLS)" in (logs / "broker.log").read_text()
-    finally:
-        for name, proc in reversed(list(procs.items())):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT if name == "broker" else signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+    finally:  # the PS and sites together, then the broker (Ctrl-C: it stops its Mosquitto)
+        stop_processes([(proc, signal.SIGTERM) for name, proc in procs.items() if name != "broker"], 15)
+        stop_processes([(procs["broker"], signal.SIGINT)], 15)
     print(f"wheel build + venv + install: {install_s:.1f} s")

@@ -18,7 +18,6 @@ from schemas.codec import decode, encode
 from schemas.tensors import arrays_to_blobs, tensors_hash
 from tests.integration.test_security import Inbox, publish
 
-pytestmark = pytest.mark.integration
 MiB = 1 << 20
 
 

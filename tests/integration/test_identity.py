@@ -36,7 +36,6 @@ from fedmqtt.transport.mqtt import MqttTransport
 if TYPE_CHECKING:
     from tests.conftest import RunningFederation
 
-pytestmark = pytest.mark.integration
 
 WAIT_S = 5.0
 WILL = b"offline-by-will"

@@ -20,8 +20,6 @@ from broker.config import connection_limit
 from broker.federation import FederationLayout, init_federation, load_federation
 from fedmqtt.transport.settings import BrokerSettings
 
-pytestmark = pytest.mark.integration
-
 
 def _fedmqtt(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "fedmqtt", *args], capture_output=True, text=True, timeout=60,
@@ -58,9 +56,10 @@ def _code(settings: BrokerSettings, *, seat: str | None = None) -> int | None:
     client.on_connect = lambda _c, _u, _f, reason, _p: (got.append(reason.value), done.set())
     try:
         client.connect(settings.host, settings.port, keepalive=10)
-    except OSError:  # ssl.SSLError too: paho leaves that socket unclosed, collect it quietly here
+    except OSError as exc:  # ssl.SSLError too: paho leaves that socket unclosed, collect it quietly here
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
+            exc.__traceback__ = None  # its frames hold the socket
             gc.collect()
         return None
     client.loop_start()

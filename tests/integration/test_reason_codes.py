@@ -25,8 +25,6 @@ from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.reasons import explain, is_transient
 from fedmqtt.transport.settings import BrokerSettings
 
-pytestmark = pytest.mark.integration
-
 RUN = "rc-run"
 PASSWORDS = {"ps": secrets.token_urlsafe(16), "observer": secrets.token_urlsafe(16),
              "site-a": secrets.token_urlsafe(16)}

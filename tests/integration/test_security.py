@@ -18,7 +18,6 @@ from fedmqtt.transport import topics
 if TYPE_CHECKING:
     from tests.conftest import RunningFederation
 
-pytestmark = pytest.mark.integration
 
 WAIT_S = 5.0  # upper bound for something that must happen
 GRACE_S = 0.5  # how long "nothing arrives" is watched after a later message proved delivery works

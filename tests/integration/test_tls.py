@@ -31,8 +31,6 @@ from fedmqtt.transport import topics
 from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.settings import BrokerSettings
 
-pytestmark = pytest.mark.integration
-
 
 def _init(tmp: Path, *, mtls: bool = False, names: list[str] | None = None) -> FederationLayout:
     return init_federation(tmp, run_id=f"t-{secrets.token_hex(3)}", site_ids=["site-a", "site-b"],
@@ -67,7 +65,7 @@ def _connack(settings: BrokerSettings, *, context: ssl.SSLContext | None, timeou
     try:
         client.connect(settings.host, settings.port, keepalive=10)
     except (ssl.SSLError, OSError) as exc:
-        _collect_failed_handshake()
+        _collect_failed_handshake(exc)
         return exc
     client.loop_start()
     done.wait(timeout_s)
@@ -76,11 +74,14 @@ def _connack(settings: BrokerSettings, *, context: ssl.SSLContext | None, timeou
     return got[0] if got else None
 
 
-def _collect_failed_handshake() -> None:
+def _collect_failed_handshake(exc: BaseException | None = None) -> None:
     """paho drops the socket of a failed TLS handshake without closing it; collect it now, quietly, instead of
-    letting its ResourceWarning land in a later test."""
+    letting its ResourceWarning land in a later test (on another pytest-xdist worker, in whichever test runs
+    next). The frames of `exc`'s traceback still hold it: let go of them first."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
+        if exc is not None:
+            exc.__traceback__ = None
         gc.collect()
 
 

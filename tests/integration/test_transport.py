@@ -17,8 +17,6 @@ from fedmqtt.transport.mqtt import MqttTransport
 from schemas import messages as m
 from schemas.tensors import arrays_to_blobs, tensors_hash
 
-pytestmark = pytest.mark.integration
-
 
 def _channel(federation, user: str, *filters: str) -> Channel:
     t = MqttTransport(federation.settings(user), client_id=f"{user}-{np.random.randint(1 << 30)}")

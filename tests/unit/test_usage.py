@@ -35,11 +35,37 @@ def test_amp_is_bfloat16_on_cuda_only(choice, device, expected) -> None:
     assert pick_amp(choice, device) == expected
 
 
-def test_amp_auto_follows_the_gpu() -> None:
-    expected = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else None
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: the auto choice on a GPU cannot be checked here")
+@pytest.mark.parametrize(("bf16", "expected"), [(True, "bfloat16"), (False, None)])
+def test_amp_auto_follows_the_gpus_bfloat16_support(monkeypatch, bf16, expected) -> None:
+    # What torch says of the GPU, set here: the decision runs on the CPU too.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
     assert pick_amp("auto", "cuda") == expected
+    assert pick_amp("auto", "cuda:1") == expected
+    assert pick_amp("auto", "cpu") is None
+
+
+def test_amp_auto_without_a_gpu_is_full_precision() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the no-GPU answer cannot be checked here")
+    assert pick_amp("auto", "cuda") is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch's bfloat16 query of a real GPU)")
+def test_amp_auto_follows_the_gpu() -> None:
+    expected = "bfloat16" if torch.cuda.is_bf16_supported() else None
+    assert pick_amp("auto", "cuda") == expected
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU memory and synchronisation)")
+def test_cuda_round_reports_gpu_memory() -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(512, 13)).astype(np.float32), rng.integers(0, 2, 512).astype(np.float32)
+    model = build_model("mlp", {"in_features": 13, "hidden": [256, 256]}).to("cuda")
+    with UsageMeter("cuda", "bfloat16") as meter:
+        train_local(model, x, y, TrainSettings(epochs=1, batch_size=32), seed=0, device="cuda", amp="bfloat16")
+    u = meter.usage
+    assert u is not None and u.device == "cuda" and u.amp == "bfloat16"
+    assert 0 < u.wall_s and u.gpu_peak_mem_mb is not None and u.gpu_peak_mem_mb > 0
 
 
 def test_usage_totals_per_site_and_missing_energy_stays_missing() -> None:

@@ -116,7 +116,6 @@ def test_delivery_table_matches_the_acl() -> None:
     assert rows["`fedmqtt/v1/<run>/site/<site>/update`"].split("|")[4].strip() == "PS, the site itself"
 
 
-@pytest.mark.integration
 def test_qos_and_retention_as_documented(federation, paho_client) -> None:
     """What protocol.md says about QoS and retention is what a real broker delivers: a client that subscribes
     after the PS published gets the status, the model's manifest and its chunks, retained, at the documented
