@@ -116,8 +116,6 @@ class InboundEvents:
             return None
         if isinstance(msg, m.SiteStatus):
             return self._site_status_event(site, msg, now)
-        if known and isinstance(msg, (m.ClientUpdate, m.EvalReport)):
-            self.liveness.heard_from(site)
         if isinstance(msg, m.ClientUpdate):
             return self._update_event(state, site, msg, arrived, now)
         if isinstance(msg, m.EvalReport):
@@ -172,5 +170,9 @@ class InboundEvents:
             self.channel.clear_received(topics.site_update_topic(self.config.run_id, site), arrived.chunks)
             crash_point("after_update_cleared", msg.round)
         update = SiteUpdate(site, tensors, msg.n_samples, msg.local_steps, extras)
+        if site in self.config.sites:
+            # Accepted: a sign of life. A refused message is none (whoever holds the site's credentials can send
+            # those, also after saying "offline").
+            self.liveness.heard_from(site)
         return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
                               msg.val_metrics, msg.undefined, msg.no_step_reason)

@@ -11,7 +11,7 @@ the time the PS reads them:
 - The Wills fired on the broker's way down reach the PS just before its own connection drops.
 So a down-signal is held, not acted on: for LIVE_GRACE_S, or REPLAY_GRACE_S when it arrives soon after the PS
 reconnected (it may be such an echo). A sign of life from the site meanwhile (a status that is not "offline", an
-update, a report, a bridge "1") voids it, and so does the PS losing its connection (the broker replays what is
+accepted update, a bridge "1") voids it, and so does the PS losing its connection (the broker replays what is
 still true after the reconnect). Only a signal that outlives its grace becomes a SiteOffline. A bridge "1" brings
 back a site that was offline only because of its bridge, with what the site's own last status said.
 """
@@ -68,7 +68,7 @@ class SiteLiveness:
         self._clear(ev.site_id, AGENT, BRIDGE)
 
     def heard_from(self, site: str) -> None:
-        """An update or a report: the site and its link were up when it sent it."""
+        """An accepted update: the site and its link were up when it sent it."""
         for source in (AGENT, BRIDGE):
             self._held.pop((site, source), None)
 

@@ -32,7 +32,7 @@ def test_a_sign_of_life_voids_a_held_will() -> None:
     live.down("a", AGENT, 10.0, connection=1)
     live.down("b", BRIDGE, 10.0, connection=1)
     live.status_up(_up("a", 11.0))
-    live.heard_from("b")  # an update crossed b's bridge: the link is up
+    live.heard_from("b")  # an accepted update crossed b's bridge: the link is up
     assert live.believed(60.0, connection=1, connected=True) == []
 
 
