@@ -4,6 +4,14 @@ The hospital's site agent talks to its local broker on loopback; the bridge carr
 across (out: everything the site writes; in: PS status, the global model and the site's own task, with their
 chunks), logs in as the site with the site's central credentials over TLS, and announces its link state on a
 per-site topic whose Will ("0") the central broker fires when the hospital broker or its link dies.
+
+That topic (`site/<id>/bridge`) never crosses the bridge from the hospital's side: Mosquitto 2.0.11 also keeps a
+local copy of the notification, and its Will "0" fires locally each time the link drops. With `site/<id>/#`
+bridged out, every reconnect attempt queued that local "0" for the central broker (the bridge re-reads the local
+retained messages of its out topics on each attempt), and after the link came back the queued copies arrived after
+the bridge's own "1": the central broker then held "0" for a hospital that was up. So the out topics name the
+site agent's kinds one by one, and the central broker hears only the bridge's "1" (sent on each connect) and its
+Will "0" (fired by the central broker itself).
 """
 
 from __future__ import annotations
@@ -225,8 +233,8 @@ def _bridge_lines(
         lines += [f"bridge_certfile {cert}", f"bridge_keyfile {key}"]
     ps_model = topics.ps_model_topic(run_id)
     ps_task = topics.ps_task_topic(run_id, site)
+    lines += [f"topic {topic} out 2" for topic in site_out_topics(run_id, site)]
     lines += [
-        f"topic {topics.site_all_filter(run_id, site)} out 2",
         f"topic {topics.ps_status_topic(run_id)} in 2",
         f"topic {ps_model} in 2",
         f"topic {topics.chunk_filter(ps_model)} in 2",
@@ -236,6 +244,18 @@ def _bridge_lines(
         f"topic {topics.federation_keys_topic(run_id)} in 2",  # key list changes reach the hospital's agent
     ]
     return lines
+
+
+def site_out_topics(run_id: str, site: str) -> list[str]:
+    """What the bridge carries to the central broker: every kind the site agent writes, with its chunks; not the
+    bridge's notification topic (see the module's docstring)."""
+    out: list[str] = []
+    for kind in topics.SITE_KINDS:
+        topic = topics.site_topic(run_id, site, kind)
+        out.append(topic)
+        if ("site", kind) in topics.CHUNKED_KINDS:
+            out.append(topics.chunk_filter(topic))
+    return out
 
 
 def _pem_file(path: Path, pem: str | None, source: Path | None, *, private: bool) -> Path | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fedmqtt.strategies.base import Weights
@@ -62,9 +62,10 @@ class PublishRecruitment:
 class PublishStatus:
     state: Phase
     round: int
-    waiting_for: tuple[str, ...]
+    waiting_for: tuple[str, ...]  # the selected sites that have not answered and can still answer
     deadline: float | None
     detail: str = ""
+    dropped: Mapping[str, str] = field(default_factory=dict)  # selected sites left out of the round -> why
 
 
 @dataclass(frozen=True)

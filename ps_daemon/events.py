@@ -27,6 +27,7 @@ class SiteOnline:
 class SiteOffline:
     site_id: str
     now: float
+    since: float | None = None  # when its Will arrived, if the PS held it before believing it (ps_daemon.liveness)
 
 
 @dataclass(frozen=True)

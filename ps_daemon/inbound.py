@@ -15,6 +15,7 @@ from fedmqtt.transport.topics import ParsedTopic
 from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, UpdateReceived
+from ps_daemon.liveness import AGENT, BRIDGE, SiteLiveness
 from ps_daemon.machine import Machine
 from ps_daemon.refusals import refusal_category
 from ps_daemon.spool import UpdateSpool
@@ -70,6 +71,7 @@ class InboundEvents:
         self.status = status
         self.usage = usage
         self.update_bytes = update_bytes
+        self.liveness = SiteLiveness()  # which down-signals are still true (a broker restart replays old ones)
 
     def event_of(self, state: DaemonState, arrived: Inbound) -> Event | None:
         """One checked message -> at most one event (None: nothing to do, or refused)."""
@@ -84,6 +86,13 @@ class InboundEvents:
         # the bounded rate of every refusal, so a site that found such a message cannot flood the log with it.
         self.status.refuse(site, "unusable content", f"{type(exc).__name__}: {exc} (on {topic})", exc_info=exc)
 
+    def believed_offline(self, now: float) -> list[SiteOffline]:
+        """Down-signals that outlived their grace with the PS connected all along (ps_daemon.liveness)."""
+        transport = self.channel.transport
+        for ev in (found := self.liveness.believed(now, transport.connects, transport.connected)):
+            log.warning("site %s: still down %.0f s after its Will: offline", ev.site_id, now - (ev.since or now))
+        return found
+
     def admit_manifest(self, state: DaemonState, parsed: ParsedTopic, manifest: ChunkManifest) -> str | None:
         """The channel asks before fetching a chunked message; a reason refuses it (counted by the channel)."""
         site = parsed.site_id
@@ -96,12 +105,16 @@ class InboundEvents:
         msg, site, now = arrived.message, arrived.topic.site_id, time.time()
         if site is None:
             return None
+        known = site in self.config.sites  # the liveness book is kept for the configured sites only
         if isinstance(msg, BridgeState):
             if msg.up:
                 log.info("site %s: its hospital broker's bridge is up", site)
-                return None
+                return self.liveness.bridge_up(site, now) if known else None
             log.warning("site %s: its hospital broker or the link to it is down (bridge notification)", site)
-            return SiteOffline(site, now)
+            if not known:
+                return SiteOffline(site, now)
+            self._down(site, BRIDGE, now)
+            return None
         if isinstance(msg, m.SiteStatus):
             return self._site_status_event(site, msg, now)
         if isinstance(msg, m.ClientUpdate):
@@ -115,9 +128,18 @@ class InboundEvents:
                                   msg.undefined, msg.best_round)
         return None
 
+    def _down(self, site: str, source: str, now: float) -> None:
+        """Held until believed (`believed_offline`): it may be an echo of a broker restart."""
+        self.liveness.down(site, source, now, self.channel.transport.connects)
+
     def _site_status_event(self, site: str, msg: m.SiteStatus, now: float) -> Event | None:
+        known = site in self.config.sites
         if msg.state == "offline":
             self.turns.forget(site)
+            if known:
+                log.info("site %s: says it is offline (%s)", site, msg.detail[:200] or "its Will")
+                self._down(site, AGENT, now)
+                return None
             return SiteOffline(site, now)
         if msg.state == "update_ready":
             # the size only lengthens the grace of an unused turn: never beyond the largest update we take
@@ -127,7 +149,10 @@ class InboundEvents:
         if msg.label_histogram is not None and (why := histogram_rejection(msg.label_histogram)):
             self.status.refuse(site, "bad histogram", f"status: {why}")
             return None
-        return SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)))
+        online = SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)))
+        if known:
+            self.liveness.status_up(online)
+        return online
 
     def _update_event(self, state: DaemonState, site: str, msg: m.ClientUpdate, arrived: Inbound,
                       now: float) -> Event | None:
@@ -146,5 +171,9 @@ class InboundEvents:
             self.channel.clear_received(topics.site_update_topic(self.config.run_id, site), arrived.chunks)
             crash_point("after_update_cleared", msg.round)
         update = SiteUpdate(site, tensors, msg.n_samples, msg.local_steps, extras)
+        if site in self.config.sites:
+            # Accepted: a sign of life. A refused message is none (whoever holds the site's credentials can send
+            # those, also after saying "offline").
+            self.liveness.heard_from(site)
         return UpdateReceived(site, now, msg.round, msg.base_model_hash, update, msg.train_loss,
                               msg.val_metrics, msg.undefined, msg.no_step_reason)

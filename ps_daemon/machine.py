@@ -9,8 +9,9 @@ stragglers are named in the status (never a silent hang).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate,
 from ps_daemon.transitions import TRANSITIONS
 
 Result = tuple[DaemonState, list[fx.Effect]]
+MAX_DROPPED_SHOWN = 64  # sites named with a reason in one status: it reaches every site and observer
+MAX_REASON_CHARS = 200
+NAMES_SHOWN = 8  # site names in one line of text (hundreds may be missing)
 
 
 class Machine:
@@ -128,20 +132,36 @@ class Machine:
         return self._with_offline(state, ev), []
 
     def _offline_in_round(self, state: DaemonState, ev: SiteOffline) -> Result:
+        was_offline = ev.site_id in state.offline
         state = self._with_offline(state, ev)
-        if ev.site_id not in state.selected or ev.site_id in state.updates:
+        if ev.site_id not in state.selected or ev.site_id in state.updates or was_offline:
             return state, []
-        effects: list[fx.Effect] = [fx.Log("warning", f"site {ev.site_id} went offline during round {state.round}")]
+        went = f"site {ev.site_id} went offline during round {state.round}"
+        effects: list[fx.Effect] = [fx.Log("warning", went)]
         if self._all_answered(state) and len(state.updates) >= self.config.quorum:
             state, more = self._close_round(state, ev.now)
-            effects.extend(more)
-        return state, effects
+            return state, [*effects, *more]
+        # The round no longer waits for it: ps/status says so now, not at the next update.
+        return state, [*effects, self._status(state, f"{went}: {self._progress(state)}")]
 
     def _offline_in_evaluation(self, state: DaemonState, ev: SiteOffline) -> Result:
+        was_offline = ev.site_id in state.offline
         state = self._with_offline(state, ev)
         if self._all_reported(state):
             return self._finish(state)
-        return state, []
+        if ev.site_id not in state.selected or ev.site_id in state.final_reports or was_offline:
+            return state, []
+        return state, [self._status(state, f"evaluating the final model: site {ev.site_id} went offline")]
+
+    def _online_in_round(self, state: DaemonState, ev: SiteOnline) -> Result:
+        """A selected site that had not answered and comes back is waited for again: ps/status says so."""
+        was_offline = ev.site_id in state.offline
+        state, effects = self._note_online(state, ev)
+        answered = state.updates if state.phase == "training" else state.final_reports
+        if not was_offline or ev.site_id not in state.selected or ev.site_id in answered:
+            return state, effects
+        what = self._progress(state) if state.phase == "training" else "evaluating the final model"
+        return state, [*effects, self._status(state, f"site {ev.site_id} is back: {what}")]
 
     def _refuse_update(self, state: DaemonState, ev: UpdateReceived) -> Result:
         """No round is open: `admit_update` says why (the phase and round the PS is in)."""
@@ -161,8 +181,7 @@ class Machine:
         if self._all_answered(state) and len(state.updates) >= self.config.quorum:
             state, effects = self._close_round(state, ev.now)
             return state, [*said, *effects]
-        return state, [*said, self._status(state, f"round {state.round}: {len(state.updates)}/{len(state.selected)} "
-                                                  "updates")]
+        return state, [*said, self._status(state, self._progress(state))]
 
     def _report_in_evaluation(self, state: DaemonState, ev: ReportReceived) -> Result:
         if ev.tag != "final" or ev.model_hash != state.model_hash:
@@ -182,11 +201,14 @@ class Machine:
             return state, []
         if len(state.updates) >= self.config.quorum:
             return self._close_round(state, ev.now)
-        missing = tuple(s for s in state.selected if s not in state.updates)
+        waiting = self._can_answer(state, state.updates)
+        away = [s for s in state.selected if s not in state.updates and s in state.offline]
         state = replace(state, deadline=ev.now + self.config.round_timeout_s)
         text = (f"round {state.round}: deadline passed with {len(state.updates)} updates, quorum "
-                f"{self.config.quorum}; still waiting for {', '.join(missing)}")
-        reachable = len(state.updates) + sum(1 for s in missing if s not in state.offline)
+                f"{self.config.quorum}; still waiting for {_named(waiting) or 'no site that is online'}")
+        if away:
+            text += f"; offline: {_named(away)}"
+        reachable = len(state.updates) + len(waiting)
         if reachable < self.config.quorum:
             text += f" (only {reachable} can still answer: the quorum needs offline sites back)"
         return state, [fx.Log("warning", text), self._status(state, text)]
@@ -200,13 +222,18 @@ class Machine:
 
     # -- what the handlers share ----------------------------------------------------------------
     def _with_online(self, state: DaemonState, ev: SiteOnline) -> DaemonState:
+        since = {s: t for s, t in state.offline_since.items() if s != ev.site_id}
         return replace(state, online=state.online | {ev.site_id}, offline=state.offline - {ev.site_id},
+                       offline_since=since,
                        enrolled={**state.enrolled, ev.site_id: ev.n_train},
                        histograms={**state.histograms, ev.site_id: ev.histogram})
 
     @staticmethod
     def _with_offline(state: DaemonState, ev: SiteOffline) -> DaemonState:
-        return replace(state, online=state.online - {ev.site_id}, offline=state.offline | {ev.site_id})
+        first = ev.now if ev.since is None else ev.since
+        since = {**state.offline_since, ev.site_id: state.offline_since.get(ev.site_id, first)}  # the first Will
+        return replace(state, online=state.online - {ev.site_id}, offline=state.offline | {ev.site_id},
+                       offline_since=since)
 
     @staticmethod
     def _update_ignored(ev: UpdateReceived, reason: str | None) -> fx.Log:
@@ -345,7 +372,7 @@ class Machine:
                 site, state.round, state.model_hash, state.deadline or 0.0, self._accepted(state, site),
                 dict(state.personal.get(site, {})), self._site_hyper(state, site),
                 tuple(self.shared_names(state)), state.best.round if state.best else None))
-        out.append(self._status(state, why or f"round {state.round}: training on {len(state.selected)} sites"))
+        out.append(self._status(state, why or self._training_on(state)))
         return out
 
     def _eval_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
@@ -388,14 +415,68 @@ class Machine:
 
     def _status(self, state: DaemonState, detail: str) -> fx.PublishStatus:
         if state.phase == "training":
-            waiting = tuple(s for s in state.selected if s not in state.updates)
+            waiting = self._can_answer(state, state.updates)
         elif state.phase == "evaluating":
-            waiting = tuple(s for s in state.selected if s not in state.final_reports)
+            waiting = self._can_answer(state, state.final_reports)
         elif state.phase == "waiting_for_sites":
             waiting = tuple(s for s in self.config.sorted_sites if s not in state.online)
         else:
             waiting = ()
-        return fx.PublishStatus(state.phase, state.round, waiting, state.deadline, detail)
+        return fx.PublishStatus(state.phase, state.round, waiting, state.deadline, detail, _shown(dropped(state)))
+
+    @staticmethod
+    def _can_answer(state: DaemonState, answered: Mapping[str, object]) -> tuple[str, ...]:
+        """The selected sites the open round still waits for: not answered, not seen going offline (the same rule
+        that closes a round, `_all_answered`)."""
+        return tuple(s for s in state.selected if s not in answered and s not in state.offline)
+
+    def _progress(self, state: DaemonState) -> str:
+        """'round r: k/N updates', N counting only the sites that answered or can still answer."""
+        expected = len(state.updates) + len(self._can_answer(state, state.updates))
+        return f"round {state.round}: {len(state.updates)}/{expected} updates" + _offline_note(state, state.updates)
+
+    def _training_on(self, state: DaemonState) -> str:
+        return (f"round {state.round}: training on {len(self._can_answer(state, state.updates))} sites"
+                + _offline_note(state, state.updates))
+
+
+def dropped(state: DaemonState) -> dict[str, str]:
+    """The selected sites the open round (or the final evaluation) goes on without, each with why: seen going
+    offline (since when), answered that it could take no step, or, once the run is done, no final report."""
+    if state.phase == "training":
+        why = {s: f"no step possible: {u.no_step_reason}" for s, u in state.updates.items() if u.no_step_reason}
+        answered: Mapping[str, object] = state.updates
+    elif state.phase in ("evaluating", "done"):
+        why, answered = {}, state.final_reports
+    else:
+        return {}
+    for site in state.selected:
+        if site in answered:
+            continue
+        if site in state.offline:
+            why[site] = f"offline since {_utc(state.offline_since[site])}" if site in state.offline_since else "offline"
+        elif state.phase == "done":
+            why[site] = "deadline missed: no final report"
+    return why
+
+
+def _shown(why: Mapping[str, str]) -> dict[str, str]:
+    """At most MAX_DROPPED_SHOWN of them, reasons clipped: ps/status stays small with thousands of sites."""
+    return {s: why[s][:MAX_REASON_CHARS] for s in sorted(why)[:MAX_DROPPED_SHOWN]}
+
+
+def _offline_note(state: DaemonState, answered: Mapping[str, object]) -> str:
+    away = sum(1 for s in state.selected if s not in answered and s in state.offline)
+    return f" ({away} offline, not waited for)" if away else ""
+
+
+def _named(sites: list[str] | tuple[str, ...]) -> str:
+    more = f" and {len(sites) - NAMES_SHOWN} more" if len(sites) > NAMES_SHOWN else ""
+    return ", ".join(sites[:NAMES_SHOWN]) + more
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _non_finite(weights: Weights) -> list[str]:

@@ -131,7 +131,8 @@ class Outbound:
         elif isinstance(effect, fx.PublishStatus):
             self.status.publish(self.status.message(
                 effect.state, effect.round, session=state.session, waiting_for=effect.waiting_for,
-                deadline=effect.deadline, detail=effect.detail, sites_online=tuple(sorted(state.online))))
+                deadline=effect.deadline, detail=effect.detail, sites_online=tuple(sorted(state.online)),
+                dropped=dict(effect.dropped)))
         elif isinstance(effect, fx.PublishRoundMetrics):
             metrics = self._round_metrics(effect.record)
             ch.send(topics.ps_metrics_topic(c.run_id), metrics)

@@ -162,6 +162,8 @@ class DaemonRunner:
             del arrived
             if event is not None:
                 self._step(event, site, topic)
+        for offline in self.inbound.believed_offline(time.time()):
+            self._apply(offline)
         self._apply(Tick(time.time()))
         self._grant_turns()
         self.status.send_held()

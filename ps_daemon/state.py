@@ -77,6 +77,7 @@ class DaemonState:
     selected: tuple[str, ...] = ()
     online: frozenset[str] = frozenset()
     offline: frozenset[str] = frozenset()  # seen going offline (Will); never-seen sites are not in it
+    offline_since: Mapping[str, float] = field(default_factory=dict)  # each site in `offline`: when it went
     updates: Mapping[str, ReceivedUpdate] = field(default_factory=dict)
     round_started_at: float = 0.0
     deadline: float | None = None

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from ps_daemon.config import DaemonConfig
+from ps_daemon.machine import dropped
 from ps_daemon.state import DaemonState, Phase
 from ps_daemon.turns import UploadTurns
 from schemas import messages as m
@@ -136,12 +137,15 @@ class Reminders:
                      len(c.sites), c.start_sites, ", ".join(missing) or "none")
             return
         answered = s.updates if s.phase == "training" else s.final_reports
-        missing = [x for x in s.selected if x not in answered]
+        # the same truth as ps/status: a site seen going offline is not waited for, it is dropped (with why)
+        missing = [x for x in s.selected if x not in answered and x not in s.offline]
+        away = dropped(s)
         left = f"{s.deadline - time.time():.0f} s" if s.deadline else "none"
         what = f"round {s.round}/{c.rounds}" if s.phase == "training" else "the final evaluation"
-        log.info("%s: %d/%d answers; waiting for %s (not online: %s); deadline in %s", what, len(answered),
-                 len(s.selected), ", ".join(missing) or "nobody", ", ".join(x for x in missing if x not in s.online)
-                 or "none", left)
+        log.info("%s: %d/%d answers; waiting for %s (not heard from: %s); dropped: %s; deadline in %s", what,
+                 len(answered), len(answered) + len(missing), few_sites(missing),
+                 few_sites([x for x in missing if x not in s.online]),
+                 few_sites([f"{x} ({why})" for x, why in sorted(away.items())]), left)
         if self.turns.ready:
             log.info("upload turns: %s; waiting for a turn: %s", ", ".join(self.turns.view()) or "none",
                      few_sites(self.turns.waiting()))

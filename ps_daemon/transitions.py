@@ -33,6 +33,11 @@ def _note_online(phase: Phase) -> Transition:
                       "not in the PS config is ignored with a log)", (phase,))
 
 
+def _online_in_round(phase: Phase) -> Transition:
+    return Transition("_online_in_round", "records the site online (as in `waiting_for_sites`); a selected site that "
+                      "had not answered and was seen offline is waited for again, and the status says so", (phase,))
+
+
 def _note_offline(phase: Phase) -> Transition:
     return Transition("_note_offline", "records the site as seen offline", (phase,))
 
@@ -62,11 +67,12 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
     ("training", Started): Transition(
         "_resume_round", "resumed from a checkpoint: new deadline, re-publishes the round's model and tasks",
         ("training",)),
-    ("training", SiteOnline): _note_online("training"),
+    ("training", SiteOnline): _online_in_round("training"),
     ("training", SiteOffline): Transition(
         "_offline_in_round",
         "records the site; a selected site that had not answered is logged, and the round closes if every other "
-        "selected site has answered and the quorum is met",
+        "selected site has answered and the quorum is met, else the status stops waiting for it and names it "
+        "among the dropped sites",
         ("training", "evaluating")),
     ("training", UpdateReceived): Transition(
         "_update_in_round",
@@ -84,10 +90,10 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
     ("evaluating", Started): Transition(
         "_resume_evaluation", "resumed from a checkpoint: new deadline, re-publishes the final model and eval tasks",
         ("evaluating",)),
-    ("evaluating", SiteOnline): _note_online("evaluating"),
+    ("evaluating", SiteOnline): _online_in_round("evaluating"),
     ("evaluating", SiteOffline): Transition(
-        "_offline_in_evaluation", "records the site; finishes if every other selected site has reported",
-        ("evaluating", "done")),
+        "_offline_in_evaluation", "records the site; finishes if every other selected site has reported, else the "
+        "status stops waiting for it and names it among the dropped sites", ("evaluating", "done")),
     ("evaluating", UpdateReceived): _refuse_update("evaluating"),
     ("evaluating", ReportReceived): Transition(
         "_report_in_evaluation",

@@ -245,7 +245,10 @@ class DaemonStatus(Header):
     rounds_total: Annotated[int, Field(ge=0, le=MAX_ROUND)] = 0
     sites_expected: SiteNames = ()
     sites_online: SiteNames = ()
-    waiting_for: SiteNames = ()
+    waiting_for: SiteNames = ()  # selected sites that have not answered and can still answer (not seen offline)
+    # Selected sites the open round (or the final evaluation) goes on without, each with why: "offline since
+    # <UTC time>", "no step possible: ...", "deadline missed: no final report". The PS names at most 64.
+    dropped: Annotated[dict[SiteName, Label], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     deadline: Timestamp | None = None
     # Updates needed to close a round at its deadline, and sites needed online before round 1.
     quorum: Annotated[int, Field(ge=0, le=MAX_SITES)] = 0

@@ -96,13 +96,13 @@ def dashboard(
 
 def _finished(directory: Path, label: str):
     """The view of one finished run directory: its report, audit log and downloads."""
+    from fedmqtt.dashboard.finished import run_view_from_report
     from fedmqtt.dashboard.rundir import read_audit, read_report
-    from fedmqtt.dashboard.state import RunView
     from fedmqtt.errors import FedMqttError
 
     report = read_report(directory)
     try:
-        return RunView.from_report(report, label=label, directory=directory.resolve(), audit=read_audit(directory))
+        return run_view_from_report(report, label=label, directory=directory.resolve(), audit=read_audit(directory))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise FedMqttError(f"{directory / 'report.json'} is not a report.json this version can read: "
                            f"{type(exc).__name__}: {exc}") from None

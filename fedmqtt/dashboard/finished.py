@@ -1,20 +1,29 @@
-"""A finished run's view from its report.json (and its directory's downloads): what `RunView.from_report` fills.
+"""A finished run's view from its report.json (and its directory's downloads): `run_view_from_report`.
 
 The report is written by our PS but still read defensively: a section an older version lacks is left empty.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from fedmqtt.dashboard.results import results
 from fedmqtt.dashboard.rundir import available
-
-if TYPE_CHECKING:
-    from fedmqtt.dashboard.state import RunView
+from fedmqtt.dashboard.state import RunView
+from fedmqtt.dashboard.timeline import events_from_report
 
 NO_SITE_EVENTS = ("A report does not record when sites went offline or came back, nor who sent a refused message "
                   "(the audit log counts refusals by reason per round); the live page shows both as they happen.")
+
+
+def run_view_from_report(report: dict[str, Any], *, label: str, directory: Path | None = None,
+                         audit: list[dict[str, Any]] | None = None) -> RunView:
+    """A finished run from its report.json (written by our PS; still read defensively)."""
+    view = RunView(run_id=str(report.get("run_id", "?")), source="report", label=label, directory=directory)
+    fill_from_report(view, report, audit or [])
+    view.timeline = events_from_report(report, audit or [])
+    return view
 
 
 def fill_from_report(view: RunView, report: dict[str, Any], audit: list[dict[str, Any]]) -> None:

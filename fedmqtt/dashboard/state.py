@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedmqtt.dashboard.timeline import Kind, Timeline, classify_detail, events_from_report, refusal_events
+from fedmqtt.dashboard.timeline import Kind, Timeline, classify_detail, refusal_events
 from fedmqtt.errors import FedMqttError
 from fedmqtt.means import best_round, direction_of
 from fedmqtt.transport.channel import check_message
@@ -259,17 +259,6 @@ class RunView:
         elif was == "unknown":
             self.timeline.add(now, "site", f"{msg.sender} seen ({msg.state})", site=msg.sender, round_no=self.round)
 
-    # -- finished runs ------------------------------------------------------------------------------
-    @classmethod
-    def from_report(cls, report: dict[str, Any], *, label: str, directory: Path | None = None,
-                    audit: list[dict[str, Any]] | None = None) -> RunView:
-        """A finished run from its report.json (written by our PS; still read defensively)."""
-        from fedmqtt.dashboard.finished import fill_from_report
-
-        view = cls(run_id=str(report.get("run_id", "?")), source="report", label=label, directory=directory)
-        fill_from_report(view, report, audit or [])
-        view.timeline = events_from_report(report, audit or [])
-        return view
 
     # -- what the page gets ---------------------------------------------------------------------------
     def status(self) -> str:

@@ -9,21 +9,30 @@ from pathlib import Path
 
 import pytest
 
+from fedmqtt.dashboard.finished import run_view_from_report
 from fedmqtt.dashboard.results import results
 from fedmqtt.dashboard.rundir import DOWNLOADS, available, find_runs, open_download, read_audit, read_report
 from fedmqtt.dashboard.state import RunView, best_round_of
 from fedmqtt.errors import FedMqttError
 from fedmqtt.transport import topics
+from fedmqtt.transport.signing import FederationKeys
 from ps_daemon.report import baseline_rows
 from schemas import messages as m
 from schemas.codec import encode
 
 RUN = "dash-views"
+KEYS = FederationKeys(RUN, ["ps", "a", "b", "c"])  # every party signs what it publishes; the page verifies
+RING = KEYS.identity("observer").ring
+
+
+def _sealed(topic: str, payload: bytes) -> bytes:
+    """`payload` as the topic's owner publishes it."""
+    return KEYS.identity(topics.parse_topic(topic).owner).seal(topic, payload)
 MAX = 1 << 20
 
 
 def _feed(view: RunView, topic: str, msg: object, now: float = 100.0) -> None:
-    view.on_message(topic, encode(msg), now=now, max_bytes=MAX)
+    view.on_message(topic, _sealed(topic, encode(msg)), now=now, max_bytes=MAX)
 
 
 def _status(state: str = "training", round_no: int = 1, **kw: object) -> m.DaemonStatus:
@@ -42,7 +51,7 @@ def _round(n: int, auroc: float, loss: float, stragglers: tuple[str, ...] = ()) 
 def test_live_best_round_is_the_pss_rule_on_the_selection_metric_it_says(metric: str, best: int | None) -> None:
     """auroc is highest in rounds 2 and 3 (a tie keeps the earlier), loss lowest in round 3: the page marks the
     round the PS's own metric picks, and none when the PS does not say its metric (an older PS)."""
-    view = RunView(run_id=RUN)
+    view = RunView(run_id=RUN, keys=RING)
     _feed(view, topics.ps_status_topic(RUN), _status(selection_metric=metric))
     for n, auroc, loss in ((1, 0.7, 0.6), (2, 0.8, 0.5), (3, 0.8, 0.4)):
         _feed(view, topics.ps_metrics_topic(RUN), _round(n, auroc, loss))
@@ -55,7 +64,7 @@ def test_live_best_round_is_the_pss_rule_on_the_selection_metric_it_says(metric:
 def test_the_best_round_of_a_real_run_is_the_reports(finished_runs: Path) -> None:
     for directory in find_runs(finished_runs):
         report = read_report(directory)
-        view = RunView.from_report(report, label="x", directory=directory)
+        view = run_view_from_report(report, label="x", directory=directory)
         rounds = [view.rounds[n] for n in sorted(view.rounds)]
         derived = best_round_of(rounds, report["config"]["selection_metric"])
         assert derived is not None and derived["round"] == report["best_round"]["round"], directory
@@ -63,7 +72,7 @@ def test_the_best_round_of_a_real_run_is_the_reports(finished_runs: Path) -> Non
 
 
 def test_snapshots_after_a_cursor_carry_only_new_rounds_and_events() -> None:
-    view = RunView(run_id=RUN)
+    view = RunView(run_id=RUN, keys=RING)
     _feed(view, topics.ps_status_topic(RUN), _status(selection_metric="auroc"))
     _feed(view, topics.ps_metrics_topic(RUN), _round(1, 0.7, 0.6))
     whole = view.snapshot(now=1.0)
@@ -79,7 +88,7 @@ def test_snapshots_after_a_cursor_carry_only_new_rounds_and_events() -> None:
 
 
 def test_the_timeline_says_offline_back_refusals_stalls_and_deadlines() -> None:
-    view = RunView(run_id=RUN)
+    view = RunView(run_id=RUN, keys=RING)
     site = topics.site_status_topic
     _feed(view, topics.ps_status_topic(RUN), _status(detail="round 1: training on 2 sites", deadline=4e9), now=1.0)
     _feed(view, site(RUN, "a"), m.SiteStatus(run_id=RUN, sender="a", round=1, state="training"), now=2.0)
@@ -114,12 +123,13 @@ def test_the_timeline_says_offline_back_refusals_stalls_and_deadlines() -> None:
 
 
 def test_dropped_messages_name_their_sender_and_reason_not_an_exception_type() -> None:
-    view = RunView(run_id=RUN)
+    view = RunView(run_id=RUN, keys=RING)
     _feed(view, topics.site_status_topic(RUN, "a"), m.SiteStatus(run_id=RUN, sender="b", round=0, state="online"))
     too_long = json.loads(encode(m.SiteStatus(run_id=RUN, sender="c", round=0, state="online")))
     too_long["device"] = "d" * 257  # the schema allows 256 characters
     for _ in range(8):
-        view.on_message(topics.site_status_topic(RUN, "c"), json.dumps(too_long).encode(), now=1.0, max_bytes=MAX)
+        topic = topics.site_status_topic(RUN, "c")
+        view.on_message(topic, _sealed(topic, json.dumps(too_long).encode()), now=1.0, max_bytes=MAX)
     snap = view.snapshot(now=2.0)
     dropped = {(d["sender"], d["reason"]): d for d in snap["dropped"]}
     assert snap["invalid"] == 9 and set(dropped) == {("a", "wrong sender"), ("c", "too large")}
@@ -154,7 +164,7 @@ def test_the_results_panel_holds_the_reports_numbers(finished_runs: Path) -> Non
 def test_a_finished_runs_timeline_has_its_rounds_and_audit_records(finished_runs: Path) -> None:
     directory = finished_runs / "fedavg"
     report = read_report(directory)
-    view = RunView.from_report(report, label="fedavg", directory=directory, audit=read_audit(directory))
+    view = run_view_from_report(report, label="fedavg", directory=directory, audit=read_audit(directory))
     events = view.snapshot(now=1.0)["events"]
     closed = [e for e in events if e["text"].startswith("round ") and " closed in " in e["text"]]
     assert [e["round"] for e in closed] == [r["round"] for r in report["rounds"]]

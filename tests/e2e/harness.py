@@ -228,6 +228,19 @@ def _port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def mosquitto_pid(conf: Path) -> int:
+    """The process id of the mosquitto that `fedmqtt broker start` runs with `conf` (to signal it directly)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"mosquitto") and str(conf).encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no mosquitto running with {conf}")
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:

@@ -1,11 +1,14 @@
 """Federations over TLS, as deployed: sites connecting directly (server-authenticated and mutual TLS), and
 hospitals behind their own Mosquitto bridged to the federation's broker, one of them over a slow link; runs
-end with the weights of the in-process simulation. Also: a hospital broker that crashes mid-run, the bridge's
-Will on the central broker, and a 64 MiB burst over a 4 MB/s bridge."""
+end with the weights of the in-process simulation. Also: a hospital broker that crashes mid-run, the central broker
+killed or restarted under bridged hospitals (the weights stay those of the simulation, which equal the single
+broker's run: test_simulation_equivalence), the bridge's Will on the central broker, and a 64 MiB burst over a
+4 MB/s bridge."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import FAST_TRAIN, CliFederation, _port_open, wait_until
+from harness import FAST_TRAIN, CliFederation, _port_open, mosquitto_pid, wait_until
 from safetensors.numpy import load_file
 
 from broker.bridge import BridgeFlow, load_hospital, write_hospital_broker
@@ -143,12 +146,13 @@ def _bridged_federation(cli_federation, run_id: str) -> tuple[CliFederation, Slo
     return fed, link, outs
 
 
-def _stop(hospitals: dict[str, subprocess.Popen[bytes]], link: SlowLink) -> None:
+def _stop(hospitals: dict[str, subprocess.Popen[bytes]], link: SlowLink | None) -> None:
     for proc in hospitals.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             proc.wait(15)
-    link.close()
+    if link is not None:
+        link.close()
 
 
 def test_bridged_hospitals_match_the_simulation(cli_federation, tmp_path: Path) -> None:
@@ -194,6 +198,48 @@ def test_hospital_broker_crash_mid_run(cli_federation) -> None:
         _stop(hospitals, link)
     ps_log = (fed.logs / "ps.log").read_text(errors="replace")
     assert "site switzerland: its hospital broker or the link to it is down" in ps_log
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_central_broker_fault_under_bridged_hospitals_changes_nothing(cli_federation, tmp_path: Path,
+                                                                       fault: signal.Signals) -> None:
+    """The central broker dies mid-run under two bridged hospitals and one direct site, and comes back on its
+    persistence file: SIGKILL (no Wills; the database of its last autosave) or SIGTERM (it fires every Will it
+    holds, bridges' "0" and the direct site's "offline", and saves them). Every round still aggregates every
+    site: the final weights are the simulation's, bit for bit, and the PS sees both bridges up again.
+
+    Before: each reconnect attempt of a bridge queued its hospital broker's local "0" for the central broker,
+    which after the link came back held "0" for an up hospital (SIGKILL: a round closed without it, its update
+    refused as stale); after SIGTERM the PS took the replayed Wills for news and never took a bridge "1" for one."""
+    run_id = "central"
+    fed = cli_federation(run_id, run_id=run_id, rounds=ROUNDS, sites=SITES, init_extra=TLS, broker_extra=SMALL_CHUNKS,
+                         round_timeout_s=120.0, ps_extra={"stall_s": 6.0})
+    fed.start_broker()
+    outs = {site: _bridge(fed, site) for site in ("hungary", "switzerland")}
+    hospitals: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for site, out in outs.items():
+            hospitals[site] = _start_hospital(fed, site, out)
+        fed.start_ps()
+        for site in SITES:
+            fed.start_site(site)
+        fed.wait_message(lambda msg: isinstance(msg, m.RoundMetrics) and msg.round >= 1, 180, "round 1 closed")
+        os.kill(mosquitto_pid(fed.layout.conf_path), fault)
+        assert fed.procs["broker"].wait(15) is not None
+        if fed.observer is not None:
+            fed.observer.transport.close()
+            fed.observer = None
+        time.sleep(3)  # each bridge tries to reconnect meanwhile (before: each try queued a "0")
+        fed.start_broker()
+        fed.wait_ps_done(300)
+        _assert_bridges_up(fed, run_id, list(outs))
+    finally:
+        _stop(hospitals, None)
+    _assert_same(fed, _simulated(tmp_path, run_id))
+    report = json.loads((fed.work / "ps" / "report.json").read_text())
+    assert [r["sites"] for r in report["rounds"]] == [list(SITES)] * ROUNDS
+    ps_log = (fed.logs / "ps.log").read_text(errors="replace")
+    assert "went offline during round" not in ps_log and "Traceback" not in ps_log
 
 
 def _assert_bridges_up(fed: CliFederation, run_id: str, sites: list[str]) -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import FAST_TRAIN, CliFederation
+from harness import FAST_TRAIN, CliFederation, mosquitto_pid
 
 from fedmqtt.demo import DEMO_MODEL
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
@@ -23,18 +22,6 @@ from schemas import messages as m
 pytestmark = pytest.mark.slow
 ROUNDS = 4
 SITES = ("cleveland", "hungary")
-
-
-def _mosquitto_pid(conf: Path) -> int:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0].endswith(b"mosquitto") and str(conf).encode() in argv:
-                return int(entry.name)
-    raise AssertionError(f"no mosquitto running with {conf}")
 
 
 @pytest.mark.parametrize("keep_db", [True, False], ids=["with-db", "db-lost"])
@@ -49,7 +36,7 @@ def test_run_survives_broker_sigkill_and_site_restart(cli_federation, tmp_path, 
 
     # Mid round 2: the broker dies without saving; maybe its database too; one site dies while it is down.
     conf = fed.layout.conf_path
-    os.kill(_mosquitto_pid(conf), signal.SIGKILL)
+    os.kill(mosquitto_pid(conf), signal.SIGKILL)
     fed.procs["broker"].wait(15)
     if fed.observer is not None:
         fed.observer.transport.close()

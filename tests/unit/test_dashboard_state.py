@@ -80,7 +80,8 @@ def test_an_unsigned_or_forged_status_is_counted_never_shown() -> None:
     view.on_message(topic, status, now=1.0, max_bytes=MAX)  # unsigned
     view.on_message(topic, KEYS.identity("a").seal(topic, status), now=1.0, max_bytes=MAX)  # a site's key
     assert view.ps_state == "unknown" and view.invalid == 2
-    assert view.invalid_reasons == {"unsigned": 1, "wrong signer": 1}
+    assert {(d.sender, d.reason): d.count for d in view.dropped.values()} == {("ps", "unsigned"): 1,
+                                                                              ("ps", "wrong signer"): 1}
 
 
 @settings(max_examples=200, deadline=None)

@@ -316,12 +316,13 @@ def test_site_going_offline_mid_round_closes_it_as_straggler() -> None:
 
 
 def test_offline_before_quorum_waits() -> None:
-    """A site going offline when nobody has reported yet does not close the round."""
+    """A site going offline when nobody has reported yet does not close the round; the status stops waiting for it."""
     machine = _machine()
     state, _ = _start(machine)
     state, effects = machine.step(state, SiteOffline("site-a", now=1.0))
-    assert state.round == 1 and _types(effects) == [fx.Log]
+    assert state.round == 1 and _types(effects) == [fx.Log, fx.PublishStatus]
     assert "site-a" in state.offline and "site-a" not in state.online
+    assert effects[1].waiting_for == ("site-b", "site-c") and set(effects[1].dropped) == {"site-a"}
 
 
 def test_tick_before_the_deadline_does_nothing() -> None:

@@ -105,6 +105,8 @@ def test_a_returning_site_completes_a_round_whose_quorum_needs_it() -> None:
     update_a = SiteUpdate("a", {"w": np.ones(2, np.float32)}, 100, 1)
     state, effects = machine.step(state, UpdateReceived("a", 102.0, 1, state.model_hash, update_a))
     # Assert
-    assert "only 1 can still answer" in waiting.detail and waiting.waiting_for == ("a",)
+    # a, offline, is not among the sites the round waits for: ps/status names it as dropped, with why
+    assert "only 1 can still answer" in waiting.detail and waiting.waiting_for == ()
+    assert waiting.dropped == {"a": "offline since 1970-01-01T00:00:02Z"}
     assert state.round == 2 and any(isinstance(e, fx.SaveCheckpoint) for e in effects)
     assert state.selected == ("a", "b")
