@@ -115,9 +115,9 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
         record_broker(layout, "broker-start", pid=proc.pid, listeners=[x.describe() for x in layout.listeners()])
         typer.echo(f"mosquitto pid {proc.pid}; log {layout.log_path}; Ctrl-C stops")
         _echo_listeners(layout)
-        if layout.coordinator.login_path.is_file():  # the coordinator's folder is here: (re)publish the key list
-            typer.echo(publish_key_list(layout.fed_dir, layout.run_id))  # e.g. the broker's database was lost
-        try:
+        try:  # a SIGTERM during the key list's publishing stops the broker as cleanly as one while it serves
+            if layout.coordinator.login_path.is_file():  # the coordinator's folder is here: (re)publish the list
+                typer.echo(publish_key_list(layout.fed_dir, layout.run_id))  # e.g. the broker's database was lost
             while proc.alive:
                 time.sleep(0.5)
         except KeyboardInterrupt:

@@ -83,8 +83,11 @@ def test_hostile_strings_stay_within_420_px_unreversed_and_the_best_round_is_the
     chrome.get(url)
     ps, site_a, site_b = (paho_client(federation.settings(u)) for u in ("ps", "site-a", "site-b"))
 
+    def sealed(topic: str, payload: bytes) -> bytes:  # as the topic's owner signs it
+        return federation.layout.identity(topics.parse_topic(topic).owner).seal(topic, payload)
+
     def publish(client, topic: str, msg: object) -> None:
-        client.publish(topic, encode(msg), qos=1, retain=True).wait_for_publish(10)
+        client.publish(topic, sealed(topic, encode(msg)), qos=1, retain=True).wait_for_publish(10)
 
     def status(round_no: int, **kw: object) -> m.DaemonStatus:
         return m.DaemonStatus(run_id=run, sender="ps", round=round_no, state="training", algorithm="fedavg",
@@ -115,7 +118,8 @@ def test_hostile_strings_stay_within_420_px_unreversed_and_the_best_round_is_the
     # A status the schema refuses (a device name over 256 characters), from site-b's own login.
     too_long = json.loads(encode(m.SiteStatus(run_id=run, sender="site-b", round=3, state="online")))
     too_long["device"] = "d" * 300
-    site_b.publish(topics.site_status_topic(run, "site-b"), json.dumps(too_long).encode(), qos=1).wait_for_publish(10)
+    topic_b = topics.site_status_topic(run, "site-b")
+    site_b.publish(topic_b, sealed(topic_b, json.dumps(too_long).encode()), qos=1).wait_for_publish(10)
 
     page = _wait(chrome, lambda p: p["detail"] and p["facts"].get("round", "").startswith("3 of 5") and any(
         k == "invalid" for k, _ in p["events"]), "every message")

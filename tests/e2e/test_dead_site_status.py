@@ -24,7 +24,7 @@ def _retained_status(fed: CliFederation) -> m.DaemonStatus:
     transport = MqttTransport(fed.layout.settings("observer"), client_id="fresh", seat="1").connect(timeout_s=10)
     try:
         transport.subscribe([topics.ps_status_topic(fed.layout.run_id)])
-        channel = Channel(transport, run_id=fed.layout.run_id, sender="observer")
+        channel = Channel(transport, run_id=fed.layout.run_id, identity=fed.layout.identity("observer"))
         arrived = channel.receive(10.0)
         assert arrived is not None and isinstance(arrived.message, m.DaemonStatus)
         return arrived.message

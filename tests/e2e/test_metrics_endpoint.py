@@ -74,7 +74,8 @@ def test_the_endpoint_follows_a_run_counts_refused_junk_and_keeps_its_labels_bou
     subprocess.run(["mosquitto_pub", "-V", "5", "-h", creds.host, "-p", str(creds.port), "-u", creds.username,
                     "-P", creds.password, "-q", "1", "-t", topics.site_update_topic(RUN, "hungary"),
                     "-m", "not msgpack"], check=True, timeout=30)
-    junk = scrape_until(fed, port, lambda s: refused(s, "hungary", "malformed") >= 1, "the junk to be refused")
+    # unsigned, so refused before it is read
+    junk = scrape_until(fed, port, lambda s: refused(s, "hungary", "unsigned") >= 1, "the junk to be refused")
     # ... then the sites: the run goes on, scraped while it trains and once it is done
     for site in SITES:
         fed.start_site(site)
@@ -87,7 +88,7 @@ def test_the_endpoint_follows_a_run_counts_refused_junk_and_keeps_its_labels_bou
     # Check: before the sites came
     assert phase(waiting) == "waiting_for_sites" and value(waiting, "fedmqtt_ps_round") == 0
     assert value(waiting, "fedmqtt_ps_sites_configured") == 2 and value(waiting, "fedmqtt_ps_sites_online") == 0
-    assert refused(junk, "hungary", "malformed") == 1
+    assert refused(junk, "hungary", "unsigned") == 1
     # while training, and at the end
     assert phase(during) in ("training", "evaluating") and value(during, "fedmqtt_ps_round") >= 2
     assert value(done, "fedmqtt_ps_rounds_closed_total") == ROUNDS
@@ -99,7 +100,7 @@ def test_the_endpoint_follows_a_run_counts_refused_junk_and_keeps_its_labels_bou
     assert value(done, "fedmqtt_ps_round_duration_seconds_bucket", le="+Inf") == ROUNDS
     assert value(done, "fedmqtt_ps_checkpoint_save_seconds_count") >= ROUNDS
     assert value(done, "fedmqtt_ps_bytes_sent_total") > 1000 and value(done, "fedmqtt_ps_bytes_received_total") > 1000
-    assert refused(done, "hungary", "malformed") == 1
+    assert refused(done, "hungary", "unsigned") == 1
     assert not [s for s in done if s[0] == "fedmqtt_ps_privacy_epsilon"]  # no privacy accountant: no number
     # every label value comes from a fixed set, whatever arrived
     allowed = {"site": {*SITES, OTHER}, "reason": KNOWN_REASONS | {OTHER}, "phase": set(PHASES)}

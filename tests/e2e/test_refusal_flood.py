@@ -32,13 +32,15 @@ def test_a_flood_of_junk_is_counted_in_full_and_logged_at_a_bounded_rate(cli_fed
     fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus), 60, "the PS's first status")
     lines_before = len(_log_lines(fed))
     junk = paho_client(fed.layout.settings(SITE))
+    seal = fed.layout.identity(SITE).seal
     update = topics.site_update_topic(RUN, SITE)
     wrong_version = msgpack.packb({"kind": "client_update", "schema_version": 99, "run_id": RUN, "sender": SITE})
 
     # Execute: half garbage bytes, half a message of a schema version that does not exist.
     start = time.monotonic()
     for first in range(0, FLOOD, BATCH):
-        sent = [junk.publish(update, b"\x00junk %d" % i if i % 2 else wrong_version, qos=1)
+        # signed with the site's own key, as a compromised or buggy site would send them: past the signature check
+        sent = [junk.publish(update, seal(update, b"\x00junk %d" % i if i % 2 else wrong_version), qos=1)
                 for i in range(first, first + BATCH)]
         for info in sent:
             info.wait_for_publish(10)
