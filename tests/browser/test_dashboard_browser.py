@@ -124,7 +124,8 @@ def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboar
     # A hostile status string with va's own credentials is shown as text, never run or parsed as markup.
     settings = fed.layout.settings("va")
     hostile = m.SiteStatus(run_id=fed.layout.run_id, sender="va", round=0, state="error", detail=HOSTILE)
-    _publish_as(settings, topics.site_status_topic(fed.layout.run_id, "va"), encode(hostile))
+    va_status = topics.site_status_topic(fed.layout.run_id, "va")  # signed with va's key, as va itself would
+    _publish_as(settings, va_status, fed.layout.identity("va").seal(va_status, encode(hostile)))
     page = wait_page(chrome, lambda p: p["sites"]["va"]["detail"] == HOSTILE, 30, "the hostile detail as text", fed)
     assert page["sites"]["va"]["detail_children"] == 0 and page["sites"]["va"]["state"] == "error"
     assert chrome.title != "pwned" and not chrome.find_elements("css selector", "td.detail img, td.detail script")
