@@ -18,7 +18,7 @@ from fedmqtt.training.client_rules import optimiser_problem
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
 from schemas.base import ID_PATTERN
-from schemas.messages import ModelSpec, TrainSettings
+from schemas.messages import ModelSpec, RecordDP, TrainSettings
 
 # Rules that start from a pretrained model (docs/algorithms.md 11).
 NEEDS_PRETRAINED = ("adafed", "d-adafed")
@@ -144,6 +144,14 @@ class DaemonConfig(BaseModel):
                                  f"{len(self.sites)} sites per round, fewer than quorum {self.quorum}: no round could "
                                  f"close. Raise `fraction` or lower `quorum`")
         return self
+
+    def record_dp(self) -> RecordDP | None:
+        """train.dp as the tasks carry it: a target epsilon is spread over this run's `rounds` unless it says
+        over how many."""
+        dp = self.train.dp
+        if dp is None or dp.target_epsilon is None or dp.planned_rounds is not None:
+            return dp
+        return dp.model_copy(update={"planned_rounds": self.rounds})
 
     def strategy_params(self) -> dict[str, float]:
         """`hyper`, plus the run length for f-AdaFed's default warm-up (floor(T/2))."""

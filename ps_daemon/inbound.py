@@ -166,6 +166,10 @@ class InboundEvents:
         if msg.usage is not None:
             self.usage.setdefault(msg.round, {})[site] = msg.usage.model_dump()
         self.update_bytes.setdefault(msg.round, {})[site] = arrived.size
+        if msg.privacy is not None:
+            self.status.epsilon[site] = msg.privacy
+            log.info("site %s: record-level DP has spent epsilon %.3g at delta %g (%s accountant)", site,
+                     msg.privacy.epsilon, msg.privacy.delta, msg.privacy.accountant)
         tensors = self.spool.put(msg.round, site, msg.tensors)  # accepted: stored atomically, message dropped
         if arrived.chunks:  # it came in an upload turn: the site keeps it on disk and answers a new turn
             self.channel.clear_received(topics.site_update_topic(self.config.run_id, site), arrived.chunks)

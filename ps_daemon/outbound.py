@@ -110,7 +110,8 @@ class Outbound:
                 session=state.session, msg_id=self._msg_id(state, "model", effect.round, effect.model_hash)))
         elif isinstance(effect, fx.PublishTrainTask):
             hyper = {**c.train.hyper, **c.hyper, **effect.hyper}  # train.hyper: local optimiser keys (momentum)
-            settings = c.train.model_copy(update={"algorithm": c.algorithm, "seed": c.seed, "hyper": hyper})
+            settings = c.train.model_copy(update={"algorithm": c.algorithm, "seed": c.seed, "hyper": hyper,
+                                                  "dp": c.record_dp()})
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), m.TrainTask(
                 run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
                 model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,

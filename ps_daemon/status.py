@@ -57,6 +57,8 @@ class StatusBoard:
         self._last: m.DaemonStatus | None = None
         self._sent_at = 0.0
         self._held: m.DaemonStatus | None = None  # progress held back by STATUS_PROGRESS_S
+        # Record-level DP: what each site reported with its newest accepted update (shown on every status).
+        self.epsilon: dict[str, m.PrivacySpent] = {}
 
     def message(self, state: StatusState, round_no: int = 0, *, session: str, **kw: Any) -> m.DaemonStatus:
         return status_message(self.config, state, round_no, session=session, rejected=self.rejection_summary(),
@@ -111,7 +113,7 @@ class StatusBoard:
         self._last, self._shown_rejections, self._refreshed_at = status, summary, now
 
     def _send(self, msg: m.DaemonStatus) -> None:
-        msg = msg.model_copy(update={"upload_turns": self.turns.view()})
+        msg = msg.model_copy(update={"upload_turns": self.turns.view(), "epsilon": dict(sorted(self.epsilon.items()))})
         self.channel.send(topics.ps_status_topic(self.config.run_id), msg)
         self._last, self._held, self._sent_at = msg, None, time.monotonic()
 

@@ -57,6 +57,47 @@ class ModelSpec(Frozen):
                                                                "constructor arguments, e.g. in_features, hidden")
 
 
+class RecordDP(Frozen):
+    """Record-level DP-SGD every site trains with (Abadi et al., Deep Learning with Differential Privacy).
+
+    Poisson-sampled batches, each record's gradient clipped to `max_grad_norm`, Gaussian noise of std
+    `noise_multiplier * max_grad_norm` on the batch sum (Opacus). Give the noise, or the epsilon to spend over the
+    planned rounds (the site derives the noise from it). docs/privacy.md."""
+
+    max_grad_norm: float = Field(gt=0, le=1e6, allow_inf_nan=False, description="C: each record's gradient is "
+                                 "clipped to this L2 norm before the batch's gradients are summed")
+    noise_multiplier: float | None = Field(default=None, ge=0, le=1e4, allow_inf_nan=False, description="sigma: the "
+                                           "Gaussian noise on each batch's clipped sum has std sigma * C (give "
+                                           "this or target_epsilon)")
+    target_epsilon: float | None = Field(default=None, gt=0, le=1e4, allow_inf_nan=False, description="instead of "
+                                         "noise_multiplier: the noise that spends this epsilon (at `delta`) over "
+                                         "planned_rounds rounds of `epochs` local epochs")
+    planned_rounds: int | None = Field(default=None, ge=1, le=MAX_ROUND, description="rounds the target_epsilon "
+                                       "is spread over (unset: the PS config's `rounds`)")
+    delta: float = Field(default=1e-5, gt=0, lt=1, allow_inf_nan=False, description="the delta at which epsilon is "
+                         "reported; choose it well below 1 / (records at a site)")
+    accountant: Literal["rdp", "prv"] = Field(default="rdp", description="Opacus' accountant: rdp (Renyi DP, "
+                                              "Mironov) or prv (privacy random variables, Gopi et al.)")
+
+    @model_validator(mode="after")
+    def _noise_or_target(self) -> RecordDP:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("record-level DP needs exactly one of noise_multiplier and target_epsilon")
+        return self
+
+
+class PrivacySpent(Frozen):
+    """What record-level DP has cost a site's training records so far (all its rounds, all runs on this data),
+    by its own accountant, sent with each update so the PS can show it."""
+
+    epsilon: float = Field(ge=0, le=1e9, allow_inf_nan=False)
+    delta: float = Field(gt=0, lt=1, allow_inf_nan=False)
+    accountant: Literal["rdp", "prv"] = "rdp"
+    noise_multiplier: float = Field(ge=0, le=1e4, allow_inf_nan=False)
+    sample_rate: float = Field(gt=0, le=1, allow_inf_nan=False)
+    steps: Count  # DP-SGD steps in the accountant's history, this round's included
+
+
 class TrainSettings(Frozen):
     """Local-training settings the PS sends with each task."""
 
@@ -81,6 +122,8 @@ class TrainSettings(Frozen):
     hyper: Annotated[dict[Name, Real], Field(max_length=MAX_MAP_ENTRIES)] = Field(
         default_factory=dict, description="local-optimiser options: momentum, nesterov, balance_classes "
         "(the algorithm's own keys go in the PS config's `hyper`)")
+    dp: RecordDP | None = Field(default=None, description="record-level differential privacy (DP-SGD) every site "
+                                "trains with (docs/privacy.md); unset: none")
 
 
 class GlobalModel(Header):
@@ -188,6 +231,8 @@ class ClientUpdate(Header):
     # row, whose batch of one is dropped): it answers with local_steps = 0, no tensors and this reason, and the PS
     # closes the round without it instead of waiting for an update that can never come.
     no_step_reason: Detail = ""
+    # Record-level DP (settings.dp): the epsilon this site's training records have spent, this round included.
+    privacy: PrivacySpent | None = None
 
     @model_validator(mode="after")
     def _no_step_answer_carries_nothing_to_aggregate(self) -> ClientUpdate:
@@ -261,6 +306,8 @@ class DaemonStatus(Header):
     # Sites whose large update of this round the PS takes now, each with its grant number (for observers: each site
     # learns of its own turn on ps/turn/<site>).
     upload_turns: Annotated[dict[SiteName, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
+    # Record-level DP: the epsilon each site reported with its newest accepted update (at its delta).
+    epsilon: Annotated[dict[SiteName, PrivacySpent], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
 
 
 class RoundMetrics(Header):

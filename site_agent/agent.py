@@ -30,6 +30,8 @@ from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
 from site_agent.local_state import BestSlot, LocalState
+from site_agent.policy import epsilon_refusal, task_refusal
+from site_agent.privacy_ledger import LedgerError, PrivacyLedger
 from site_agent.store import UplinkStore
 from site_agent.uplink import Uplink
 
@@ -92,6 +94,8 @@ class SiteAgent:
         self.store = UplinkStore(c.state_dir / "uplink")
         self.local = LocalState(c.state_dir / "local")
         self.best = BestSlot(c.state_dir / "best")
+        # Never cleared with the rest when the PS starts afresh: the records behind it are the same.
+        self.ledger = PrivacyLedger(c.state_dir / "privacy")
 
     def _recorded_session(self) -> str:
         path = self.config.state_dir / "session"
@@ -292,14 +296,21 @@ class SiteAgent:
             return
         self.local.resolve(task.accepted_round, task.round)
         self.best.promote(task.best_round)
+        refusal = self._refusal(task, model)
+        if refusal is not None:  # checked before a single record is touched
+            self._refuse(task, refusal)
+            return
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id),
                           self._status("training", f"round {task.round}"))
         start = self._compose(model, task)
         eval_weights = self._compose(model, task, evaluate=True) if "eval" in model.extras else None
         self.best.remember(task.round, eval_weights if eval_weights is not None else start)
         extras = {k: _arrays(v) for k, v in model.extras.items() if k != "eval"}
+        dp_history = self.ledger.history() if task.settings.dp is not None else []
         result = self.trainer.train(model.model, start, task.settings, task.round, eval_weights=eval_weights,
-                                    extras=extras, local=self.local.committed())
+                                    extras=extras, local=self.local.committed(), dp_history=dp_history)
+        if result.dp_history is not None:  # spent once trained: recorded before anything leaves the site
+            self.ledger.save(result.dp_history)
         if result.no_step_reason:
             self._answer_without_update(task, result)
             return
@@ -314,13 +325,42 @@ class SiteAgent:
             control_variates=arrays_to_blobs(result.uplink_extras.get("delta_c", {})),
             scalars={k: float(v) for k, v in result.uplink_extras.items() if k not in ("delta_c", "feature_stats")},
             layer_stats=_stats_blobs(result.uplink_extras.get("feature_stats", {})),
-            label_histogram=self._histogram(task),
+            label_histogram=self._histogram(task), privacy=result.privacy,
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
         self._offer_update(task, payload, update)
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
+
+    def _refusal(self, task: m.TrainTask, model: m.GlobalModel) -> str | None:
+        """Why this site will not train `task`: its privacy policy, or a model or settings record-level DP cannot
+        train, or a damaged privacy ledger. None: train."""
+        policy = self.config.privacy
+        dp = task.settings.dp
+        why = task_refusal(policy, task, model.model, self.trainer.records())
+        if why is not None or dp is None:
+            return why
+        try:
+            history = self.ledger.history()
+        except LedgerError as exc:
+            return str(exc)
+        problem, plan = self.trainer.dp_plan(model.model, task.settings, history)
+        if problem is not None or plan is None:
+            return f"cannot train with record-level DP: {problem}"
+        return epsilon_refusal(policy, task.round, plan.epsilon_before, plan.epsilon_after, dp.delta)
+
+    def _refuse(self, task: m.TrainTask, reason: str) -> None:
+        """Answer the round without an update, with the reason: the PS closes it without this site and shows why
+        (ps/status "dropped", its log, the round's record). Not stored: a re-sent task is judged again, under the
+        policy of that moment."""
+        c = self.config
+        log.warning("round %d: %s", task.round, reason)
+        answer = m.ClientUpdate(
+            run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session, base_model_hash=task.model_hash,
+            tensors=(), n_samples=0, local_steps=0, no_step_reason=reason[:2000])
+        self.uplink.offer(task, encode(answer, max_bytes=self.channel.max_bytes), answer)
+        self.channel.send(self.status_topic, self._status("online", f"round {task.round}: {reason}"))
 
     def _answer_without_update(self, task: m.TrainTask, result: TrainResult) -> None:
         """No optimiser step was possible (too few rows): say so, with the validation of the received model,

@@ -12,6 +12,7 @@ from fedmqtt.data.spec import DataSpec
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
 from schemas.base import ID_PATTERN
+from site_agent.policy import PrivacyPolicy
 
 
 class SiteConfig(BaseModel):
@@ -30,6 +31,8 @@ class SiteConfig(BaseModel):
         default="auto", description="mixed precision on CUDA: auto = bfloat16 where the GPU supports it; never on CPU")
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for torch")
     share_label_histogram: bool = Field(default=False, description="egress policy: may label counts leave the site")
+    privacy: PrivacyPolicy = Field(default=PrivacyPolicy(), description="this site's privacy policy, enforced before "
+                                   "it trains (docs/privacy.md)")
 
     def broker_settings(self) -> BrokerSettings:
         return load_credentials(self.credentials)

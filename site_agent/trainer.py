@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,10 +14,19 @@ from fedmqtt.training.client_rules import finish_round, plan_terms
 from fedmqtt.training.evaluate import evaluate_split
 from fedmqtt.training.loop import derive_seed, train_local
 from fedmqtt.training.models import build_model, model_manifest
+from fedmqtt.training.privacy import (
+    HistoryEntry,
+    RoundPlan,
+    labelled_rows,
+    model_problem,
+    plan_round,
+    settings_problem,
+    train_local_dp,
+)
 from fedmqtt.training.statistics import site_statistics
 from fedmqtt.training.usage import UsageMeter, pick_amp
 from fedmqtt.training.weights import load_arrays, state_to_arrays
-from schemas.messages import ModelSpec, ResourceUsage, TrainSettings
+from schemas.messages import ModelSpec, PrivacySpent, ResourceUsage, TrainSettings
 
 Metrics = dict[str, float | None]
 
@@ -47,6 +57,9 @@ class TrainResult:
     algo_state: dict[str, dict[str, np.ndarray]]  # the site's new algorithm state (pending, 0.6)
     usage: ResourceUsage | None = None
     no_step_reason: str = ""  # set when no optimiser step was possible: nothing to send but this reason
+    # Record-level DP: the accountant's new history (to store before the update leaves) and what it spent.
+    dp_history: list[tuple[float, float, int]] | None = None
+    privacy: PrivacySpent | None = None
 
 
 class Trainer:
@@ -78,8 +91,10 @@ class Trainer:
 
     def train(self, spec: ModelSpec, weights: dict[str, np.ndarray], settings: TrainSettings, round_no: int, *,
               eval_weights: dict[str, np.ndarray] | None = None, extras: dict[str, dict[str, np.ndarray]] | None = None,
-              local: dict[str, dict[str, np.ndarray]] | None = None) -> TrainResult:
-        """Validate the model this site would use (docs/algorithms.md 17.1), then train with the algorithm's rule."""
+              local: dict[str, dict[str, np.ndarray]] | None = None,
+              dp_history: Sequence[HistoryEntry] = ()) -> TrainResult:
+        """Validate the model this site would use (docs/algorithms.md 17.1), then train with the algorithm's rule;
+        with `settings.dp`, DP-SGD continuing the accountant's `dp_history`."""
         extras, local = extras or {}, local or {}
         model = self._load(spec, eval_weights if eval_weights is not None else weights)
         val, undefined = evaluate_split(model, self.data.x_val, self.data.y_val, task=self.data.task,
@@ -89,22 +104,47 @@ class Trainer:
         manifest = self.manifest(spec)
         terms = plan_terms(settings, manifest, extras=extras, local=local, round_no=round_no)
         start = state_to_arrays(model)
+        dp_round = None
         with UsageMeter(self.device, self.amp) as meter:
-            stats = train_local(model, self.data.x_train, self.data.y_train, settings,
-                                seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device,
-                                terms=terms, task=self.data.task, amp=self.amp)
+            if settings.dp is not None:
+                dp_round = train_local_dp(model, self.data.x_train, self.data.y_train, settings, settings.dp,
+                                          history=dp_history, device=self.device, task=self.data.task)
+                stats = dp_round.stats
+            else:
+                stats = train_local(model, self.data.x_train, self.data.y_train, settings,
+                                    seed=derive_seed(settings.seed, self.site_id, round_no), device=self.device,
+                                    terms=terms, task=self.data.task, amp=self.amp)
         end = state_to_arrays(model)
+        privacy = None if dp_round is None or settings.dp is None else PrivacySpent(
+            epsilon=dp_round.epsilon, delta=settings.dp.delta, accountant=settings.dp.accountant,
+            noise_multiplier=dp_round.plan.noise_multiplier, sample_rate=dp_round.plan.sample_rate,
+            steps=sum(n for _, _, n in dp_round.history))
+        dp_new = None if dp_round is None else dp_round.history
         val_undefined = {f"val.{k}": v for k, v in undefined.items()}
         if not stats.steps:  # nothing learnt, nothing to send: no algorithm state, no statistics
             return TrainResult(end, stats.n_samples, 0, None, stats.seconds, val, val_undefined, {}, {}, meter.usage,
-                               no_step_reason=stats.no_step_reason)
+                               no_step_reason=stats.no_step_reason, dp_history=dp_new, privacy=privacy)
         uplink, algo_state = finish_round(settings, manifest, start=start, end=end, steps=stats.steps,
                                           extras=extras, local=local)
         kind = int(settings.hyper.get("feature_stats", 0))
         if kind:
             uplink["feature_stats"] = self._statistics(kind, spec, model, extras.get("pretrained"))
         return TrainResult(end, stats.n_samples, stats.steps, stats.mean_loss, stats.seconds,
-                           val, val_undefined, uplink, algo_state, meter.usage)
+                           val, val_undefined, uplink, algo_state, meter.usage, dp_history=dp_new, privacy=privacy)
+
+    def dp_plan(self, spec: ModelSpec, settings: TrainSettings, history: Sequence[HistoryEntry]
+                ) -> tuple[str | None, RoundPlan | None]:
+        """Before training with record-level DP: why this model or these settings cannot (with the fix), else what
+        the round will spend by the accountant."""
+        assert settings.dp is not None
+        problem = settings_problem(settings) or model_problem(build_model(spec.name, dict(spec.args)))
+        if problem:
+            return problem, None
+        return None, plan_round(settings.dp, self.records(), settings, history)
+
+    def records(self) -> int:
+        """Labelled training rows: what an update is computed from."""
+        return labelled_rows(self.data.y_train, self.data.task)
 
     def _statistics(self, kind: int, spec: ModelSpec, trained: torch.nn.Module,
                     pretrained: dict[str, np.ndarray] | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -26,13 +26,15 @@ from fedmqtt.simulation_config import SimulationConfig
 from fedmqtt.transport.settings import BrokerSettings
 from fedmqtt.transport.signing import SigningSettings
 from ps_daemon.config import DaemonConfig, MetricsConfig, RecruitmentConfig
-from schemas.messages import ModelSpec, TrainSettings
+from schemas.messages import ModelSpec, RecordDP, TrainSettings
 from site_agent.config import SiteConfig
+from site_agent.policy import PrivacyPolicy
 
 PATH = "docs/configuration.md"
 # Models whose every field must carry a description (tests/integration/test_docs_protocol.py checks it).
 DESCRIBED: tuple[type[BaseModel], ...] = (DaemonConfig, RecruitmentConfig, MetricsConfig, ModelSpec, TrainSettings,
-                                          SiteConfig, BrokerSettings, SigningSettings, SimulationConfig)
+                                          RecordDP, SiteConfig, PrivacyPolicy, BrokerSettings, SigningSettings,
+                                          SimulationConfig)
 
 
 # -- one field -> one row ---------------------------------------------------------------------------------
@@ -191,7 +193,11 @@ class Section:
 
 
 def nested_model(field: FieldInfo) -> type[BaseModel] | None:
+    """The model of a table field, also of an optional one (`train.dp`: unset or a table)."""
     bare, _ = _strip(field.annotation)
+    if typing.get_origin(bare) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(bare) if a is not type(None)]
+        bare = members[0] if len(members) == 1 else bare
     return bare if isinstance(bare, type) and issubclass(bare, BaseModel) else None
 
 

@@ -1,0 +1,226 @@
+"""Record-level DP-SGD at the site (Abadi et al., Deep Learning with Differential Privacy), through Opacus.
+
+Each round: Poisson-sampled batches (every record joins a batch with probability q, as the accountant assumes),
+each record's gradient clipped to C, Gaussian noise of std sigma * C on the batch's clipped sum, then the
+site's optimiser. The accountant (Opacus' RDP or PRV) reads the history of (sigma, q, steps) of every round this
+data ever served, so the epsilon a site reports covers all of them. docs/privacy.md says what this protects.
+
+The noise and the sampling draw from a generator seeded with fresh OS randomness: a seed derived from the run's
+seed, the site and the round (as plain training uses) is known to the PS, which could then regenerate the noise and
+subtract it. Only tests pass a seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import secrets
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fedmqtt.data.base import BINARY, TaskInfo
+from fedmqtt.training.loop import TrainStats, _labelled_tensors, make_loss, resolve_loss
+from schemas.messages import RecordDP, TrainSettings
+
+# (noise multiplier, sample rate, steps): Opacus' accountant history, the same for its RDP and PRV accountants.
+HistoryEntry = tuple[float, float, int]
+# Algorithms whose client rule adds nothing to the gradient: DP-SGD's clipped, noised gradient is the whole step.
+# FedProx/FedPxN/FedDyn/SCAFFOLD add terms and FedFBN freezes layers inside the step (client_rules.plan_terms).
+DP_ALGORITHMS = frozenset({"base", "fedavg", "fedadam", "fedyogi", "fedadagrad", "fedbn", "fedper", "fednova",
+                           "fedadp", "feddkw", "dp-fedavg"})
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What one DP round will spend: its noise, sampling rate and expected steps, and epsilon once it is done."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    epsilon_before: float
+    epsilon_after: float
+
+
+@dataclass(frozen=True)
+class DPRound:
+    stats: TrainStats
+    history: list[HistoryEntry]
+    plan: RoundPlan
+    epsilon: float  # after this round, by the accountant, at dp.delta
+
+
+def model_problem(model: nn.Module) -> str | None:
+    """Why Opacus cannot clip this model's per-record gradients, with the fix; None when it can."""
+    from opacus.validators import ModuleValidator
+
+    errors = ModuleValidator.validate(model, strict=False)
+    if not errors:
+        return None
+    found = "; ".join(sorted({str(e).strip().split(". ")[0] for e in errors}))[:300]
+    batchnorm = any(isinstance(mod, nn.modules.batchnorm._BatchNorm) for mod in model.modules())
+    fix = ('build the model with norm = "gn" (GroupNorm) or "ln" (LayerNorm): BatchNorm mixes the records of a batch, '
+           "so no record's gradient is its own and clipping bounds nothing") if batchnorm else \
+        "use a model of the zoo whose layers Opacus supports (mlp, lenet5, resnet1d_se with norm gn or ln)"
+    return f"record-level DP cannot train this model ({found}): {fix}"
+
+
+def settings_problem(settings: TrainSettings) -> str | None:
+    """Why DP-SGD cannot run with these settings; None when it can."""
+    if settings.algorithm not in DP_ALGORITHMS:
+        return (f"record-level DP supports algorithms whose local step is the plain gradient step "
+                f"({', '.join(sorted(DP_ALGORITHMS))}), not {settings.algorithm!r}")
+    if settings.hyper.get("feature_stats", 0):
+        return "record-level DP cannot send AdaFed's feature statistics: they are computed from the records unnoised"
+    return None
+
+
+def labelled_rows(y: np.ndarray, task: TaskInfo) -> int:
+    """Rows DP-SGD trains on: those with a label (loop._labelled_tensors drops the others the same way)."""
+    ya = np.asarray(y)
+    if ya.dtype.kind != "f":
+        return int(ya.shape[0])
+    missing = np.isnan(ya.reshape(ya.shape[0], -1)).all(axis=1) if task.kind == "multilabel" else \
+        np.isnan(ya.reshape(ya.shape[0], -1)).any(axis=1)
+    return int((~missing).sum())
+
+
+def sample_rate(n_rows: int, batch_size: int) -> float:
+    """q = 1 / (batches per epoch), as Opacus' DPDataLoader sets it: the expected batch is `batch_size` rows."""
+    return 1.0 / max(1, math.ceil(n_rows / batch_size))
+
+
+def steps_per_round(n_rows: int, settings: TrainSettings) -> int:
+    per_epoch = max(1, math.ceil(n_rows / settings.batch_size))
+    if settings.steps_per_epoch is not None:
+        per_epoch = min(per_epoch, settings.steps_per_epoch)
+    return settings.epochs * per_epoch
+
+
+def make_accountant(kind: str, history: Sequence[HistoryEntry]) -> Any:
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    accountant = RDPAccountant() if kind == "rdp" else PRVAccountant()
+    accountant.history = [(float(s), float(q), int(n)) for s, q, n in history]
+    return accountant
+
+
+def epsilon(history: Sequence[HistoryEntry], delta: float, kind: str = "rdp") -> float:
+    """Epsilon at `delta` of everything in `history` (0 for none; inf where every step was noiseless)."""
+    if not history:
+        return 0.0
+    if any(s == 0.0 for s, _, _ in history):
+        return math.inf
+    with _quiet():
+        return float(make_accountant(kind, history).get_epsilon(delta=delta))
+
+
+def noise_for(dp: RecordDP, q: float, round_steps: int) -> float:
+    """sigma: the configured one, or the one that spends `target_epsilon` over the planned rounds at rate q."""
+    if dp.noise_multiplier is not None:
+        return dp.noise_multiplier
+    from opacus.accountants.utils import get_noise_multiplier
+
+    assert dp.target_epsilon is not None  # RecordDP holds one of the two
+    total = round_steps * (dp.planned_rounds or 1)
+    with _quiet():
+        return float(get_noise_multiplier(target_epsilon=dp.target_epsilon, target_delta=dp.delta, sample_rate=q,
+                                          steps=total, accountant=dp.accountant))
+
+
+def plan_round(dp: RecordDP, n_rows: int, settings: TrainSettings, history: Sequence[HistoryEntry]) -> RoundPlan:
+    """What the next round will spend, computed by the accountant before a single record is touched (the site's
+    policy refuses a round whose epsilon_after exceeds its max_epsilon)."""
+    q = sample_rate(n_rows, settings.batch_size)
+    steps = steps_per_round(n_rows, settings)
+    sigma = noise_for(dp, q, steps)
+    before = epsilon(history, dp.delta, dp.accountant)
+    after = epsilon([*history, (sigma, q, steps)], dp.delta, dp.accountant)
+    return RoundPlan(sigma, q, steps, before, after)
+
+
+def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: TrainSettings, dp: RecordDP, *,
+                   history: Sequence[HistoryEntry], device: str | torch.device = "cpu", task: TaskInfo = BINARY,
+                   seed: int | None = None) -> DPRound:
+    """Train `model` in place with DP-SGD for `settings.epochs` epochs; return the accountant's new history.
+
+    `seed` fixes the Poisson sampling and the noise (tests only: see the module's docstring).
+
+    Raises:
+        ValueError: the model or the settings cannot be trained with DP (the message says how to fix it), or the
+            labels do not fit the task.
+    """
+    from opacus import PrivacyEngine
+
+    problem = settings_problem(settings) or model_problem(model)
+    if problem:
+        raise ValueError(problem)
+    started = time.perf_counter()
+    dev = torch.device(device)
+    loss_fn = make_loss(resolve_loss(settings.loss, task))
+    xt, yt = _labelled_tensors(x, y, task, dev)
+    n = int(xt.shape[0])
+    plan = plan_round(dp, n, settings, history)
+    draw = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
+    noise = torch.Generator(device=dev).manual_seed(secrets.randbits(63) if seed is None else seed + 1)
+    # A copy is wrapped, so the trainer's cached model never carries Opacus' hooks into plain training or evaluation.
+    work = copy.deepcopy(model).to(dev).train()
+    optimizer = _torch_optimizer(work, settings)
+    loader = DataLoader(TensorDataset(xt, yt), batch_size=settings.batch_size, generator=draw)
+    steps, loss_sum, loss_rows = 0, 0.0, 0
+    with _quiet():
+        engine = PrivacyEngine(accountant=dp.accountant)
+        engine.accountant.history = [(float(s), float(q), int(k)) for s, q, k in history]
+        private, dp_optimizer, dp_loader = engine.make_private(
+            module=work, optimizer=optimizer, data_loader=loader, noise_multiplier=plan.noise_multiplier,
+            max_grad_norm=dp.max_grad_norm, poisson_sampling=True, noise_generator=noise)
+        for _ in range(settings.epochs):
+            for i, (xb, yb) in enumerate(dp_loader):
+                if settings.steps_per_epoch is not None and i >= settings.steps_per_epoch:
+                    break
+                dp_optimizer.zero_grad()
+                loss = loss_fn(private(xb).float(), yb)
+                loss.backward()
+                dp_optimizer.step()  # clips, noises, steps; the accountant records it (an empty batch too)
+                steps += 1
+                if len(yb):
+                    loss_sum += float(loss.detach()) * len(yb)
+                    loss_rows += len(yb)
+        new_history = list(engine.accountant.history)
+    model.load_state_dict(work.state_dict())
+    eps = epsilon(new_history, dp.delta, dp.accountant)
+    stats = TrainStats(n, steps, loss_sum / loss_rows if loss_rows else None, time.perf_counter() - started,
+                       "" if steps else "no labelled training row")
+    return DPRound(stats, new_history, plan, eps)
+
+
+def _torch_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
+    """torch.optim's class (Opacus' DPOptimizer wraps one), with the site's optimiser settings."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=settings.lr, weight_decay=settings.weight_decay,
+                               momentum=float(settings.hyper.get("momentum", 0.0)),
+                               nesterov=bool(settings.hyper.get("nesterov", 0.0)))
+    kind = torch.optim.Adam if settings.optimizer == "adam" else torch.optim.AdamW
+    return kind(params, lr=settings.lr, weight_decay=settings.weight_decay)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Opacus' known warnings, each with why it does not apply here."""
+    with warnings.catch_warnings():
+        # secure_mode needs torchcsprng; the generators are seeded from the OS's randomness instead (docstring).
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        # torch warns when a module's inputs need no gradient (the first layer's): Opacus' hooks read activations.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        # the RDP accountant's optimal order at the edge of its default alphas: epsilon is still an upper bound.
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        yield
