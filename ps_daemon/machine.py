@@ -312,7 +312,7 @@ class Machine:
         extras = dict(result.extras)
         if result.eval_weights is not None:
             extras["eval"] = result.eval_weights
-        record = self._record(state, participants, now)
+        record = replace(self._record(state, participants, now), server=dict(result.diagnostics))
         best = self._better_best(state, record)
         nxt = state.round + 1
         chosen = selection.pool(self.config, state) if nxt > self.config.rounds else selection.select(
@@ -326,6 +326,9 @@ class Machine:
         )
         state = replace(state, model_hash=self.hash_weights(self.published(state)))
         head: list[fx.Effect] = [fx.PublishRoundMetrics(record)]
+        if "epsilon" in record.server:  # a DP server rule: what the released models have cost so far
+            head.append(fx.Log("info", f"round {record.round}: participant-level DP has spent epsilon "
+                                       f"{record.server['epsilon']:.3g} at delta {record.server.get('delta', 0):g}"))
         if nxt > self.config.rounds:
             state = replace(state, phase="evaluating")
             return state, [fx.SaveCheckpoint(state), *head, *self._eval_effects(state)]

@@ -41,6 +41,7 @@ class RoundRecord:
     closed_at: float
     model_hash: str = ""  # the model version the sites trained from in this round
     skipped: Mapping[str, str] = field(default_factory=dict)  # answered without an update: site -> why
+    server: Mapping[str, float] = field(default_factory=dict)  # the rule's diagnostics (DP-FedAvg: epsilon, C)
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,8 @@ class AggregateResult:
     personal: Mapping[str, Weights] = field(default_factory=dict)
     extras: Mapping[str, Weights] = field(default_factory=dict)
     eval_weights: Weights | None = None  # FedDyn: evaluate theta_avg, not theta_send
+    # Numbers about the round the rule wants in the round's record (DP-FedAvg: clip norm, epsilon, delta).
+    diagnostics: Mapping[str, float] = field(default_factory=dict)
 
 
 class FeatureStatistics(IntEnum):

@@ -11,6 +11,7 @@ from typing import Any
 from fedmqtt.errors import ConfigError
 from fedmqtt.strategies.adafed import AdaFed, DAdaFed, FAdaFed
 from fedmqtt.strategies.base_local import Base
+from fedmqtt.strategies.dp_fedavg import DPFedAvg
 from fedmqtt.strategies.fedadp import FedAdp
 from fedmqtt.strategies.fedavg import FedAvg
 from fedmqtt.strategies.fedbn import FedBN
@@ -45,6 +46,7 @@ _CLASSES: tuple[type[ServerRule], ...] = (
     FedPer,
     Base,
     FedFBN,
+    DPFedAvg,
 )
 STRATEGIES: dict[str, type[ServerRule]] = {cls.name: cls for cls in _CLASSES}
 

@@ -25,7 +25,7 @@ from fedmqtt.strategies import (
 
 NAMES = [
     "fedavg", "fedprox", "fedbn", "fedpxn", "fedadam", "fedadagrad", "fedyogi", "feddyn", "scaffold",
-    "fednova", "fedadp", "feddkw", "adafed", "d-adafed", "f-adafed", "fedfbn", "fedper", "base",
+    "fednova", "fedadp", "feddkw", "adafed", "d-adafed", "f-adafed", "fedfbn", "fedper", "base", "dp-fedavg",
 ]  # fmt: skip
 
 
@@ -52,9 +52,13 @@ STATS = {
 }  # distinct per site
 
 
+# f-adafed: a one-round warm-up; dp-fedavg: a fixed noise seed, so two instances draw the same noise
+PARAMS: dict[str, dict[str, float]] = {"f-adafed": {"warmup_rounds": 1}, "dp-fedavg": {"noise_seed": 7}}
+
+
 def _rule(name: str) -> ServerRule:
     """A rule ready to aggregate: AdaFed variants get statistics, f-adafed a one-round warm-up."""
-    rule = build_strategy(name, {"warmup_rounds": 1} if name == "f-adafed" else None)
+    rule = build_strategy(name, PARAMS.get(name))
     if isinstance(rule, AdaFed):
         rule.set_statistics(STATS)
     return rule
@@ -187,7 +191,9 @@ def test_shared_names_follow_the_tags(name: str, expected: list[str]) -> None:
     assert build_strategy(name).shared_names(MANIFEST) == expected
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "base"])
+# dp-fedavg noises float buffers like every float (they are computed from the records) and keeps the server's
+# integer buffers (a count would reveal a site's size): tests/unit/test_strategy_dp_fedavg.py checks both.
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("base", "dp-fedavg")])
 def test_float_buffers_only_get_convex_weights_and_int_buffers_the_max(name: str) -> None:
     """A float buffer equal at every site stays exactly that value (no moments, corrections, variates,
     normalisation), whatever the current value; integer buffers are the maximum; float32 stays float32."""
@@ -228,7 +234,7 @@ def test_state_round_trip_continues_identically(name: str) -> None:
     interrupted = _rule(name)
     interrupted.aggregate_train(_input(interrupted, 1))
     # Execute
-    resumed = build_strategy(name, {"warmup_rounds": 1} if name == "f-adafed" else None)
+    resumed = build_strategy(name, PARAMS.get(name))
     resumed.load_state_dict(_unpack(_pack(interrupted.state_dict())))
     got = resumed.aggregate_train(_input(resumed, 2, first.weights))
     # Assert

@@ -1,0 +1,212 @@
+"""DP-FedAvg (McMahan et al. 2018; docs/algorithms.md section 21): participant-level differential privacy on the
+server, each site's model change clipped, Gaussian noise on their sum, with adaptive clipping (Andrew et al.)."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from fedmqtt.strategies.aggregate import copy_weights
+from fedmqtt.strategies.base import AggregateResult, RoundInput
+from fedmqtt.strategies.params import StrategyParams
+from fedmqtt.strategies.rule import ServerRule
+from fedmqtt.strategies.strategy_doc import StrategyDoc
+
+
+class DPFedAvgParams(StrategyParams):
+    clip_norm: float = Field(default=1.0, gt=0.0, le=1e6, description="C: each site's model change is clipped to "
+                             "this L2 norm (the starting value under adaptive clipping)")
+    noise_multiplier: float = Field(default=1.0, ge=0.0, le=1e4, description="z: Gaussian noise of std z * C on the "
+                                    "sum of clipped changes; under adaptive clipping z covers the change and the "
+                                    "clipped count together")
+    server_lr: float = Field(default=1.0, gt=0.0, le=1e3, description="eta_s: the server adds eta_s times the "
+                             "noised mean change")
+    sites_per_round: float = Field(default=0.0, ge=0.0, le=1e6, description="m: the fixed denominator of the mean "
+                                   "and the sites sampled per round for the accountant; 0: every enrolled site")
+    target_quantile: float = Field(default=0.0, ge=0.0, lt=1.0, description="gamma: adaptive clipping moves C "
+                                   "towards this quantile of the sites' change norms (Andrew et al.); 0: fixed C")
+    clip_lr: float = Field(default=0.2, gt=0.0, le=10.0, description="eta_C: adaptive clipping's geometric step")
+    count_stddev: float = Field(default=0.0, ge=0.0, le=1e6, description="sigma_b: std of the noise on the clipped "
+                                "count; 0: max(m / 20, z) (Andrew et al. suggest m / 20)")
+    delta: float = Field(default=1e-5, gt=0.0, lt=1.0, description="the delta at which the participant-level "
+                         "epsilon is reported")
+    noise_seed: int = Field(default=-1, ge=-1, le=2**62, description="tests only: >= 0 fixes the noise; -1 draws it "
+                            "from the operating system (anyone who knows the seed can subtract the noise)")
+
+    @model_validator(mode="after")
+    def _count_noise_fits(self) -> DPFedAvgParams:
+        if self.target_quantile and self.count_stddev and self.noise_multiplier and \
+                2 * self.count_stddev <= self.noise_multiplier:
+            raise ValueError(f"count_stddev {self.count_stddev:g} leaves no noise for the change: adaptive clipping "
+                             f"needs 2 * count_stddev > noise_multiplier ({self.noise_multiplier:g})")
+        return self
+
+
+class DPFedAvg(ServerRule):
+    """DP-FedAvg with a fixed denominator (McMahan, Ramage, Talwar, Zhang, ICLR 2018):
+
+        Delta_i = w_i - w_t, clipped to C;  w_{t+1} = w_t + eta_s (sum_i Delta_i + N(0, (z_D C)^2 I)) / m
+
+    on every shared float tensor (trainable ones and float buffers: both are computed from the records); integer
+    buffers keep the server's value. Adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021):
+    C <- C exp(-eta_C (b~ - gamma)), b~ = (#{||Delta_i|| <= C} + N(0, sigma_b^2)) / m, with
+    z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2) so the two releases together cost what one Gaussian of multiplier z costs.
+    """
+
+    name = "dp-fedavg"
+    summary = "DP-FedAvg: clipped site changes, Gaussian noise on the sum, adaptive clip (McMahan 2018, Andrew 2021)"
+    Params = DPFedAvgParams
+    params: DPFedAvgParams
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        super().__init__(params)
+        self.clip = self.params.clip_norm
+        self.noised_rounds = 0  # rounds whose release the accountant counts
+        # Fresh OS randomness unless a test fixes it: the run's seed is known to every site.
+        self._secret = self.params.noise_seed if self.params.noise_seed >= 0 else secrets.randbits(62)
+
+    # -- the mechanism ------------------------------------------------------------------------------
+    def denominator(self, enrolled: Mapping[str, int]) -> float:
+        return self.params.sites_per_round or float(max(1, len(enrolled)))
+
+    def count_stddev(self, m: float) -> float:
+        return self.params.count_stddev or max(m / 20.0, self.params.noise_multiplier)
+
+    def change_noise_multiplier(self, m: float) -> float:
+        """z_D: all of z without adaptive clipping; what the clipped count leaves of it with."""
+        z = self.params.noise_multiplier
+        if not self.params.target_quantile or z == 0.0:
+            return z
+        return float((z**-2 - (2.0 * self.count_stddev(m)) ** -2) ** -0.5)
+
+    def aggregate_train(self, inp: RoundInput) -> AggregateResult:
+        if not inp.updates:
+            return AggregateResult(weights=copy_weights(inp.current))  # nothing released, nothing spent
+        g = self.groups(inp)
+        names = g.train + g.floatbuf
+        m = self.denominator(inp.enrolled)
+        rng = np.random.default_rng([self._secret, inp.round_no])
+        clip = self.clip
+        total = {n: np.zeros(np.shape(inp.current[n]), np.float64) for n in names}
+        unclipped = 0
+        for u in inp.updates:  # sorted by site id: the sum does not depend on arrival order
+            delta = {n: np.asarray(u.tensors[n], np.float64) - np.asarray(inp.current[n], np.float64) for n in names}
+            norm = math.sqrt(sum(float(np.vdot(d, d)) for d in delta.values()))
+            unclipped += norm <= clip
+            scale = min(1.0, clip / norm) if norm > 0 else 1.0
+            for n in names:
+                total[n] += scale * delta[n]
+        std = self.change_noise_multiplier(m) * clip
+        out: dict[str, np.ndarray] = {}
+        for n in names:
+            ref = np.asarray(inp.current[n])
+            noised = (total[n] + rng.normal(0.0, std, size=ref.shape)) / m if std > 0 else total[n] / m
+            out[n] = (ref.astype(np.float64) + self.params.server_lr * noised).astype(ref.dtype)
+        diagnostics = {"clip_norm": clip, "noise_std": std / m}
+        if self.params.target_quantile:
+            noisy = (unclipped + rng.normal(0.0, self.count_stddev(m))) / m
+            self.clip = clip * math.exp(-self.params.clip_lr * (noisy - self.params.target_quantile))
+            diagnostics |= {"noisy_unclipped_fraction": noisy, "next_clip_norm": self.clip}
+        self.noised_rounds += 1
+        eps = self.epsilon(m, len(inp.enrolled))
+        if math.isfinite(eps):
+            diagnostics |= {"epsilon": eps, "delta": self.params.delta}
+        return AggregateResult(weights=self.complete(inp, out), diagnostics=diagnostics)
+
+    # -- the accountant -----------------------------------------------------------------------------
+    def epsilon(self, m: float, enrolled: int) -> float:
+        """Participant-level epsilon after the rounds so far, by Opacus' RDP accountant: each round is one step of
+        the sampled Gaussian mechanism with sampling rate m / (enrolled sites) and noise multiplier z."""
+        z = self.params.noise_multiplier
+        if self.noised_rounds == 0:
+            return 0.0
+        if z == 0.0:
+            return math.inf
+        return participant_epsilon(z, min(1.0, m / max(1, enrolled)), self.noised_rounds, self.params.delta)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clip": float(self.clip), "noised_rounds": int(self.noised_rounds)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        clip = float(state.get("clip", self.params.clip_norm))
+        rounds = int(state.get("noised_rounds", 0))
+        if not (math.isfinite(clip) and clip > 0 and rounds >= 0):
+            raise ValueError(f"{self.name}: bad server state (clip {clip}, rounds {rounds})")
+        self.clip, self.noised_rounds = clip, rounds
+
+
+def participant_epsilon(noise_multiplier: float, sample_rate: float, rounds: int, delta: float) -> float:
+    """Opacus' RDP accountant (imported here only: it brings torch, which only a DP-FedAvg server needs)."""
+    import warnings
+
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = [(float(noise_multiplier), float(sample_rate), int(rounds))]
+    with warnings.catch_warnings():
+        # the optimal order at the edge of the default orders: epsilon is still an upper bound
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        return float(accountant.get_epsilon(delta=delta))
+
+
+ABOUT = StrategyDoc(
+    section="21",
+    title="DP-FedAvg: participant-level differential privacy",
+    names=("dp-fedavg",),
+    summary=(
+        "Differentially private federated averaging: the server clips each site's model change to a norm C, "
+        "adds Gaussian noise to their sum and divides by a fixed number of sites, so the model released after "
+        "each round says little about whether any one hospital took part, or what its whole data set was. "
+        "Optional adaptive clipping moves C towards a quantile of the change norms, itself learnt from a noised "
+        "count. The server is trusted with the un-noised changes (see docs/privacy.md); record-level DP at the "
+        "sites (train.dp) protects single patients from the server too."
+    ),
+    server="""
+Delta_i = w_i^t - w_t                          on every shared float tensor (TRAIN and float buffers)
+Delta_i <- Delta_i * min(1, C / ||Delta_i||)   one L2 norm over all of a site's tensors
+w_{t+1} = w_t + eta_s * (sum_i Delta_i + N(0, (z_D * C)^2 I)) / m
+m = sites_per_round (fixed; 0: every enrolled site), never the number that answered
+integer buffers: the server's value (a count would reveal a site's data size)
+adaptive (gamma > 0):  b~ = (#{i: ||Delta_i|| <= C} + N(0, sigma_b^2)) / m
+                       C <- C * exp(-eta_C * (b~ - gamma))
+                       z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2),  sigma_b = count_stddev or max(m / 20, z)
+without adaptive clipping z_D = z
+nobody reported: w and C unchanged, nothing spent
+accountant: Opacus RDP, one sampled-Gaussian step per round, q = m / enrolled sites, multiplier z
+""",
+    client="""
+as FedAvg: plain local loss, local optimiser; send w_i^t (record-level DP-SGD too if train.dp is set)
+""",
+    state="Server: the clip norm C (adaptive) and the number of noised rounds (the accountant's steps), "
+          "checkpointed with the model. Sites: none. The noise seed is never stored: a resumed server draws anew.",
+    papers=("McMahan, Ramage, Talwar, Zhang: Learning differentially private recurrent language models, ICLR 2018 "
+            "(arXiv 1710.06963).",
+            "Andrew, Thakkar, McMahan, Ramaswamy: Differentially private learning with adaptive clipping, NeurIPS "
+            "2021 (arXiv 1905.03871).",
+            "Mironov, Talwar, Zhang: Renyi differential privacy of the sampled Gaussian mechanism (arXiv "
+            "1908.10530), the accountant's analysis."),
+    differences=(
+        "Fixed denominator m (McMahan et al.'s fixed-denominator estimator), never the number of sites that "
+        "answered: the noise on the mean is exactly z_D C / m and one site's presence moves the sum by at most C. "
+        "Dividing by the answering sites would make the sensitivity depend on who answered; the price is a mean "
+        "biased towards zero in rounds where fewer than m sites answer.",
+        "Uniform weights, never n_i / n: sample counts would reveal the sites' sizes and make one large site's "
+        "influence unbounded.",
+        "The accountant assumes each round samples sites independently at rate q = m / enrolled; with the default "
+        "selection (every site, every round) q = 1 and there is no amplification by sampling. Sites that drop "
+        "out are not modelled: the reported epsilon is what the mechanism would cost if every sampled site "
+        "answered.",
+        "sigma_b defaults to max(m / 20, z): Andrew et al.'s m / 20 alone leaves no noise budget for the change "
+        "when m < 10 z, the usual case with a few hospitals.",
+    ),
+    example="""
+Two enrolled sites, C = 1, z = 0, m = 2: changes [3, 4] (norm 5, clipped to [0.6, 0.8]) and [0.3, 0] (kept)
+give w_{t+1} - w_t = ([0.6, 0.8] + [0.3, 0]) / 2 = [0.45, 0.4]. With only the second site answering:
+[0.3, 0] / 2 = [0.15, 0] (fixed denominator).
+""",
+)
