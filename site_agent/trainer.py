@@ -129,7 +129,9 @@ class Trainer:
         kind = int(settings.hyper.get("feature_stats", 0))
         if kind:
             uplink["feature_stats"] = self._statistics(kind, spec, model, extras.get("pretrained"))
-        return TrainResult(end, stats.n_samples, stats.steps, stats.mean_loss, stats.seconds,
+        # Under record-level DP the training loss stays home: it is computed from the records without noise.
+        loss = stats.mean_loss if settings.dp is None else None
+        return TrainResult(end, stats.n_samples, stats.steps, loss, stats.seconds,
                            val, val_undefined, uplink, algo_state, meter.usage, dp_history=dp_new, privacy=privacy)
 
     def dp_plan(self, spec: ModelSpec, settings: TrainSettings, history: Sequence[HistoryEntry]

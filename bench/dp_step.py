@@ -1,0 +1,94 @@
+"""DP-SGD against plain local training, side by side: the time of one training step on the zoo's MLP and LeNet.
+
+    nice .venv/bin/python bench/dp_step.py --repeats 5 --threads 1
+
+For each model, one local round (same rows, batch size, epochs and SGD settings) runs alternately through the
+plain loop (`fedmqtt.training.loop.train_local`) and through DP-SGD (`fedmqtt.training.privacy.train_local_dp`:
+Opacus' per-sample gradients, clipping, noise, Poisson sampling, and the accountant's epsilon after the round).
+Each round's wall time is divided by its steps; the table gives the median over the repeats and the ratio
+DP / plain (the issue's goal: at most 2x). The DP time includes everything a DP round costs a site beyond its
+steps (wrapping the model, the accountant before and after), spread over the round's steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fedmqtt.data.base import BINARY, TaskInfo  # noqa: E402
+from fedmqtt.training.loop import train_local  # noqa: E402
+from fedmqtt.training.models import build_model  # noqa: E402
+from fedmqtt.training.privacy import train_local_dp  # noqa: E402
+from schemas.messages import RecordDP, TrainSettings  # noqa: E402
+
+# (label, registry name, args, input shape of one row, task)
+MODELS = [
+    ("MLP 15-32-32-1 (heart disease)", "mlp", {"in_features": 15, "hidden": [32, 32]}, (15,), BINARY),
+    ("MLP 784-256-256-10", "mlp", {"in_features": 784, "hidden": [256, 256], "out_features": 10}, (784,),
+     TaskInfo("multiclass", 10)),
+    ("LeNet-5 28x28, GroupNorm", "lenet5", {"n_classes": 10, "norm": "gn"}, (1, 28, 28), TaskInfo("multiclass", 10)),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=2048, help="training rows (default 2048)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--epochs", type=int, default=1, help="local epochs per round (default 1)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds of each kind per model (default 5)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    return p.parse_args(argv)
+
+
+def data(shape: tuple[int, ...], task: TaskInfo, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, *shape)).astype(np.float32)
+    y = rng.integers(0, 2 if task.kind == "binary" else task.n_outputs, size=rows)
+    return x, y
+
+
+def one_round(private: bool, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, settings: TrainSettings,
+              dp: RecordDP, task: TaskInfo) -> float:
+    """Seconds per step of one local round, plain or DP-SGD."""
+    start = time.perf_counter()
+    if private:
+        steps = train_local_dp(model, x, y, settings, dp, history=[], task=task, seed=0).stats.steps
+    else:
+        steps = train_local(model, x, y, settings, seed=0, task=task).steps
+    return (time.perf_counter() - start) / steps
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    settings = TrainSettings(epochs=a.epochs, batch_size=a.batch_size, lr=0.05, optimizer="sgd")
+    dp = RecordDP(max_grad_norm=1.0, noise_multiplier=1.0)
+    print(f"{a.rows} rows, batch {a.batch_size}, {a.epochs} epoch(s), SGD, {a.threads} thread(s), torch "
+          f"{torch.__version__}, median of {a.repeats} rounds each (alternating)\n")
+    print("| model | parameters | plain ms/step | DP-SGD ms/step | DP / plain |")
+    print("|---|---|---|---|---|")
+    for label, name, args, shape, task in MODELS:
+        x, y = data(shape, task, a.rows)
+        torch.manual_seed(0)
+        model = build_model(name, args)
+        n_params = sum(p.numel() for p in model.parameters())
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for private in (False, True):  # warm-up: the first calls import and allocate
+            one_round(private, model, x, y, settings, dp, task)
+        for _ in range(a.repeats):
+            for private in (False, True):
+                times[private].append(one_round(private, model, x, y, settings, dp, task))
+        p_ms, d_ms = statistics.median(times[False]) * 1e3, statistics.median(times[True]) * 1e3
+        print(f"| {label} | {n_params:,} | {p_ms:.2f} | {d_ms:.2f} | {d_ms / p_ms:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
