@@ -14,7 +14,7 @@ from fedmqtt.config_io import load_toml, validate_config
 from fedmqtt.errors import ConfigError
 from fedmqtt.strategies import STRATEGIES, build_strategy
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
-from fedmqtt.training.client_rules import optimiser_problem
+from fedmqtt.training.client_rules import optimiser_problem, record_dp_problem
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
 from schemas.base import ID_PATTERN
@@ -137,6 +137,8 @@ class DaemonConfig(BaseModel):
             raise ValueError(str(exc)) from None
         if problem := optimiser_problem(self.algorithm, self.train.optimizer, local):
             raise ValueError(problem)
+        if self.train.dp is not None and (problem := record_dp_problem(self.algorithm, local)):
+            raise ValueError(f"train.dp: {problem}")
         if self.selection == "fraction" and self.fraction is not None:
             drawn = min_drawn(len(self.sites), self.fraction)
             if drawn < self.quorum:

@@ -24,8 +24,10 @@ log = logging.getLogger("fedmqtt.ps")
 
 
 def write_final_outputs(config: DaemonConfig, channel: Channel, state: DaemonState, *, started_at: float,
-                        usage: dict[int, dict[str, dict[str, Any]]]) -> None:
-    """Write the final and best models and the report (private to the PS), and publish the final metrics."""
+                        usage: dict[int, dict[str, dict[str, Any]]],
+                        privacy: dict[str, dict[str, Any]] | None = None) -> None:
+    """Write the final and best models and the report (private to the PS), and publish the final metrics.
+    `privacy`: the record-level DP each site reported with its newest accepted update."""
     c, out = config, private_dir(config.out_dir)
     models = {"final": str(out / "final_model.safetensors")}
     final = {**state.weights, **state.extras.get("eval", {})}  # FedDyn's deployed model is theta_avg
@@ -40,7 +42,7 @@ def write_final_outputs(config: DaemonConfig, channel: Channel, state: DaemonSta
                "rejected": dict(channel.stats.rejected)}
     finished_at = time.time()
     timings = {"started_at": started_at, "finished_at": finished_at, "total_s": finished_at - started_at}
-    report = build_report(c, state, timings=timings, traffic=traffic, models=models, usage=usage)
+    report = build_report(c, state, timings=timings, traffic=traffic, models=models, usage=usage, privacy=privacy)
     write_private_text(out / "report.json", json.dumps(report, indent=2))
     write_private_text(out / "report.md", render_markdown(report))
     write_private_text(out / "per_site.csv", per_site_csv(report))

@@ -142,7 +142,8 @@ class Outbound:
         elif isinstance(effect, fx.Log):
             (log.warning if effect.level == "warning" else log.info)(effect.text)
         elif isinstance(effect, fx.Finish):
-            write_final_outputs(c, ch, effect.state, started_at=self.started_at, usage=self.usage)
+            write_final_outputs(c, ch, effect.state, started_at=self.started_at, usage=self.usage,
+                                privacy={s: p.model_dump() for s, p in self.status.epsilon.items()})
             self.finished = effect.state
         return state
 

@@ -14,7 +14,8 @@ SPLITS = ("val", "test")
 
 def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str, float],
                  traffic: dict[str, Any], models: dict[str, str],
-                 usage: dict[int, dict[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
+                 usage: dict[int, dict[str, dict[str, Any]]] | None = None,
+                 privacy: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     per_site: dict[str, Any] = {}
     for site in config.sorted_sites:
         rep = state.final_reports.get(site)
@@ -47,6 +48,9 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         "traffic": traffic,
         "models": models,
         "usage": usage_section(usage or {}),
+        # Record-level DP (docs/privacy.md): each site's epsilon as it reported it with its newest accepted update,
+        # over everything its records ever served. Participant-level DP is in each round's "server".
+        "privacy": {"record_level": dict(sorted((privacy or {}).items()))},
     }
 
 

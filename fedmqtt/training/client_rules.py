@@ -20,6 +20,10 @@ from schemas.messages import TrainSettings
 log = logging.getLogger(__name__)
 Weights = dict[str, np.ndarray]
 SGD_ONLY = {"scaffold": "SCAFFOLD option II", "fednova": "FedNova's ||a_i||_1"}
+# Algorithms whose client rule adds nothing to the gradient: under record-level DP the clipped, noised gradient is
+# the whole step. FedProx/FedPxN/FedDyn/SCAFFOLD add terms and FedFBN freezes layers inside it (plan_terms).
+DP_ALGORITHMS = frozenset({"base", "fedavg", "fedadam", "fedyogi", "fedadagrad", "fedbn", "fedper", "fednova",
+                           "fedadp", "feddkw", "dp-fedavg"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,19 @@ def optimiser_problem(algorithm: str, optimizer: str, hyper: Mapping[str, Any]) 
         return f'{algorithm} needs SGD for {SGD_ONLY[algorithm]} (got {optimizer}): set train.optimizer = "sgd"'
     if algorithm == "scaffold" and (float(hyper.get("momentum", 0.0)) or float(hyper.get("nesterov", 0.0))):
         return "scaffold needs SGD without momentum (SCAFFOLD option II's c_i estimate): drop momentum/nesterov"
+    return None
+
+
+def record_dp_problem(algorithm: str, hyper: Mapping[str, Any]) -> str | None:
+    """Why record-level DP-SGD (docs/privacy.md) cannot train with this algorithm and these keys; None if it can.
+    Torch-free, so the PS refuses such a config before it starts."""
+    if algorithm not in DP_ALGORITHMS:
+        return (f"record-level DP supports algorithms whose local step is the plain gradient step "
+                f"({', '.join(sorted(DP_ALGORITHMS))}), not {algorithm!r}")
+    if hyper.get("feature_stats", 0):
+        return "record-level DP cannot send AdaFed's feature statistics: they are computed from the records unnoised"
+    if hyper.get("balance_classes", 0):
+        return "record-level DP cannot weigh the loss by the site's class counts (balance_classes): they are not noised"
     return None
 
 

@@ -30,15 +30,12 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedmqtt.data.base import BINARY, TaskInfo
+from fedmqtt.training.client_rules import record_dp_problem
 from fedmqtt.training.loop import TrainStats, _labelled_tensors, resolve_loss
 from schemas.messages import RecordDP, TrainSettings
 
 # (noise multiplier, sample rate, steps): Opacus' accountant history, the same for its RDP and PRV accountants.
 HistoryEntry = tuple[float, float, int]
-# Algorithms whose client rule adds nothing to the gradient: DP-SGD's clipped, noised gradient is the whole step.
-# FedProx/FedPxN/FedDyn/SCAFFOLD add terms and FedFBN freezes layers inside the step (client_rules.plan_terms).
-DP_ALGORITHMS = frozenset({"base", "fedavg", "fedadam", "fedyogi", "fedadagrad", "fedbn", "fedper", "fednova",
-                           "fedadp", "feddkw", "dp-fedavg"})
 
 
 @dataclass(frozen=True)
@@ -76,15 +73,8 @@ def model_problem(model: nn.Module) -> str | None:
 
 
 def settings_problem(settings: TrainSettings) -> str | None:
-    """Why DP-SGD cannot run with these settings; None when it can."""
-    if settings.algorithm not in DP_ALGORITHMS:
-        return (f"record-level DP supports algorithms whose local step is the plain gradient step "
-                f"({', '.join(sorted(DP_ALGORITHMS))}), not {settings.algorithm!r}")
-    if settings.hyper.get("feature_stats", 0):
-        return "record-level DP cannot send AdaFed's feature statistics: they are computed from the records unnoised"
-    if settings.hyper.get("balance_classes", 0):
-        return "record-level DP cannot weigh the loss by the site's class counts (balance_classes): they are not noised"
-    return None
+    """Why DP-SGD cannot run with these settings; None when it can (client_rules.record_dp_problem)."""
+    return record_dp_problem(settings.algorithm, settings.hyper)
 
 
 def labelled_rows(y: np.ndarray, task: TaskInfo) -> int:

@@ -232,3 +232,38 @@ def test_record_dp_needs_exactly_one_of_noise_and_target() -> None:
         RecordDP(max_grad_norm=1.0, noise_multiplier=1.0, target_epsilon=1.0)
     with pytest.raises(ValidationError):
         RecordDP(max_grad_norm=1.0, noise_multiplier=1.0, delta=1.0)
+
+
+@pytest.mark.parametrize(("name", "y"), [
+    ("bce", np.array([0.0, 1.0, 1.0, 0.0], np.float32)),
+    ("ce", np.array([0, 2, 1, 2])),
+    ("mse", np.array([0.5, -1.0, 2.0, 0.0], np.float32)),
+    ("msle", np.array([0.5, 1.0, 2.0, 0.0], np.float32)),
+])
+def test_per_record_loss_means_to_the_plain_loss(name: str, y: np.ndarray) -> None:
+    """Ghost clipping needs one loss per record: their mean is the loss plain training minimises."""
+    from fedmqtt.training.loop import make_loss
+
+    torch.manual_seed(0)
+    out = torch.randn(4, 3 if name == "ce" else 1) - (0.5 if name == "msle" else 0.0)  # some msle outputs < 0
+    target = torch.as_tensor(y)
+    criterion = privacy.PerRecordLoss(name)
+    assert float(criterion(out, target)) == pytest.approx(float(make_loss(name)(out, target)), rel=1e-6)
+    criterion.reduction = "none"
+    assert criterion(out, target).shape == (4,)
+
+
+def test_privacy_spent_is_validated_on_the_wire() -> None:
+    from pydantic import ValidationError
+
+    from schemas.codec import decode, encode
+    from schemas.messages import ClientUpdate, PrivacySpent
+
+    spent = PrivacySpent(epsilon=1.5, delta=1e-5, noise_multiplier=1.0, sample_rate=0.1, steps=30)
+    update = ClientUpdate(run_id="r", sender="a", round=1, base_model_hash="h", tensors=(), n_samples=1,
+                          local_steps=1, privacy=spent)
+    assert decode(encode(update)) == update
+    for bad in ({"epsilon": -1.0}, {"epsilon": float("inf")}, {"delta": 0.0}, {"sample_rate": 1.5},
+                {"steps": -1}, {"accountant": "moments"}, {"extra": 1}):
+        with pytest.raises(ValidationError):
+            PrivacySpent.model_validate({**spent.model_dump(), **bad})
