@@ -20,7 +20,9 @@ REFUSAL = "refused by this site's privacy policy: round 1 would bring epsilon to
 
 def test_a_site_refuses_rounds_beyond_its_privacy_budget_and_the_ps_shows_why(cli_federation) -> None:
     # Prepare: DP-SGD for everyone; hungary allows epsilon 0.05 in all (one round here spends far more)
-    train = {"epochs": 40, "batch_size": 32, "lr": 0.003, "optimizer": "adam",  # long enough to watch ps/status
+    # cleveland's rounds last seconds after hungary's answer, so ps/status shows hungary dropped (progress is
+    # published at most once a second, and a round that closes at once would replace it)
+    train = {"epochs": 150, "batch_size": 32, "lr": 0.003, "optimizer": "adam",
              "dp": {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5}}
     fed = cli_federation("dp-policy", run_id="e2e-dp-policy", rounds=2, sites=("cleveland", "hungary"), train=train,
                          round_timeout_s=600.0)  # a round that waits for its deadline fails the test
@@ -53,4 +55,5 @@ def test_a_site_refuses_rounds_beyond_its_privacy_budget_and_the_ps_shows_why(cl
     assert spent.epsilon > 0.05 and spent.delta == 1e-5 and spent.noise_multiplier == 1.0
     ledger = json.loads((fed.work / "state" / "cleveland" / "privacy" / "accountant.json").read_text())
     assert sum(steps for _, _, steps in ledger["history"]) == spent.steps
+    assert report["privacy"]["record_level"]["cleveland"]["epsilon"] == pytest.approx(spent.epsilon)
     assert not (fed.work / "state" / "hungary" / "privacy" / "accountant.json").exists()  # nothing spent
