@@ -80,3 +80,4 @@ def test_a_target_epsilon_is_spread_over_the_runs_rounds() -> None:
         "train": {"dp": {"max_grad_norm": 1.0, "target_epsilon": 2.0}}})
     dp = config.record_dp()
     assert dp is not None and dp.planned_rounds == 7 and dp.target_epsilon == 2.0
+
