@@ -14,7 +14,7 @@ import numpy as np
 from ps_daemon.machine import Machine
 from ps_daemon.state import DaemonState
 from schemas.chunks import ChunkManifest
-from schemas.messages import ClientUpdate, EvalReport
+from schemas.messages import ClientUpdate, EvalReport, RecordDP
 from schemas.tensors import TensorBlob
 
 # FedNova divides by ||a_i||_1, which is >= 1 for any real local run (one or more SGD steps): a tiny or huge value
@@ -88,8 +88,24 @@ def update_rejection(machine: Machine, state: DaemonState, site: str, msg: Clien
     a_norm = msg.scalars.get("a_norm")
     if a_norm is not None and not A_NORM_RANGE[0] <= a_norm <= A_NORM_RANGE[1]:
         return f"scalar a_norm {a_norm:.3g} is outside {A_NORM_RANGE}"
+    reason = _privacy_rejection(machine.config.train.dp, msg)
+    if reason is not None:
+        return reason
     if msg.label_histogram is not None:
         return histogram_rejection(msg.label_histogram)
+    return None
+
+
+def _privacy_rejection(dp: RecordDP | None, msg: ClientUpdate) -> str | None:
+    """Under record-level DP every update says what it spent, at the run's delta (the PS cannot check the noise
+    itself; a site that trained without DP would otherwise pass unnoticed). Without DP it says nothing."""
+    if dp is None:
+        return None if msg.privacy is None else "reports record-level DP spending, but the run trains without DP"
+    if msg.privacy is None:
+        return "the run trains with record-level DP, and this update does not say what it spent"
+    if msg.privacy.delta != dp.delta or msg.privacy.accountant != dp.accountant:
+        return (f"reports epsilon at delta {msg.privacy.delta:g} ({msg.privacy.accountant}), not the run's "
+                f"{dp.delta:g} ({dp.accountant})")
     return None
 
 

@@ -6,7 +6,8 @@ REFUSAL_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("duplicate", "duplicate"), ("different model version", "wrong model version"),
     ("was not asked", "not asked"), ("answers session", "wrong session"),
     ("tensor", "wrong layout"), ("control variates", "wrong layout"), ("layer statistics", "wrong layout"),
-    ("histogram", "bad histogram"), ("a_norm", "out of range"), ("training sample", "out of range"))
+    ("histogram", "bad histogram"), ("a_norm", "out of range"), ("training sample", "out of range"),
+    ("record-level DP", "privacy"), ("epsilon at delta", "privacy"))
 
 
 def refusal_category(reason: str) -> str:
