@@ -12,10 +12,11 @@ from site_agent.preflight.device_check import DEVICE, check_device
 from site_agent.preflight.disk_check import STATE, check_state_dir, stored_model_bytes
 from site_agent.preflight.findings import Finding, Report, skipped
 from site_agent.preflight.network import BROKER, TLS, check_broker_address, check_tls
+from site_agent.preflight.privacy_check import PRIVACY, check_privacy
 from site_agent.preflight.session import LOGIN, RUN, check_run, visit
 
 # Every check, in the order they run and print.
-CHECKS = (CONFIG, CREDENTIALS, DATA, DEVICE, BROKER, TLS, LOGIN, RUN, CLOCK, STATE)
+CHECKS = (CONFIG, CREDENTIALS, DATA, DEVICE, PRIVACY, BROKER, TLS, LOGIN, RUN, CLOCK, STATE)
 DEFAULT_TIMEOUT_S = 5.0  # per network step: DNS and TCP, TLS handshake, CONNACK
 DEFAULT_LIVE_WAIT_S = 2.0  # for a status sent now, when no current one is retained
 
@@ -45,6 +46,7 @@ def run_checks(config_path: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, live_
     add(finding)
     add(check_data(config.data))
     add(check_device(config))
+    add(check_privacy(config))
     model_bytes = stored_model_bytes(config.state_dir)
     if settings is None:
         for name in (BROKER, TLS, LOGIN, RUN, CLOCK):

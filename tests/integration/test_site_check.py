@@ -136,13 +136,13 @@ def test_a_correct_site_passes_every_check_and_exits_0(site: Site, ps_status: Ca
     # Assert
     assert out.returncode == 0, out.stdout + out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("  ")]
-    assert [line.split()[1] for line in lines] == ["config", "credentials", "data", "device", "broker", "TLS",
-                                                   "login", "run", "clock", "state"]
+    assert [line.split()[1] for line in lines] == ["config", "credentials", "data", "device", "privacy", "broker",
+                                                   "TLS", "login", "run", "clock", "state"]
     assert all(line.startswith("  PASS  ") for line in lines), out.stdout
     assert len({line.index(line.split()[2]) for line in lines if line.split()[1] != "state"}) == 1  # one column
     assert "\033[" not in out.stdout
     assert "pinned broker key matches" in out.stdout and "site-a.check" in out.stdout
-    assert "All 10 checks passed" in out.stdout
+    assert "All 11 checks passed" in out.stdout
 
 
 @pytest.mark.parametrize(("case", "check_name", "says", "fix_says"), [

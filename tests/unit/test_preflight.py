@@ -13,7 +13,7 @@ import pytest
 from fedmqtt.config_io import dump_toml
 from fedmqtt.data.heart_disease import bundled_path
 from fedmqtt.data.spec import DataSpec
-from site_agent.config import load_site_config
+from site_agent.config import SiteConfig, load_site_config
 from site_agent.data import load_site_data
 from site_agent.preflight.clock import StatusSample, assess_clock
 from site_agent.preflight.config_checks import check_credentials
@@ -150,7 +150,7 @@ def test_without_a_config_every_other_check_is_skipped_and_the_exit_code_is_1(tm
     # Assert
     assert [f.check for f in report.findings] == list(CHECKS)
     assert [f.status for f in report.findings] == ["fail"] + ["skip"] * (len(CHECKS) - 1)
-    assert report.exit_code == 1 and report.to_json()["counts"] == {"pass": 0, "warn": 0, "fail": 1, "skip": 9}
+    assert report.exit_code == 1 and report.to_json()["counts"] == {"pass": 0, "warn": 0, "fail": 1, "skip": 10}
 
 
 def test_checklist_columns_line_up_wrap_under_the_finding_and_colour_only_when_asked() -> None:
@@ -182,3 +182,32 @@ def _config(tmp_path: Path, **site: object):  # noqa: ANN202 - a SiteConfig
                                "state_dir": "state", "data": {"format": "heart_disease",
                                                               "path": str(bundled_path("cleveland"))}, **site}))
     return load_site_config(path)
+
+
+def test_privacy_check_reports_the_policy_and_the_ledger_and_fails_on_a_damaged_ledger(tmp_path: Path) -> None:
+    """`site check`'s privacy line: the rules set, the DP-SGD steps and their epsilon; a damaged ledger fails with
+    the fix (the agent would refuse every DP task until it is restored)."""
+    pytest.importorskip("opacus")
+    from fedmqtt.training.privacy import epsilon
+    from site_agent.policy import PrivacyPolicy
+    from site_agent.preflight.privacy_check import check_privacy
+    from site_agent.privacy_ledger import PrivacyLedger
+
+    config = _privacy_config(tmp_path, PrivacyPolicy())
+    plain = check_privacy(config)
+    assert plain.status == "pass" and "none (trains whatever the run asks)" in plain.found
+    strict = _privacy_config(tmp_path, PrivacyPolicy(max_epsilon=8.0, require_record_dp=True, models=("mlp",)))
+    PrivacyLedger(tmp_path / "state" / "privacy").save([(2.0, 1 / 6, 240)])
+    finding = check_privacy(strict)
+    assert finding.status == "pass"
+    assert "max_epsilon 8, require_record_dp, models mlp" in finding.found and "240 DP-SGD steps" in finding.found
+    assert finding.facts["epsilon"] == pytest.approx(epsilon([(2.0, 1 / 6, 240)], 1e-5))
+    (tmp_path / "state" / "privacy" / "accountant.json").write_text("[]")
+    damaged = check_privacy(strict)
+    assert damaged.status == "fail" and "damaged" in damaged.found and "backup" in damaged.fix
+
+
+def _privacy_config(tmp_path: Path, policy: object) -> SiteConfig:
+    return SiteConfig.model_validate({"site_id": "a", "run_id": "r", "credentials": str(tmp_path / "c.toml"),
+                                      "state_dir": str(tmp_path / "state"), "privacy": policy,
+                                      "data": {"format": "heart_disease", "path": str(tmp_path / "x.data")}})
