@@ -35,8 +35,9 @@ def check(
                                        "terminal, unless NO_COLOR is set)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also log what the connection does."),
 ) -> None:
-    """Pre-flight before joining: config, credentials file, data, device, broker (name, TCP, TLS with CA, name and
-    pinned key), login, the run, clock and state directory, each PASS, WARN or FAIL with the fix.
+    """Pre-flight before joining: config, credentials file, data, device, privacy policy and ledger, broker (name,
+    TCP, TLS with CA, name and pinned key), login, the run, clock and state directory, each PASS, WARN or FAIL with
+    the fix.
 
     Logs in with the site's read-only check login (`<site>.check`): publishes nothing and never pushes a running
     agent off. Exit code 0 when nothing failed (warnings allowed), 1 when a check failed.
