@@ -25,6 +25,7 @@ from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.signing import Identity
 from schemas import messages as m
+from schemas.base import MAX_DETAIL
 from schemas.codec import encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
@@ -358,9 +359,9 @@ class SiteAgent:
         log.warning("round %d: %s", task.round, reason)
         answer = m.ClientUpdate(
             run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session, base_model_hash=task.model_hash,
-            tensors=(), n_samples=0, local_steps=0, no_step_reason=reason[:2000])
+            tensors=(), n_samples=0, local_steps=0, no_step_reason=reason[:MAX_DETAIL])
         self.uplink.offer(task, encode(answer, max_bytes=self.channel.max_bytes), answer)
-        self.channel.send(self.status_topic, self._status("online", f"round {task.round}: {reason}"))
+        self.channel.send(self.status_topic, self._status("online", f"round {task.round}: {reason}"[:MAX_DETAIL]))
 
     def _answer_without_update(self, task: m.TrainTask, result: TrainResult) -> None:
         """No optimiser step was possible (too few rows): say so, with the validation of the received model,
