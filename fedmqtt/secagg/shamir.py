@@ -1,0 +1,80 @@
+"""Shamir secret sharing of 32-byte secrets, with pycryptodome's `Shamir` (GF(2^128), 16-byte secrets).
+
+A 32-byte secret (an X25519 private key, a self-mask seed) is two independent 16-byte halves, each shared with its
+own random polynomial at the same x-coordinates; a share is the two 16-byte values side by side. Any t shares give
+the secret back; t - 1 shares are uniform and independent of it (each half is a degree t - 1 polynomial with
+uniformly random coefficients besides the secret).
+
+Shamir's scheme has no integrity: shares from a site that lies rebuild a wrong secret. `reconstruct` is handed
+a check (the advertised public key, the seed commitment) and finds a consistent subset of t shares, then names
+every other share that disagrees with it: with t - 1 shares of the consistent subset and one more, the secret
+comes out right exactly when that share lies on the polynomial (its Lagrange coefficient at 0 is never zero).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from Crypto.Protocol.SecretSharing import Shamir
+
+SECRET_BYTES = 32
+HALF = 16
+SHARE_BYTES = SECRET_BYTES
+MAX_SUBSETS = 256  # subsets of t answers tried before the PS gives a secret up as unrecoverable
+
+
+def split(secret: bytes, threshold: int, holders: int) -> list[bytes]:
+    """`holders` shares of `secret`, the share with x-coordinate i + 1 at position i; any `threshold` rebuild it."""
+    if len(secret) != SECRET_BYTES:
+        raise ValueError(f"a shared secret has {SECRET_BYTES} bytes, not {len(secret)}")
+    if not 1 <= threshold <= holders:
+        raise ValueError(f"threshold {threshold} must be in [1, {holders}]")
+    low = Shamir.split(threshold, holders, secret[:HALF])
+    high = Shamir.split(threshold, holders, secret[HALF:])
+    return [a + b for (_, a), (_, b) in zip(low, high, strict=True)]
+
+
+def combine(shares: Mapping[int, bytes]) -> bytes:
+    """The secret through exactly these shares (x-coordinate -> share); all of them are used."""
+    if any(len(s) != SHARE_BYTES for s in shares.values()) or any(x < 1 for x in shares):
+        raise ValueError("a share is 32 bytes at an x-coordinate >= 1")
+    points = sorted(shares.items())
+    return (Shamir.combine([(x, s[:HALF]) for x, s in points])
+            + Shamir.combine([(x, s[HALF:]) for x, s in points]))
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """A rebuilt secret, or None, and the holders whose shares disagree with it (or could not be placed)."""
+
+    secret: bytes | None
+    bad_holders: tuple[str, ...]
+    reason: str = ""
+
+
+def reconstruct(answers: Mapping[str, tuple[int, bytes]], threshold: int, check: Callable[[bytes], bool], *,
+                max_subsets: int = MAX_SUBSETS) -> Reconstruction:
+    """The secret that `check` accepts, from the holders' answers (holder -> (x-coordinate, share)).
+
+    Tries subsets of `threshold` answers in a fixed order (holder ids sorted), at most `max_subsets` of them.
+    """
+    holders = sorted(answers)
+    if len(holders) < threshold:
+        return Reconstruction(None, (), f"{len(holders)} shares, {threshold} needed")
+    for tried, subset in enumerate(itertools.combinations(holders, threshold)):
+        if tried >= max_subsets:
+            break
+        secret = combine({answers[h][0]: answers[h][1] for h in subset})
+        if not check(secret):
+            continue
+        base = {answers[h][0]: answers[h][1] for h in subset[1:]}
+        bad = tuple(h for h in holders if h not in subset and combine({**base, answers[h][0]: answers[h][1]})
+                    != secret)
+        return Reconstruction(secret, bad)
+    return Reconstruction(None, tuple(holders), f"no {threshold} of the {len(holders)} shares rebuild a secret "
+                          f"that matches its commitment (tried {min(max_subsets, math.comb(len(holders), threshold))} "
+                          "subsets)")
+
