@@ -34,20 +34,32 @@ class HeldShares:
     seed_share: bytes
 
 
+def aead_encrypt(key: bytes, plaintext: bytes, associated: bytes, *, nonce: bytes = NONCE) -> bytes:
+    """ChaCha20-Poly1305: the ciphertext with its 16-byte tag appended."""
+    return ChaCha20Poly1305(key).encrypt(nonce, plaintext, associated)
+
+
+def aead_decrypt(key: bytes, sealed: bytes, associated: bytes, *, nonce: bytes = NONCE) -> bytes | None:
+    """The plaintext, or None when the tag does not match (altered, or another key, nonce or associated data)."""
+    try:
+        return ChaCha20Poly1305(key).decrypt(nonce, sealed, associated)
+    except InvalidTag:
+        return None
+
+
 def seal(ctx: RoundContext, key: bytes, sender: str, receiver: str, held: HeldShares) -> bytes:
     plaintext = held.index.to_bytes(INDEX_BYTES, "big") + held.mask_key_share + held.seed_share
     if len(plaintext) != PLAINTEXT_BYTES:
         raise ValueError("a share is 32 bytes")
-    return ChaCha20Poly1305(key).encrypt(NONCE, plaintext, ctx.bind(SHARE_AD, sender, receiver))
+    return aead_encrypt(key, plaintext, ctx.bind(SHARE_AD, sender, receiver))
 
 
 def open_sealed(ctx: RoundContext, key: bytes, sender: str, receiver: str, ciphertext: bytes) -> HeldShares | None:
     """The shares inside, or None when the ciphertext is not one `sender` sealed for `receiver` this round."""
     if len(ciphertext) != SEALED_BYTES:
         return None
-    try:
-        plain = ChaCha20Poly1305(key).decrypt(NONCE, ciphertext, ctx.bind(SHARE_AD, sender, receiver))
-    except InvalidTag:
+    plain = aead_decrypt(key, ciphertext, ctx.bind(SHARE_AD, sender, receiver))
+    if plain is None:
         return None
     return HeldShares(int.from_bytes(plain[:INDEX_BYTES], "big"), plain[INDEX_BYTES:INDEX_BYTES + SHARE_BYTES],
                       plain[INDEX_BYTES + SHARE_BYTES:])

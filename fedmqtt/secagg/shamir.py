@@ -6,16 +6,20 @@ the secret back; t - 1 shares are uniform and independent of it (each half is a 
 uniformly random coefficients besides the secret).
 
 Shamir's scheme has no integrity: shares from a site that lies rebuild a wrong secret. `reconstruct` is handed
-a check (the advertised public key, the seed commitment) and finds a consistent subset of t shares, then names
-every other share that disagrees with it: with t - 1 shares of the consistent subset and one more, the secret
-comes out right exactly when that share lies on the polynomial (its Lagrange coefficient at 0 is never zero).
+a check (the advertised public key, the seed commitment) and tries subsets of t shares until one passes it. When
+the first subset fails (someone lied), it then names every share that disagrees with the secret found: with t - 1
+shares of the consistent subset and one more, the secret comes out right exactly when that share lies on the
+polynomial (its Lagrange coefficient at 0 is never zero). When the first subset passes, the other shares are not
+examined: they change nothing, and pycryptodome's GF(2^128) arithmetic is pure Python, so checking them would
+cost the PS (n - t) interpolations a secret.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from Crypto.Protocol.SecretSharing import Shamir
@@ -55,21 +59,38 @@ class Reconstruction:
     reason: str = ""
 
 
+def _candidate_subsets(holders: list[str], size: int) -> Iterator[tuple[str, ...]]:
+    """Subsets of `size` holders to try, in a fixed order: first the cyclic windows of the sorted holders (one of
+    them avoids every liar whenever the liars leave `size` consecutive honest holders, e.g. a single liar), then
+    subsets drawn by a fixed-seed generator (a search order, not a secret)."""
+    seen: set[tuple[str, ...]] = set()
+    m = len(holders)
+    windows = (tuple(sorted(holders[(start + i) % m] for i in range(size))) for start in range(m))
+    search = random.Random(0)
+    drawn = (tuple(sorted(search.sample(holders, size))) for _ in itertools.count())
+    for subset in itertools.chain(windows, drawn):
+        if subset not in seen:
+            seen.add(subset)
+            yield subset
+        if len(seen) == math.comb(m, size):
+            return
+
+
 def reconstruct(answers: Mapping[str, tuple[int, bytes]], threshold: int, check: Callable[[bytes], bool], *,
                 max_subsets: int = MAX_SUBSETS) -> Reconstruction:
     """The secret that `check` accepts, from the holders' answers (holder -> (x-coordinate, share)).
 
-    Tries subsets of `threshold` answers in a fixed order (holder ids sorted), at most `max_subsets` of them.
+    Tries at most `max_subsets` subsets of `threshold` answers (`_candidate_subsets`).
     """
     holders = sorted(answers)
     if len(holders) < threshold:
         return Reconstruction(None, (), f"{len(holders)} shares, {threshold} needed")
-    for tried, subset in enumerate(itertools.combinations(holders, threshold)):
-        if tried >= max_subsets:
-            break
+    for tried, subset in enumerate(itertools.islice(_candidate_subsets(holders, threshold), max_subsets)):
         secret = combine({answers[h][0]: answers[h][1] for h in subset})
         if not check(secret):
             continue
+        if tried == 0:
+            return Reconstruction(secret, ())
         base = {answers[h][0]: answers[h][1] for h in subset[1:]}
         bad = tuple(h for h in holders if h not in subset and combine({**base, answers[h][0]: answers[h][1]})
                     != secret)
