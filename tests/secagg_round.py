@@ -82,7 +82,7 @@ def play(n: int, length: int, *, seed: int = 0, round_no: int = 1, run_id: str =
         return played
     alive = [s for s in alive if s not in losses.before_shares]
     for s in alive:
-        _step(played, s, lambda s=s: server.receive_shares(sites[s].share(roster)))
+        _step(played, s, lambda s=s: server.receive_shares(sites[s].share(roster[s])))
     inbox = server.close_shares()
     if isinstance(inbox, msg.RoundFailed):
         played.outcome = inbox

@@ -44,6 +44,16 @@ def advert_body(ctx: RoundContext, site: str, cipher_public: bytes, mask_public:
 
 
 @dataclass(frozen=True)
+class Roster:
+    """Round 1, PS to one site: every site that advertised keys (the graph is built from these ids) and the signed
+    advertisements of that site's neighbours and its own. Only those: a site never needs the others' keys, so what
+    it receives and checks grows with its neighbourhood, not with the federation."""
+
+    sites: tuple[str, ...]
+    adverts: tuple[KeyAdvert, ...]
+
+
+@dataclass(frozen=True)
 class EncryptedShare:
     """One site's shares of its own two secrets, for one neighbour, sealed with ChaCha20-Poly1305."""
 

@@ -69,14 +69,16 @@ class ServerSession:
         self.adverts[site] = advert
         return None
 
-    def close_adverts(self) -> list[msg.KeyAdvert] | msg.RoundFailed:
-        """The roster every site gets (the sites that advertised, sorted), or a failure."""
+    def close_adverts(self) -> dict[str, msg.Roster] | msg.RoundFailed:
+        """Each advertised site's roster (every site's id, its neighbours' advertisements), or a failure."""
         self._expect("keys")
         if len(self.adverts) < MIN_SITES:
             return self._fail(f"{len(self.adverts)} sites advertised keys, {MIN_SITES} needed")
-        self.graph = build(self.ctx, self.adverts, self.dropout, failure_bits=self.failure_bits)
+        graph = self.graph = build(self.ctx, self.adverts, self.dropout, failure_bits=self.failure_bits)
         self.stage = "shares"
-        return [self.adverts[s] for s in sorted(self.adverts)]
+        sites = tuple(sorted(self.adverts))
+        return {site: msg.Roster(sites, tuple(self.adverts[s] for s in sorted({site, *graph.neighbours[site]})))
+                for site in sites}
 
     # -- round 1: shares ----------------------------------------------------------------------------------
     def receive_shares(self, bundle: msg.ShareBundle) -> msg.Refusal | None:

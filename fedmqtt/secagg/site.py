@@ -88,7 +88,8 @@ class SiteSession:
         self.advert = msg.KeyAdvert(site, *keys, sign(signing_key, site, ctx.advert_label(), body))
         self.stage = "advertised"
         self.graph: Graph | None = None
-        self.roster: dict[str, msg.KeyAdvert] = {}
+        self.roster: dict[str, msg.KeyAdvert] = {}  # this site's and its neighbours' advertisements
+        self.sites: frozenset[str] = frozenset()  # every site of the round's roster
         self.held: dict[str, HeldShares] = {}
         self.refusals: list[msg.Refusal] = []
         self._answered: tuple[msg.UnmaskRequest, msg.UnmaskAnswer] | None = None
@@ -97,23 +98,27 @@ class SiteSession:
         return self.advert
 
     # -- round 1 ------------------------------------------------------------------------------------------
-    def share(self, roster: Sequence[msg.KeyAdvert]) -> msg.ShareBundle:
+    def share(self, roster: msg.Roster) -> msg.ShareBundle:
         """Seal shares of this site's mask key and seed for each of its neighbours in the roster's graph."""
         self._expect("advertised")
-        sites = [a.site for a in roster]
-        if len(set(sites)) != len(sites):
-            raise SecAggRefused(msg.MALFORMED, "the roster names a site twice")
-        if self.advert not in roster:
+        if list(roster.sites) != sorted(set(roster.sites)) or self.site not in roster.sites:
+            raise SecAggRefused(msg.MALFORMED, "the roster's sites must be sorted, distinct and include this site")
+        adverts = {a.site: a for a in roster.adverts}
+        if len(adverts) != len(roster.adverts):
+            raise SecAggRefused(msg.MALFORMED, "the roster carries two advertisements of one site")
+        if adverts.get(self.site) != self.advert:
             raise SecAggRefused(msg.MALFORMED, "the roster does not carry this site's own advertisement")
-        for advert in roster:
+        try:
+            graph = build(self.ctx, roster.sites, self.dropout)
+        except ConfigError as exc:
+            raise SecAggRefused(msg.MALFORMED, str(exc)) from None
+        if set(adverts) != {self.site, *graph.neighbours[self.site]}:
+            raise SecAggRefused(msg.MALFORMED, "the roster's advertisements are not exactly this site's neighbours'")
+        for advert in roster.adverts:
             problem = check_advert(self.ctx, advert, self.verifier)
             if problem is not None:
                 raise SecAggRefused(msg.BAD_SIGNATURE, f"the roster's advertisement of {advert.site!r}: {problem}")
-        try:
-            graph = build(self.ctx, sites, self.dropout)
-        except ConfigError as exc:
-            raise SecAggRefused(msg.MALFORMED, str(exc)) from None
-        self.graph, self.roster = graph, {a.site: a for a in roster}
+        self.graph, self.roster, self.sites = graph, adverts, frozenset(roster.sites)
         neighbours = graph.neighbours[self.site]
         t = graph.params.threshold
         key_shares = shamir.split(private_raw(self._mask_key), t, len(neighbours))
@@ -197,7 +202,7 @@ class SiteSession:
         if survivors & dropped:
             raise SecAggRefused(msg.REFUSED_REQUEST, f"{sorted(survivors & dropped)} named both surviving and "
                                 "dropped: their updates would be revealed")
-        if not (survivors | dropped) <= set(self.roster):
+        if not (survivors | dropped) <= self.sites:
             raise SecAggRefused(msg.REFUSED_REQUEST, "the request names sites outside the roster")
         if self.site not in survivors:
             raise SecAggRefused(msg.REFUSED_REQUEST, "this site is not among the survivors")

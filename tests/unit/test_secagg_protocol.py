@@ -222,7 +222,7 @@ def test_adverts_forged_replayed_or_equivocated_are_refused() -> None:
     again = SiteSession(ctx, names[4], keys.private[names[4]], ring, fixed, 4, dropout=0.1).advertise()
     assert category(server.receive_advert(again)) == msg.EQUIVOCATION
     roster = server.close_adverts()
-    assert isinstance(roster, list) and names[4] not in {a.site for a in roster}
+    assert isinstance(roster, dict) and set(roster) == set(names[:4])
     assert category(server.receive_advert(sessions[names[4]].advertise())) == msg.WRONG_STAGE
 
 
@@ -231,15 +231,30 @@ def test_a_site_refuses_a_roster_with_a_key_its_owner_did_not_sign() -> None:
     ring = keys.identity("observer").ring
     names, fixed, ctx = site_ids(n), FixedPoint(clip=1.0, fraction_bits=8), RoundContext("secagg-run", 8)
     sessions = {s: SiteSession(ctx, s, keys.private[s], ring, fixed, 4, dropout=0.1) for s in names}
-    roster = [sessions[s].advertise() for s in names]
-    swapped = [*roster[:2], dataclasses.replace(roster[2], cipher_public=roster[3].cipher_public), *roster[3:]]
+    adverts = [sessions[s].advertise() for s in names]
+    site = sessions[names[0]]
+    swapped = [*adverts[:2], dataclasses.replace(adverts[2], cipher_public=adverts[3].cipher_public), *adverts[3:]]
     with pytest.raises(SecAggRefused, match="site-002") as refused:
-        sessions[names[0]].share(swapped)
+        site.share(msg.Roster(tuple(names), tuple(swapped)))
     assert refused.value.category == msg.BAD_SIGNATURE
-    with pytest.raises(SecAggRefused, match="twice"):
-        sessions[names[0]].share([*roster, roster[1]])
-    with pytest.raises(SecAggRefused, match="own advertisement"):
-        sessions[names[0]].share(roster[1:])
+    for bad, match in ((msg.Roster(tuple(names), (*adverts, adverts[1])), "two advertisements"),
+                       (msg.Roster(tuple(names), tuple(adverts[1:])), "own advertisement"),
+                       (msg.Roster(tuple(names), tuple(adverts[:-1])), "exactly this site's neighbours"),
+                       (msg.Roster((*names, names[1]), tuple(adverts)), "sorted, distinct"),
+                       (msg.Roster(tuple(names[1:]), tuple(adverts)), "include this site")):
+        with pytest.raises(SecAggRefused, match=match):
+            site.share(bad)
+    assert site.stage == "advertised"
+    site.share(msg.Roster(tuple(names), tuple(adverts)))  # the complete graph: every other site is a neighbour
+
+
+def test_a_sparse_roster_carries_only_the_neighbours_keys() -> None:
+    played = play(40, 8, dropout=0.05)
+    graph = played.server._graph()
+    assert not graph.params.complete
+    site = played.sites["site-007"]
+    assert set(site.roster) == {"site-007", *graph.neighbours["site-007"]}
+    assert len(site.roster) == graph.params.degree + 1 < 40
 
 
 def test_a_site_never_reveals_both_secrets_of_a_neighbour() -> None:
