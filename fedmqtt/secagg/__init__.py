@@ -2,7 +2,7 @@
 sites' updates, even when sites drop out during the round. docs/secure-aggregation.md describes the protocol.
 
 One module a job: `ring` (fixed-point encoding), `stream` (ChaCha20 expansion), `kdf` (HKDF keys), `context`
-(what everything is bound to), `graph` (the sparse neighbourhood graph and its parameters), `shamir` (secret
-sharing), `sealing` (AEAD for shares), `masks`, `messages` (the records the parties exchange), `site` and `server`
-(each party's pure state object).
+(what everything is bound to), `adverts` (signed key advertisements), `graph` (the sparse neighbourhood graph and
+its parameters), `shamir` (secret sharing), `sealing` (AEAD for shares), `masks`, `messages` (the records the
+parties exchange), `site` and `server` (each party's pure state object).
 """

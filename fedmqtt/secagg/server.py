@@ -21,14 +21,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedmqtt.errors import ConfigError
 from fedmqtt.secagg import messages as msg
+from fedmqtt.secagg.adverts import Verifier, check_advert, public_raw
 from fedmqtt.secagg.context import RoundContext
-from fedmqtt.secagg.graph import DEFAULT_FAILURE_BITS, Graph, build
+from fedmqtt.secagg.graph import DEFAULT_FAILURE_BITS, Graph, build, choose
 from fedmqtt.secagg.kdf import seed_commitment
 from fedmqtt.secagg.masks import pair_mask, self_mask
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.sealing import SEALED_BYTES
 from fedmqtt.secagg.shamir import SHARE_BYTES, reconstruct
-from fedmqtt.secagg.site import Verifier, check_advert, public_raw
 
 MIN_SITES = 3  # with two, each learns the other's update from the sum
 
@@ -43,6 +43,7 @@ class ServerSession:
         self.selected = frozenset(selected)
         if len(self.selected) > fixed.max_sites:
             raise ConfigError(f"{len(self.selected)} sites selected, but the ring is sized for {fixed.max_sites}")
+        choose(max(len(self.selected), MIN_SITES), dropout, failure_bits=failure_bits)  # refuses a bad dropout now
         self.stage = "keys"
         self.refusals: list[msg.Refusal] = []
         self.banned: set[str] = set()

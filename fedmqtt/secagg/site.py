@@ -12,34 +12,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from fedmqtt.errors import ConfigError, FedMqttError, SchemaError
+from fedmqtt.errors import ConfigError, FedMqttError
 from fedmqtt.secagg import messages as msg
 from fedmqtt.secagg import shamir
+from fedmqtt.secagg.adverts import Verifier, check_advert, make_advert, private_raw, public_raw
 from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.graph import Graph, build
 from fedmqtt.secagg.kdf import agree, seed_commitment, share_key
 from fedmqtt.secagg.masks import pair_mask, self_mask
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.sealing import HeldShares, open_sealed, seal
-from fedmqtt.transport.signing import sign
-from schemas.signed import Signature
 
 SEED_BYTES = 32
-
-
-class Verifier(Protocol):
-    """Checks `owner`'s signature of `body` under `label` (fedmqtt.transport.signing.KeyRing is one)."""
-
-    def verify(self, topic: str, owner: str, signature: Signature, body: bytes | bytearray | memoryview) -> None:
-        ...
 
 
 class SecAggRefused(FedMqttError):
@@ -48,29 +38,6 @@ class SecAggRefused(FedMqttError):
     def __init__(self, category: str, reason: str) -> None:
         super().__init__(reason)
         self.category = category
-
-
-def private_raw(key: X25519PrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                             serialization.NoEncryption())
-
-
-def public_raw(key: X25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def check_advert(ctx: RoundContext, advert: msg.KeyAdvert, verifier: Verifier) -> str | None:
-    """Why `advert` is not a valid advertisement of its site for this round (None when it is)."""
-    sizes = (len(advert.cipher_public), len(advert.mask_public), len(advert.seed_commitment))
-    if sizes != (msg.PUBLIC_KEY_BYTES, msg.PUBLIC_KEY_BYTES, msg.COMMITMENT_BYTES):
-        return f"key or commitment of the wrong size {sizes}"
-    if advert.cipher_public == advert.mask_public:
-        return "the same key for masks and for shares"
-    try:
-        verifier.verify(ctx.advert_label(), advert.site, advert.signature, advert.signed_body(ctx))
-    except SchemaError as exc:
-        return str(exc)
-    return None
 
 
 class SiteSession:
@@ -83,9 +50,8 @@ class SiteSession:
         self._cipher_key = X25519PrivateKey.generate()
         self._mask_key = X25519PrivateKey.generate()
         self._seed = os.urandom(SEED_BYTES)
-        keys = (public_raw(self._cipher_key), public_raw(self._mask_key), seed_commitment(ctx, self._seed, site))
-        body = msg.advert_body(ctx, site, *keys)
-        self.advert = msg.KeyAdvert(site, *keys, sign(signing_key, site, ctx.advert_label(), body))
+        self.advert = make_advert(ctx, site, signing_key, public_raw(self._cipher_key), public_raw(self._mask_key),
+                                  seed_commitment(ctx, self._seed, site))
         self.stage = "advertised"
         self.graph: Graph | None = None
         self.roster: dict[str, msg.KeyAdvert] = {}  # this site's and its neighbours' advertisements

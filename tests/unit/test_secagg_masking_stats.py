@@ -12,8 +12,10 @@ from secagg_round import play
 from fedmqtt.secagg.ring import FixedPoint
 
 LENGTH = 1 << 15  # 32768 coordinates: 131072 bytes a masked input
-CHI2_255_CRITICAL = 330.5  # chi-square, 255 degrees of freedom, p = 0.001
-CHI2_15_CRITICAL = 37.7  # chi-square, 15 degrees of freedom, p = 0.001
+# Critical values at p = 1e-6 (scipy.stats.chi2.isf), so that a correct mask fails a check about once in a million
+# runs (the masks come from fresh random keys); a missing or weak mask fails them by orders of magnitude.
+CHI2_255_CRITICAL = 377.1  # chi-square, 255 degrees of freedom
+CHI2_15_CRITICAL = 56.5  # chi-square, 15 degrees of freedom
 FIXED = FixedPoint(clip=4.0, fraction_bits=16, bits=32, max_sites=8)
 
 
@@ -32,7 +34,7 @@ def test_a_masked_input_is_uniform_bytes_while_its_encoding_is_not() -> None:
 
 def test_a_masked_input_is_uncorrelated_with_the_update() -> None:
     """Pearson correlation between the update and the masked input read as signed ring integers: near 0 (within
-    5 standard errors of 1/sqrt(L)), while the encoding itself correlates perfectly."""
+    5 standard errors of 1/sqrt(L), p < 1e-6), while the encoding itself correlates perfectly."""
     played = play(5, LENGTH, seed=4)
     for site, masked in played.server.masked.items():
         update = played.updates[site].astype(np.float64)

@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedmqtt.secagg import kdf
+from fedmqtt.secagg.adverts import public_raw
 from fedmqtt.secagg.sealing import aead_decrypt, aead_encrypt
-from fedmqtt.secagg.site import public_raw
 from fedmqtt.secagg.stream import expand, keystream
 
 H = bytes.fromhex
