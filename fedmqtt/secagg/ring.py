@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -36,7 +37,7 @@ class FixedPoint:
 
     clip: float  # every coordinate is clipped to [-clip, clip] before encoding
     fraction_bits: int  # scale = 2^fraction_bits
-    bits: int = 32  # the ring is Z_(2^bits)
+    bits: Literal[32, 64] = 32  # the ring is Z_(2^bits)
     max_sites: int = 2  # the most encodings that will ever be summed
 
     def __post_init__(self) -> None:
