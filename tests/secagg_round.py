@@ -58,10 +58,11 @@ def site_ids(n: int) -> list[str]:
 def play(n: int, length: int, *, seed: int = 0, round_no: int = 1, run_id: str = "secagg-run", dropout: float = 0.1,
          fixed: FixedPoint | None = None, losses: Losses | None = None,
          on_inbox: Callable[[Inbox], Inbox] | None = None,
-         on_masked: Callable[[msg.MaskedInput], msg.MaskedInput] | None = None,
+         on_masked: Callable[[msg.MaskedInput], msg.MaskedInput | list[msg.MaskedInput]] | None = None,
          on_request: Callable[[str, msg.UnmaskRequest], msg.UnmaskRequest] | None = None,
          on_answer: Callable[[msg.UnmaskAnswer], msg.UnmaskAnswer] | None = None,
-         updates: dict[str, np.ndarray] | None = None) -> Played:
+         updates: dict[str, np.ndarray] | None = None, finish: bool = True) -> Played:
+    """Play one round (`finish=False`: stop before the PS rebuilds the sum, so a test can go on by hand)."""
     keys = federation(run_id, n)
     ring = keys.identity("observer").ring
     ctx = RoundContext(run_id, round_no)
@@ -92,7 +93,9 @@ def play(n: int, length: int, *, seed: int = 0, round_no: int = 1, run_id: str =
     for s in alive:
         def send_masked(s: str = s) -> None:
             masked = sites[s].mask(updates[s], inbox[s])
-            server.receive_masked(on_masked(masked) if on_masked else masked)
+            changed = on_masked(masked) if on_masked else masked
+            for message in changed if isinstance(changed, list) else [changed]:  # a list: sent one after another
+                server.receive_masked(message)
         _step(played, s, send_masked)
     request = server.close_masked()
     if isinstance(request, msg.RoundFailed):
@@ -105,7 +108,8 @@ def play(n: int, length: int, *, seed: int = 0, round_no: int = 1, run_id: str =
             answer = sites[s].unmask(on_request(s, request) if on_request else request)
             server.receive_answer(on_answer(answer) if on_answer else answer)
         _step(played, s, send_answer)
-    played.outcome = server.finish()
+    if finish:
+        played.outcome = server.finish()
     return played
 
 

@@ -300,3 +300,58 @@ def test_out_of_order_messages_are_refused_not_crashes() -> None:
     assert category(server.receive_answer(msg.UnmaskAnswer(names[0], {}, {}))) == msg.WRONG_STAGE
     with pytest.raises(SecAggRefused, match="at 'answered'"):
         played.sites[names[0]].share([])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(3, 12), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_any_pattern_of_losses_gives_the_clear_sum_or_fails_safe(n: int, seed: int, data: st.DataObject) -> None:
+    """Sites lost at random stages: the round either sums exactly the sites it says it included (within the bound)
+    or fails with a reason; it never returns a wrong sum, and its own account of who was in adds up."""
+    names = site_ids(n)
+    stage_of = data.draw(st.lists(st.sampled_from(["keys", "shares", "masked", "answer", None]), min_size=n,
+                                  max_size=n))
+    losses = Losses(*({s for s, stage in zip(names, stage_of, strict=True) if stage == key}
+                      for key in ("keys", "shares", "masked", "answer")))
+    played = play(n, 16, seed=seed, losses=losses)
+    outcome = played.outcome
+    if isinstance(outcome, msg.RoundFailed):
+        assert outcome.reason
+        return
+    sent_masked = set(names) - losses.before_keys - losses.before_shares - losses.before_masked
+    assert set(outcome.included) == sent_masked
+    assert set(outcome.dropped_recovered) <= losses.before_masked
+    assert_sum(played, outcome.included)
+
+
+def test_a_replayed_or_equivocated_answer() -> None:
+    names = site_ids(9)
+    played = play(9, LENGTH, losses=Losses(before_answer=set(names)), finish=False)  # the PS waits for answers
+    server = played.server
+    assert category(server.receive_masked(server.masked[names[0]])) == msg.WRONG_STAGE
+    answer = played.sites[names[1]].unmask(server._request())
+    assert server.receive_answer(answer) is None
+    assert category(server.receive_answer(answer)) == msg.REPLAY and names[1] in server.answers
+    other = dataclasses.replace(answer, seed_shares=dict(list(answer.seed_shares.items())[:-1]))
+    assert category(server.receive_answer(other)) == msg.EQUIVOCATION
+    assert names[1] in server.banned and names[1] not in server.answers
+    assert category(server.receive_answer(answer)) == msg.UNKNOWN_PARTY
+    for site in names[2:]:
+        assert server.receive_answer(played.sites[site].unmask(server._request())) is None
+    outcome = server.finish()
+    assert isinstance(outcome, msg.RoundSum)  # its update is in (others rebuild its seed); its answer is not used
+    assert names[1] in outcome.included
+
+
+def test_an_equivocated_masked_input_counts_as_dropped() -> None:
+    names = site_ids(9)
+    culprit = names[3]
+
+    def twice(masked: msg.MaskedInput) -> list[msg.MaskedInput]:
+        if masked.sender != culprit:
+            return [masked]
+        return [masked, dataclasses.replace(masked, masked=masked.masked + np.uint32(1))]
+
+    played = play(9, LENGTH, on_masked=twice)
+    outcome = assert_sum(played, set(names) - {culprit})
+    assert culprit in outcome.dropped_recovered
+    assert msg.EQUIVOCATION in categories(played, culprit)

@@ -34,12 +34,14 @@ def test_t_minus_one_shares_are_uniform_whatever_the_secret() -> None:
     256 cells, 4096 draws; the critical value of chi2(255) at p = 1e-6 is 377) and the two secrets' share byte
     histograms are alike. A deterministic or secret-dependent share would fail both."""
     draws = 4096
+    expected = draws / 256
     for secret in (bytes(32), b"\xff" * 32):
-        for holder in range(2):
-            counts = Counter(shamir.split(secret, 3, 5)[holder][0] for _ in range(draws))
-            expected = draws / 256
+        splits = [shamir.split(secret, 3, 5) for _ in range(draws)]
+        cells = {f"holder {h}": Counter(s[h][0] for s in splits) for h in range(2)}
+        cells["both, xor"] = Counter(s[0][0] ^ s[1][0] for s in splits)  # jointly too, not only one at a time
+        for name, counts in cells.items():
             chi2 = sum((counts.get(v, 0) - expected) ** 2 / expected for v in range(256))
-            assert chi2 < 377.1, (secret[:1], holder, chi2)
+            assert chi2 < 377.1, (secret[:1], name, chi2)
 
 
 def test_reconstruct_names_a_lying_holder() -> None:
