@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fedmqtt.errors import SchemaError
 from fedmqtt.secagg import messages as msg
 from fedmqtt.secagg.context import RoundContext
+from fedmqtt.secagg.kdf import agree
 from fedmqtt.transport.signing import sign
 from schemas.signed import Signature
 
@@ -45,15 +46,28 @@ def make_advert(ctx: RoundContext, site: str, signing_key: Ed25519PrivateKey, ci
                          sign(signing_key, site, ctx.advert_label(), body))
 
 
-def check_advert(ctx: RoundContext, advert: msg.KeyAdvert, verifier: Verifier) -> str | None:
-    """Why `advert` is not a valid advertisement of its site for this round (None when it is)."""
+def usable_public(raw: bytes) -> bool:
+    """Whether an X25519 agreement with `raw` gives a shared secret. A low-order point gives all zeros with every
+    (clamped) private key, so one trial with a fresh key tells; cryptography refuses that result."""
+    try:
+        agree(X25519PrivateKey.generate(), raw)
+    except ValueError:
+        return False
+    return True
+
+
+def check_advert(ctx: RoundContext, advert: msg.KeyAdvert, verifier: Verifier) -> tuple[str, str] | None:
+    """(refusal category, reason) when `advert` is not a valid advertisement of its site for this round."""
     sizes = (len(advert.cipher_public), len(advert.mask_public), len(advert.seed_commitment))
     if sizes != (msg.PUBLIC_KEY_BYTES, msg.PUBLIC_KEY_BYTES, msg.COMMITMENT_BYTES):
-        return f"key or commitment of the wrong size {sizes}"
+        return msg.MALFORMED, f"key or commitment of the wrong size {sizes}"
     if advert.cipher_public == advert.mask_public:
-        return "the same key for masks and for shares"
+        return msg.MALFORMED, "the same key for masks and for shares"
     try:
         verifier.verify(ctx.advert_label(), advert.site, advert.signature, advert.signed_body(ctx))
     except SchemaError as exc:
-        return str(exc)
+        return msg.BAD_SIGNATURE, str(exc)
+    if not (usable_public(advert.cipher_public) and usable_public(advert.mask_public)):
+        # signed, so its own site's doing: a key no neighbour could agree on would knock them out of the round
+        return msg.MALFORMED, "a public key of low order (no shared secret can come of it)"
     return None

@@ -66,7 +66,7 @@ class ServerSession:
             return self._duplicate(site, self.adverts[site] == advert, self.adverts)
         problem = check_advert(self.ctx, advert, self.verifier)
         if problem is not None:
-            return self._refuse(site, msg.BAD_SIGNATURE, problem)
+            return self._refuse(site, *problem)
         self.adverts[site] = advert
         return None
 

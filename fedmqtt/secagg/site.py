@@ -83,7 +83,7 @@ class SiteSession:
         for advert in roster.adverts:
             problem = check_advert(self.ctx, advert, self.verifier)
             if problem is not None:
-                raise SecAggRefused(msg.BAD_SIGNATURE, f"the roster's advertisement of {advert.site!r}: {problem}")
+                raise SecAggRefused(problem[0], f"the roster's advertisement of {advert.site!r}: {problem[1]}")
         self.graph, self.roster, self.sites = graph, adverts, frozenset(roster.sites)
         neighbours = graph.neighbours[self.site]
         t = graph.params.threshold

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from secagg_round import Inbox, Losses, Played, federation, play, site_ids
 
 from fedmqtt.secagg import messages as msg
+from fedmqtt.secagg.adverts import make_advert
 from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.server import ServerSession
@@ -216,6 +217,12 @@ def test_adverts_forged_replayed_or_equivocated_are_refused() -> None:
     swapped = dataclasses.replace(sessions[names[3]].advertise(), mask_public=sessions[names[4]].advert.mask_public)
     assert category(server.receive_advert(swapped)) == msg.BAD_SIGNATURE
     assert category(server.receive_advert(dataclasses.replace(old, site="site-999"))) == msg.UNKNOWN_PARTY
+    # a site's own signature over a low-order point (u = 0): no neighbour could agree a key with it
+    zero = bytes(32)
+    low = make_advert(ctx, names[0], keys.private[names[0]], zero, sessions[names[0]].advert.mask_public, zero)
+    assert category(server.receive_advert(low)) == msg.MALFORMED
+    short = dataclasses.replace(sessions[names[1]].advertise(), seed_commitment=bytes(31))
+    assert category(server.receive_advert(short)) == msg.MALFORMED
     for s in names:
         assert server.receive_advert(sessions[s].advertise()) is None
     assert category(server.receive_advert(sessions[names[0]].advertise())) == msg.REPLAY
