@@ -40,17 +40,21 @@ ADVERT_BYTES = 32 + 32 + 32 + 64 + 16 + ID_BYTES  # two keys, the commitment, th
 # a roster: every site's id (the graph is built from them) and the k + 1 advertisements of a neighbourhood
 
 
+STAGES = ("keys", "share", "mask", "unmask")
+
+
 @dataclass
 class Cost:
     cpu: dict[str, float] = field(default_factory=dict)  # site -> CPU seconds over all its steps
-    sent: dict[str, int] = field(default_factory=dict)
-    received: dict[str, int] = field(default_factory=dict)
+    by_stage: dict[str, dict[str, float]] = field(default_factory=lambda: {stage: {} for stage in STAGES})
 
 
-def timed(cost: Cost, site: str, action):  # type: ignore[no-untyped-def]
+def timed(cost: Cost, site: str, stage: str, action):  # type: ignore[no-untyped-def]
     start = time.process_time()
     result = action()
-    cost.cpu[site] = cost.cpu.get(site, 0.0) + time.process_time() - start
+    spent = time.process_time() - start
+    cost.cpu[site] = cost.cpu.get(site, 0.0) + spent
+    cost.by_stage[stage][site] = cost.by_stage[stage].get(site, 0.0) + spent
     return result
 
 
@@ -63,7 +67,7 @@ def one_round(n: int, length: int, lost: float, dropout: float, seed: int) -> di
     rng = np.random.default_rng(seed)
     updates = {s: rng.normal(size=length).astype(np.float32) for s in names}
     cost, server_cpu = Cost(), 0.0
-    sites = {s: timed(cost, s, lambda s=s: SiteSession(ctx, s, keys.private[s], ring, fixed, length,
+    sites = {s: timed(cost, s, "keys", lambda s=s: SiteSession(ctx, s, keys.private[s], ring, fixed, length,
                                                           dropout=dropout)) for s in names}
     server = ServerSession(ctx, names, ring, fixed, length, dropout=dropout)
 
@@ -75,12 +79,12 @@ def one_round(n: int, length: int, lost: float, dropout: float, seed: int) -> di
         return result
 
     for s in names:
-        advert = timed(cost, s, sites[s].advertise)
+        advert = timed(cost, s, "keys", sites[s].advertise)
         on_server(lambda a=advert: server.receive_advert(a))
     roster = on_server(server.close_adverts)
     assert isinstance(roster, dict)
     for s in names:
-        bundle = timed(cost, s, lambda s=s: sites[s].share(roster[s]))
+        bundle = timed(cost, s, "share", lambda s=s: sites[s].share(roster[s]))
         on_server(lambda b=bundle: server.receive_shares(b))
     inbox = on_server(server.close_shares)
     assert isinstance(inbox, dict)
@@ -88,13 +92,13 @@ def one_round(n: int, length: int, lost: float, dropout: float, seed: int) -> di
     for s in names:
         if s in gone:
             continue
-        masked = timed(cost, s, lambda s=s: sites[s].mask(updates[s], inbox[s]))
+        masked = timed(cost, s, "mask", lambda s=s: sites[s].mask(updates[s], inbox[s]))
         on_server(lambda m=masked: server.receive_masked(m))
     request = on_server(server.close_masked)
     assert isinstance(request, msg.UnmaskRequest), request
     answers = {}
     for s in request.survivors:
-        answers[s] = timed(cost, s, lambda s=s: sites[s].unmask(request))
+        answers[s] = timed(cost, s, "unmask", lambda s=s: sites[s].unmask(request))
         on_server(lambda a=answers[s]: server.receive_answer(a))
     outcome = on_server(server.finish)
     assert isinstance(outcome, msg.RoundSum), outcome
@@ -115,6 +119,7 @@ def one_round(n: int, length: int, lost: float, dropout: float, seed: int) -> di
         "n": n, "length": length, "k": k, "t": graph.params.threshold, "lost": len(gone),
         "site_cpu_median": statistics.median(survivor_cpu), "site_cpu_max": max(survivor_cpu),
         "clear_cpu": clear_cpu, "server_cpu": server_cpu,
+        **{f"cpu_{stage}": statistics.median(cost.by_stage[stage][s] for s in request.survivors) for stage in STAGES},
         "keys_sent": ADVERT_BYTES, "keys_received": n * ID_BYTES + (k + 1) * ADVERT_BYTES,
         "shares_sent": k * (SEALED_BYTES + 2 * ID_BYTES), "shares_received": k * (SEALED_BYTES + 2 * ID_BYTES),
         "masked_sent": length * fixed.bytes_per_coordinate + k * ID_BYTES,
@@ -139,8 +144,10 @@ def main() -> None:
     print("| sites | coords | k | t | lost | site CPU s (median / max) | clear encode s | PS CPU s | keys out / in KiB "
           "| shares out / in KiB | masked out KiB | answer KiB | clear update KiB | bytes / clear |")
     print("| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |")
+    rows = []
     for n, length in sizes:
         r = one_round(n, length, args.lost, args.dropout, args.seed)
+        rows.append(r)
         total = r["keys_sent"] + r["keys_received"] + r["shares_sent"] + r["shares_received"] + r["masked_sent"] \
             + r["answer_sent"]
         print(f"| {n} | {length} | {r['k']} | {r['t']} | {r['lost']} | {r['site_cpu_median']:.3f} / "
@@ -148,6 +155,13 @@ def main() -> None:
               f"{kib(r['keys_received'])} | {kib(r['shares_sent'])} / {kib(r['shares_received'])} | "
               f"{kib(r['masked_sent'])} | {kib(r['answer_sent'])} | {kib(r['clear_sent'])} | "
               f"{total / r['clear_sent']:.2f} |", flush=True)
+    print("\nA site's CPU by step (median over the survivors, milliseconds):\n")
+    print("| sites | coords | keys (generate, sign) | share (check roster, split, seal) | mask (open, encode, mask) "
+          "| unmask (answer) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['n']} | {r['length']} | " + " | ".join(f"{1000 * r[f'cpu_{stage}']:.1f}" for stage in STAGES)
+              + " |")
 
 
 if __name__ == "__main__":
