@@ -362,3 +362,33 @@ def test_an_equivocated_masked_input_counts_as_dropped() -> None:
     outcome = assert_sum(played, set(names) - {culprit})
     assert culprit in outcome.dropped_recovered
     assert msg.EQUIVOCATION in categories(played, culprit)
+
+
+def test_a_restarted_ps_resumes_by_replaying_what_it_had_accepted() -> None:
+    """The PS's session is a pure function of the messages it accepted, in order: a new session fed the same
+    messages (as a restarted PS would, from its spool) reaches the same stage and then the same sum, bit for bit,
+    whichever stage the restart hit."""
+    names = site_ids(9)
+    played = play(9, LENGTH, losses=Losses(before_masked={names[2]}, before_answer={names[5]}))
+    first = played.server
+    assert isinstance(first.outcome, msg.RoundSum)
+    steps = [
+        (lambda s: [s.receive_advert(a) for a in first.adverts.values()], lambda s: s.close_adverts()),
+        (lambda s: [s.receive_shares(b) for b in first.bundles.values()], lambda s: s.close_shares()),
+        (lambda s: [s.receive_masked(m) for m in first.masked.values()], lambda s: s.close_masked()),
+        (lambda s: [s.receive_answer(a) for a in first.answers.values()], lambda s: s.finish()),
+    ]
+    for restart_after in range(len(steps)):
+        fresh = ServerSession(first.ctx, first.selected, first.verifier, first.fixed, first.length,
+                              dropout=first.dropout)
+        for receive, close in steps[: restart_after + 1]:  # replayed from the spool
+            assert all(r is None for r in receive(fresh))
+            close(fresh)
+        assert fresh.stage == ("shares", "masked", "unmask", "done")[restart_after]
+        for receive, close in steps[restart_after + 1:]:  # what arrives after the restart
+            receive(fresh)
+            close(fresh)
+        assert isinstance(fresh.outcome, msg.RoundSum)
+        assert np.array_equal(fresh.outcome.total, first.outcome.total)
+        assert (fresh.outcome.included, fresh.outcome.dropped_recovered) == (first.outcome.included,
+                                                                            first.outcome.dropped_recovered)
