@@ -31,6 +31,7 @@ from fedmqtt.secagg.context import RoundContext  # noqa: E402
 from fedmqtt.secagg.ring import FixedPoint  # noqa: E402
 from fedmqtt.secagg.sealing import SEALED_BYTES  # noqa: E402
 from fedmqtt.secagg.server import ServerSession  # noqa: E402
+from fedmqtt.secagg.shamir import SHARE_BYTES  # noqa: E402
 from fedmqtt.secagg.site import SiteSession  # noqa: E402
 from fedmqtt.transport.signing import FederationKeys  # noqa: E402
 from schemas.tensors import arrays_to_blobs, tensors_hash  # noqa: E402
@@ -123,7 +124,7 @@ def one_round(n: int, length: int, lost: float, dropout: float, seed: int) -> di
         "keys_sent": ADVERT_BYTES, "keys_received": n * ID_BYTES + (k + 1) * ADVERT_BYTES,
         "shares_sent": k * (SEALED_BYTES + 2 * ID_BYTES), "shares_received": k * (SEALED_BYTES + 2 * ID_BYTES),
         "masked_sent": length * fixed.bytes_per_coordinate + k * ID_BYTES,
-        "answer_sent": answered * (2 + 32 + ID_BYTES), "clear_sent": length * 4,
+        "answer_sent": answered * (2 + SHARE_BYTES + ID_BYTES), "clear_sent": length * 4,
     }
 
 

@@ -17,8 +17,9 @@ from schemas.base import ID_PATTERN, MAX_SITES, Frozen, Header
 from schemas.signed import Signature
 from schemas.tensors import TensorBlob
 
-KEY_BYTES = 32  # an X25519 public key, a SHA-256 commitment, a Shamir share
-SEALED_SHARE_BYTES = 2 + 2 * KEY_BYTES + 16  # x-coordinate, two shares, the Poly1305 tag
+KEY_BYTES = 32  # an X25519 public key, a SHA-256 commitment
+SHARE_BYTES = 16  # a Shamir share of a 128-bit seed
+SEALED_SHARE_BYTES = 2 + 2 * SHARE_BYTES + 16  # x-coordinate, two shares, the Poly1305 tag
 MAX_NEIGHBOURS = 1024  # far above any degree the graph rule picks (42 at 10 000 sites, delta = 0.1)
 MAX_SHARE_INDEX = 65_535  # two bytes in the sealed share
 
@@ -57,11 +58,11 @@ class SealedShare(Frozen):
 
 
 class ShareAnswer(Frozen):
-    """One revealed share: whose secret, the x-coordinate, the 32 bytes."""
+    """One revealed share: whose secret, the x-coordinate, the 16 bytes."""
 
     owner: SiteId
     x: int = Field(ge=1, le=MAX_SHARE_INDEX)
-    share: Key
+    share: bytes = Field(min_length=SHARE_BYTES, max_length=SHARE_BYTES, strict=True)
 
 
 def _peers_distinct(shares: tuple[SealedShare, ...] | tuple[ShareAnswer, ...], what: str) -> None:

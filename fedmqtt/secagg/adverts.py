@@ -30,11 +30,6 @@ class Verifier(Protocol):
         ...
 
 
-def private_raw(key: X25519PrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                             serialization.NoEncryption())
-
-
 def public_raw(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 

@@ -3,7 +3,9 @@
 - the pairwise mask key of sites i and j: from X25519(s_i, S_j), bound to the sorted pair, so both derive it;
 - the share-encryption key from i to j: from X25519(c_i, C_j), bound to the ordered pair (one key a direction,
   each used for a single message, so the AEAD nonce can be zero);
-- the self-mask key of site i: from its 32-byte seed b_i;
+- the X25519 mask private key s_i of site i: from its 16-byte mask seed (what its neighbours hold shares of, so
+  that the PS can rebuild the key of a site that dropped);
+- the self-mask key of site i: from its 16-byte seed b_i;
 - the commitment to b_i that its signed advertisement carries: SHA-256 of the context and the seed, so the PS can
   tell a correctly reconstructed seed from one rebuilt out of bad shares.
 """
@@ -20,6 +22,7 @@ KEY_BYTES = 32
 PAIR_MASK = "pair-mask"
 SHARE_KEY = "share-key"
 SELF_MASK = "self-mask"
+MASK_KEY = "mask-key"
 SEED_COMMITMENT = "seed-commitment"
 
 
@@ -40,6 +43,11 @@ def pair_mask_key(ctx: RoundContext, shared: bytes, site_a: str, site_b: str) ->
 
 def share_key(ctx: RoundContext, shared: bytes, sender: str, receiver: str) -> bytes:
     return hkdf(shared, ctx.bind(SHARE_KEY, sender, receiver))
+
+
+def mask_private_key(ctx: RoundContext, mask_seed: bytes, site: str) -> X25519PrivateKey:
+    """Site `site`'s X25519 mask key of this round, from its mask seed (X25519 clamps any 32 bytes into a key)."""
+    return X25519PrivateKey.from_private_bytes(hkdf(mask_seed, ctx.bind(MASK_KEY, site)))
 
 
 def self_mask_key(ctx: RoundContext, seed: bytes, site: str) -> bytes:

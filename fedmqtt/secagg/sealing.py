@@ -3,8 +3,8 @@
 The key comes from the two sites' share-encryption X25519 agreement through HKDF bound to (run, round, sender,
 receiver); the associated data binds the same four, so a sealed share cannot be replayed into another round, run
 or pair, nor its sender or receiver changed, without the tag failing. Each key seals one message, so the nonce is
-zero. The plaintext: the holder's x-coordinate (2 bytes), its share of the sender's mask key, its share of the
-sender's self-mask seed.
+zero. The plaintext: the holder's x-coordinate (2 bytes), its share of the sender's mask-key seed, its share of
+the sender's self-mask seed (16 bytes each).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def aead_decrypt(key: bytes, sealed: bytes, associated: bytes, *, nonce: bytes =
 def seal(ctx: RoundContext, key: bytes, sender: str, receiver: str, held: HeldShares) -> bytes:
     plaintext = held.index.to_bytes(INDEX_BYTES, "big") + held.mask_key_share + held.seed_share
     if len(plaintext) != PLAINTEXT_BYTES:
-        raise ValueError("a share is 32 bytes")
+        raise ValueError(f"a share is {SHARE_BYTES} bytes")
     return aead_encrypt(key, plaintext, ctx.bind(SHARE_AD, sender, receiver))
 
 

@@ -24,7 +24,7 @@ from fedmqtt.secagg import messages as msg
 from fedmqtt.secagg.adverts import Verifier, check_advert, public_raw
 from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.graph import DEFAULT_FAILURE_BITS, Graph, build, choose
-from fedmqtt.secagg.kdf import seed_commitment
+from fedmqtt.secagg.kdf import mask_private_key, seed_commitment
 from fedmqtt.secagg.masks import pair_mask, self_mask
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.sealing import SEALED_BYTES
@@ -208,10 +208,10 @@ class ServerSession:
             public = self.adverts[owner].mask_public
             found = self._rebuild(owner, {h: a.mask_key_shares[owner] for h, a in answers.items()
                                           if owner in a.mask_key_shares}, t,
-                                  partial(_opens, public))
+                                  partial(_opens, self.ctx, owner, public))
             if found is None:
                 return self._fail(f"{owner!r}'s mask key could not be rebuilt")
-            keys[owner] = X25519PrivateKey.from_private_bytes(found)
+            keys[owner] = mask_private_key(self.ctx, found, owner)
         dtype, n = self.fixed.dtype, self.length
         total = self.fixed.zeros(n)
         for site in request.survivors:
@@ -280,8 +280,8 @@ def _commits_to(ctx: RoundContext, owner: str, commitment: bytes, seed: bytes) -
     return seed_commitment(ctx, seed, owner) == commitment
 
 
-def _opens(public: bytes, private: bytes) -> bool:
-    return public_raw(X25519PrivateKey.from_private_bytes(private)) == public
+def _opens(ctx: RoundContext, owner: str, public: bytes, mask_seed: bytes) -> bool:
+    return public_raw(mask_private_key(ctx, mask_seed, owner)) == public
 
 
 def _connected(sites: set[str], edges: dict[str, frozenset[str]]) -> bool:

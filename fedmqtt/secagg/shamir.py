@@ -1,8 +1,9 @@
-"""Shamir secret sharing of 32-byte secrets, with pycryptodome's `Shamir` (GF(2^128), 16-byte secrets).
+"""Shamir secret sharing of 16-byte secrets, with pycryptodome's `Shamir` (over GF(2^128)).
 
-A 32-byte secret (an X25519 private key, a self-mask seed) is two independent 16-byte halves, each shared with its
-own random polynomial at the same x-coordinates; a share is the two 16-byte values side by side. Any t shares give
-the secret back; t - 1 shares are uniform and independent of it (each half is a degree t - 1 polynomial with
+The secrets a site shares are 128-bit seeds: the seed of its round's X25519 mask key (the key is derived from it,
+fedmqtt/secagg/kdf.py) and the seed of its self-mask. 128 bits match X25519's security level, and one field
+element a secret keeps the PS's reconstruction (pure Python in pycryptodome) at one interpolation a secret. Any t
+shares give the secret back; t - 1 shares are uniform and independent of it (a degree t - 1 polynomial with
 uniformly random coefficients besides the secret).
 
 Shamir's scheme has no integrity: shares from a site that lies rebuild a wrong secret. `reconstruct` is handed
@@ -24,8 +25,7 @@ from dataclasses import dataclass
 
 from Crypto.Protocol.SecretSharing import Shamir
 
-SECRET_BYTES = 32
-HALF = 16
+SECRET_BYTES = 16
 SHARE_BYTES = SECRET_BYTES
 MAX_SUBSETS = 256  # subsets of t answers tried before the PS gives a secret up as unrecoverable
 
@@ -36,18 +36,14 @@ def split(secret: bytes, threshold: int, holders: int) -> list[bytes]:
         raise ValueError(f"a shared secret has {SECRET_BYTES} bytes, not {len(secret)}")
     if not 1 <= threshold <= holders:
         raise ValueError(f"threshold {threshold} must be in [1, {holders}]")
-    low = Shamir.split(threshold, holders, secret[:HALF])
-    high = Shamir.split(threshold, holders, secret[HALF:])
-    return [a + b for (_, a), (_, b) in zip(low, high, strict=True)]
+    return [share for _, share in Shamir.split(threshold, holders, secret)]
 
 
 def combine(shares: Mapping[int, bytes]) -> bytes:
     """The secret through exactly these shares (x-coordinate -> share); all of them are used."""
     if any(len(s) != SHARE_BYTES for s in shares.values()) or any(x < 1 for x in shares):
-        raise ValueError("a share is 32 bytes at an x-coordinate >= 1")
-    points = sorted(shares.items())
-    return (Shamir.combine([(x, s[:HALF]) for x, s in points])
-            + Shamir.combine([(x, s[HALF:]) for x, s in points]))
+        raise ValueError(f"a share is {SHARE_BYTES} bytes at an x-coordinate >= 1")
+    return Shamir.combine(sorted(shares.items()))
 
 
 @dataclass(frozen=True)

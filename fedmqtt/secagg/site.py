@@ -21,15 +21,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fedmqtt.errors import ConfigError, FedMqttError
 from fedmqtt.secagg import messages as msg
 from fedmqtt.secagg import shamir
-from fedmqtt.secagg.adverts import Verifier, check_advert, make_advert, private_raw, public_raw
+from fedmqtt.secagg.adverts import Verifier, check_advert, make_advert, public_raw
 from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.graph import Graph, build
-from fedmqtt.secagg.kdf import agree, seed_commitment, share_key
+from fedmqtt.secagg.kdf import agree, mask_private_key, seed_commitment, share_key
 from fedmqtt.secagg.masks import pair_mask, self_mask
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.sealing import HeldShares, open_sealed, seal
 
-SEED_BYTES = 32
+SEED_BYTES = shamir.SECRET_BYTES  # both seeds: 128 bits, X25519's security level
 
 
 class SecAggRefused(FedMqttError):
@@ -48,7 +48,8 @@ class SiteSession:
         self.ctx, self.site, self.verifier, self.fixed, self.length, self.dropout = (
             ctx, site, verifier, fixed, length, dropout)
         self._cipher_key = X25519PrivateKey.generate()
-        self._mask_key = X25519PrivateKey.generate()
+        self._mask_seed = os.urandom(SEED_BYTES)
+        self._mask_key = mask_private_key(ctx, self._mask_seed, site)
         self._seed = os.urandom(SEED_BYTES)
         self.advert = make_advert(ctx, site, signing_key, public_raw(self._cipher_key), public_raw(self._mask_key),
                                   seed_commitment(ctx, self._seed, site))
@@ -87,7 +88,7 @@ class SiteSession:
         self.graph, self.roster, self.sites = graph, adverts, frozenset(roster.sites)
         neighbours = graph.neighbours[self.site]
         t = graph.params.threshold
-        key_shares = shamir.split(private_raw(self._mask_key), t, len(neighbours))
+        key_shares = shamir.split(self._mask_seed, t, len(neighbours))
         seed_shares = shamir.split(self._seed, t, len(neighbours))
         sealed = []
         for position, neighbour in enumerate(neighbours):

@@ -1,4 +1,4 @@
-"""Shamir sharing of secure aggregation's 32-byte secrets (fedmqtt/secagg/shamir.py): any t shares rebuild the
+"""Shamir sharing of secure aggregation's 16-byte seeds (fedmqtt/secagg/shamir.py): any t shares rebuild the
 secret, t - 1 shares say nothing about it, and a lying share is found and named."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fedmqtt.secagg import shamir
 
 
 @settings(max_examples=30, deadline=None)
-@given(secret=st.binary(min_size=32, max_size=32), holders=st.integers(1, 9), data=st.data())
+@given(secret=st.binary(min_size=16, max_size=16), holders=st.integers(1, 9), data=st.data())
 def test_any_t_shares_rebuild_the_secret(secret: bytes, holders: int, data: st.DataObject) -> None:
     t = data.draw(st.integers(1, holders))
     shares = shamir.split(secret, t, holders)
@@ -24,7 +24,7 @@ def test_any_t_shares_rebuild_the_secret(secret: bytes, holders: int, data: st.D
 
 
 def test_t_minus_one_shares_give_another_secret() -> None:
-    secret = os.urandom(32)
+    secret = os.urandom(16)
     shares = shamir.split(secret, 4, 7)
     assert shamir.combine({i + 1: shares[i] for i in range(3)}) != secret
 
@@ -35,7 +35,7 @@ def test_t_minus_one_shares_are_uniform_whatever_the_secret() -> None:
     histograms are alike. A deterministic or secret-dependent share would fail both."""
     draws = 4096
     expected = draws / 256
-    for secret in (bytes(32), b"\xff" * 32):
+    for secret in (bytes(16), b"\xff" * 16):
         splits = [shamir.split(secret, 3, 5) for _ in range(draws)]
         cells = {f"holder {h}": Counter(s[h][0] for s in splits) for h in range(2)}
         cells["both, xor"] = Counter(s[0][0] ^ s[1][0] for s in splits)  # jointly too, not only one at a time
@@ -45,7 +45,7 @@ def test_t_minus_one_shares_are_uniform_whatever_the_secret() -> None:
 
 
 def test_reconstruct_names_a_lying_holder() -> None:
-    secret = os.urandom(32)
+    secret = os.urandom(16)
     shares = shamir.split(secret, 3, 6)
     answers = {f"h{i}": (i + 1, shares[i]) for i in range(6)}
     answers["h0"] = (1, bytes(a ^ 1 for a in shares[0]))  # in the first subset tried
@@ -56,7 +56,7 @@ def test_reconstruct_names_a_lying_holder() -> None:
 def test_reconstruct_finds_the_secret_past_several_liars_among_many_holders() -> None:
     """20 holders, t = 11, liars first and in the middle: a fixed lexicographic search would try C(19, 10) subsets
     before leaving out the first holder; the search order finds a clean subset within its budget."""
-    secret = os.urandom(32)
+    secret = os.urandom(16)
     shares = shamir.split(secret, 11, 20)
     answers = {f"h{i:02d}": (i + 1, shares[i]) for i in range(20)}
     for liar in ("h00", "h09"):
@@ -67,9 +67,9 @@ def test_reconstruct_finds_the_secret_past_several_liars_among_many_holders() ->
 
 
 def test_reconstruct_fails_safe_without_enough_honest_shares() -> None:
-    secret = os.urandom(32)
+    secret = os.urandom(16)
     shares = shamir.split(secret, 3, 4)
-    answers = {f"h{i}": (i + 1, os.urandom(32) if i < 2 else shares[i]) for i in range(4)}
+    answers = {f"h{i}": (i + 1, os.urandom(16) if i < 2 else shares[i]) for i in range(4)}
     result = shamir.reconstruct(answers, 3, lambda s: s == secret)
     assert result.secret is None and "no 3 of the 4" in result.reason and "tried 4 subsets" in result.reason
     few = shamir.reconstruct({"h0": (1, shares[0])}, 3, lambda s: s == secret)
@@ -78,8 +78,8 @@ def test_reconstruct_fails_safe_without_enough_honest_shares() -> None:
 
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError):
-        shamir.split(bytes(31), 2, 3)
+        shamir.split(bytes(15), 2, 3)
     with pytest.raises(ValueError):
-        shamir.split(bytes(32), 4, 3)
+        shamir.split(bytes(16), 4, 3)
     with pytest.raises(ValueError):
-        shamir.combine({0: bytes(32)})
+        shamir.combine({0: bytes(16)})

@@ -112,7 +112,7 @@ def test_a_roster_must_be_sorted_and_carry_its_receiver(round_messages: dict[str
 def test_sealed_shares_have_one_length_and_distinct_receivers(round_messages: dict[str, BaseModel]) -> None:
     shares = round_messages["shares"]
     data = shares.model_dump(mode="python")["shares"]
-    assert "at least 82" in refused(shares, shares=({**data[0], "sealed": data[0]["sealed"][:-1]}, *data[1:]))
+    assert "at least 50" in refused(shares, shares=({**data[0], "sealed": data[0]["sealed"][:-1]}, *data[1:]))
     assert "sorted and distinct" in refused(shares, shares=(data[0], *data))
     assert "not with itself" in refused(shares, shares=({**data[0], "peer": "site-000"},))
     assert "at least 1" in refused(shares, shares=())
@@ -143,6 +143,6 @@ def test_an_answer_never_holds_both_shares_of_a_site(round_messages: dict[str, B
     seeds = answer.model_dump(mode="python")["seed_shares"]
     assert "never both" in refused(answer, mask_key_shares=seeds[:1])
     assert "greater than or equal to 1" in refused(answer, seed_shares=({**seeds[0], "x": 0}, *seeds[1:]))
-    assert "at least 32" in refused(answer, seed_shares=({**seeds[0], "share": b""}, *seeds[1:]))
+    assert "at least 16" in refused(answer, seed_shares=({**seeds[0], "share": b""}, *seeds[1:]))
     assert isinstance(answer, wire.SecAggAnswer)
     assert dataclasses.asdict(conv.answer_from_wire(answer))["sender"] == "site-000"
