@@ -28,7 +28,7 @@ from fedmqtt.secagg.kdf import mask_private_key, seed_commitment
 from fedmqtt.secagg.masks import pair_mask, self_mask
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.sealing import SEALED_BYTES
-from fedmqtt.secagg.shamir import SHARE_BYTES, reconstruct
+from fedmqtt.secagg.shamir import SHARE_BYTES, Reconstruction, reconstruct
 
 MIN_SITES = 3  # with two, each learns the other's update from the sum
 
@@ -199,19 +199,19 @@ class ServerSession:
             commitment = self.adverts[owner].seed_commitment
             found = self._rebuild(owner, {h: a.seed_shares[owner] for h, a in answers.items()
                                           if owner in a.seed_shares}, t,
-                                   partial(_commits_to, self.ctx, owner, commitment))
-            if found is None:
-                return self._fail(f"{owner!r}'s self-mask seed could not be rebuilt")
-            seeds[owner] = found
+                                  partial(_commits_to, self.ctx, owner, commitment))
+            if found.secret is None:
+                return self._fail(f"{owner!r}'s self-mask seed could not be rebuilt: {found.reason}")
+            seeds[owner] = found.secret
         keys: dict[str, X25519PrivateKey] = {}
         for owner in request.dropped:
             public = self.adverts[owner].mask_public
             found = self._rebuild(owner, {h: a.mask_key_shares[owner] for h, a in answers.items()
                                           if owner in a.mask_key_shares}, t,
                                   partial(_opens, self.ctx, owner, public))
-            if found is None:
-                return self._fail(f"{owner!r}'s mask key could not be rebuilt")
-            keys[owner] = mask_private_key(self.ctx, found, owner)
+            if found.secret is None:
+                return self._fail(f"{owner!r}'s mask key could not be rebuilt: {found.reason}")
+            keys[owner] = mask_private_key(self.ctx, found.secret, owner)
         dtype, n = self.fixed.dtype, self.length
         total = self.fixed.zeros(n)
         for site in request.survivors:
@@ -226,11 +226,11 @@ class ServerSession:
         return self.outcome
 
     def _rebuild(self, owner: str, shares: dict[str, tuple[int, bytes]], t: int,
-                 check: Callable[[bytes], bool]) -> bytes | None:
+                 check: Callable[[bytes], bool]) -> Reconstruction:
         result = reconstruct(shares, t, check)
         for holder in result.bad_holders:
             self._refuse(holder, msg.INCONSISTENT_SHARE, f"its share of {owner!r} is off the polynomial")
-        return result.secret
+        return result
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _holders(self, owner: str, survivors: set[str]) -> list[str]:

@@ -48,7 +48,8 @@ def combine(shares: Mapping[int, bytes]) -> bytes:
 
 @dataclass(frozen=True)
 class Reconstruction:
-    """A rebuilt secret, or None, and the holders whose shares disagree with it (or could not be placed)."""
+    """A rebuilt secret and the holders whose shares disagree with it; or None and why (then nobody is named: with
+    no consistent subset found, there is no telling whose shares are off)."""
 
     secret: bytes | None
     bad_holders: tuple[str, ...]
@@ -91,7 +92,7 @@ def reconstruct(answers: Mapping[str, tuple[int, bytes]], threshold: int, check:
         bad = tuple(h for h in holders if h not in subset and combine({**base, answers[h][0]: answers[h][1]})
                     != secret)
         return Reconstruction(secret, bad)
-    return Reconstruction(None, tuple(holders), f"no {threshold} of the {len(holders)} shares rebuild a secret "
+    return Reconstruction(None, (), f"no {threshold} of the {len(holders)} shares rebuild a secret "
                           f"that matches its commitment (tried {min(max_subsets, math.comb(len(holders), threshold))} "
                           "subsets)")
 

@@ -103,7 +103,7 @@ def test_withheld_answers_fail_safe_below_the_threshold() -> None:
     names = site_ids(9)  # complete graph, t = 5: 9 survivors, at most 3 others hold each seed after 5 withhold
     played = play(9, LENGTH, losses=Losses(before_answer=set(names[:5])))
     assert isinstance(played.outcome, msg.RoundFailed)
-    assert "could not be rebuilt" in played.outcome.reason
+    assert "could not be rebuilt" in played.outcome.reason and "needed" in played.outcome.reason
     assert played.server.outcome is played.outcome and played.server.stage == "failed"
 
 

@@ -72,6 +72,7 @@ def test_reconstruct_fails_safe_without_enough_honest_shares() -> None:
     answers = {f"h{i}": (i + 1, os.urandom(16) if i < 2 else shares[i]) for i in range(4)}
     result = shamir.reconstruct(answers, 3, lambda s: s == secret)
     assert result.secret is None and "no 3 of the 4" in result.reason and "tried 4 subsets" in result.reason
+    assert result.bad_holders == ()  # no consistent subset: no telling who lied
     few = shamir.reconstruct({"h0": (1, shares[0])}, 3, lambda s: s == secret)
     assert few.secret is None and "1 shares, 3 needed" in few.reason
 
