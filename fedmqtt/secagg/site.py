@@ -114,8 +114,10 @@ class SiteSession:
         for item in inbox:
             if item.receiver != self.site or not graph.are_neighbours(self.site, item.sender):
                 self._refuse(item.sender, msg.UNKNOWN_PARTY, "a share from a non-neighbour or for another site")
-            elif all(item.ciphertext != seen.ciphertext for seen in by_sender.setdefault(item.sender, [])):
-                by_sender[item.sender].append(item)  # an identical copy is a harmless replay
+            elif any(item.ciphertext == seen.ciphertext for seen in by_sender.setdefault(item.sender, [])):
+                self._refuse(item.sender, msg.REPLAY, "the same sealed share again (ignored)")
+            else:
+                by_sender[item.sender].append(item)
         for sender, items in sorted(by_sender.items()):
             if len(items) > 1:  # two different shares: trust neither
                 self._refuse(sender, msg.EQUIVOCATION, "two different sealed shares")

@@ -138,6 +138,18 @@ def test_a_tampered_share_takes_its_sender_out_and_the_round_still_sums() -> Non
     assert {r.category for r in played.sites[victim].refusals} == {msg.BAD_SHARE}
 
 
+def test_a_share_delivered_twice_is_a_harmless_replay() -> None:
+    names = site_ids(6)
+
+    def twice(inbox: Inbox) -> Inbox:
+        inbox[names[0]] = [*inbox[names[0]], inbox[names[0]][0]]
+        return inbox
+
+    played = play(6, LENGTH, on_inbox=twice)
+    assert_sum(played, names)
+    assert [r.category for r in played.sites[names[0]].refusals] == [msg.REPLAY]
+
+
 def test_a_share_replayed_from_another_round_does_not_open() -> None:
     names = site_ids(6)
     earlier = play(6, LENGTH, round_no=1)
