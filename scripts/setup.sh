@@ -31,7 +31,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 # Re-install whenever pyproject.toml changed (its hash, not its time stamp: a checkout sets times anew).
 WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-if ! .venv/bin/python -c "import fedmqtt, paho.mqtt, pytest_timeout, wfdb, hypothesis, cryptography, opacus" 2>/dev/null \
+if ! .venv/bin/python -c "import fedmqtt, paho.mqtt, pytest_timeout, wfdb, hypothesis, cryptography, opacus, Crypto" 2>/dev/null \
    || [ "$(cat .venv/.fedmqtt-installed 2>/dev/null)" != "$WANT" ]; then
   echo "[setup] installing fedmqtt (editable) with its site, ecg, privacy and dev extras"
   "${PIP[@]}" -e ".[site,ecg,privacy,dev]"

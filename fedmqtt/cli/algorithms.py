@@ -19,12 +19,14 @@ def algorithms(
     """List every algorithm with one line and its hyper-parameters, or explain one (set hyper-parameters in
     the `hyper` table of a config or with --hyper name=value)."""
     from fedmqtt.strategies import STRATEGIES, describe_strategies
+    from fedmqtt.strategies.about import secure_aggregation_line
 
     if name is None:
         for key, summary, params in describe_strategies():
             typer.echo(f"{key:<11} {summary}")
             for param, default, description in params:
                 typer.echo(f"{'':<13}{param} = {default!r}: {description}")
+            typer.echo(f"{'':<13}secure aggregation: {secure_aggregation_line(key)}")
         typer.echo(f"{'central':<11} {CENTRAL}")
         typer.echo("\nMore on one of them: fedmqtt algorithms NAME (the same text as docs/algorithms.md).")
         return

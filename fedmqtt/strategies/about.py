@@ -151,6 +151,25 @@ def _wrap(text: str, first: str = "", rest: str = "") -> list[str]:
                          break_long_words=False, break_on_hyphens=False)
 
 
+def secure_aggregation_line(name: str) -> str:
+    """Whether the rule `name` runs under secure aggregation, and how or why not (one sentence)."""
+    cls = STRATEGIES[name]
+    return f"{'yes' if cls.needs_only_sums else 'no'}: {cls.sums_note}."
+
+
+def _secure_aggregation(names: Iterable[str]) -> list[str]:
+    """The section's paragraph on secure aggregation (docs/secure-aggregation.md), one line per distinct answer."""
+    answers: dict[str, list[str]] = {}
+    for name in names:
+        answers.setdefault(secure_aggregation_line(name), []).append(name)
+    if len(answers) == 1:
+        return _wrap(next(iter(answers)), "**Under secure aggregation** (docs/secure-aggregation.md): ")
+    out = ["**Under secure aggregation** (docs/secure-aggregation.md):", ""]
+    for line, users in answers.items():
+        out += _wrap(f"{', '.join(f'`{u}`' for u in users)}: {line}", "- ", "  ")
+    return out
+
+
 def render_section(doc: StrategyDoc) -> str:
     """The markdown of one section (heading "## <section> <title>"), as docs/algorithms.md carries it."""
     names = ", ".join(f"`{n}`" for n in doc.names)
@@ -161,7 +180,8 @@ def render_section(doc: StrategyDoc) -> str:
     how = "(`--hyper name=value` on the command line, or the `hyper` table of a config)"
     out += ["", f"**Parameters** {how}.", ""]
     out += _param_table(doc.names)
-    out += [""] + _wrap(doc.state, "**State kept across rounds.** ") + ["", "**Papers.**", ""]
+    out += [""] + _wrap(doc.state, "**State kept across rounds.** ")
+    out += [""] + _secure_aggregation(doc.names) + ["", "**Papers.**", ""]
     out += [line for p in doc.papers for line in _wrap(p, "- ", "  ")]
     out += ["", "**Where this project deliberately differs from well-known implementations.**", ""]
     out += [line for d in doc.differences for line in _wrap(d, "- ", "  ")]

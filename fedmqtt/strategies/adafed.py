@@ -139,6 +139,11 @@ class AdaFed(ServerRule):
     name = "adafed"
     summary = "AdaFed: one model per site, mixed by BN feature-statistics similarity (Chen et al. 2022)"
     Params = AdaFedParams
+    needs_only_sums = False
+    sums_note = (
+        "each site's model is mixed by the similarity of its own feature statistics with every other site's: "
+        "the PS needs per-site statistics and per-site models"
+    )
     params: AdaFedParams
     statistics: ClassVar[FeatureStatistics] = FeatureStatistics.BN_INPUTS  # where W comes from (11.3)
 

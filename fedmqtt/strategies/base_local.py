@@ -13,6 +13,10 @@ class Base(ServerRule):
 
     name = "base"
     summary = "Base: local training only, nothing is shared (the no-federation reference)"
+    needs_only_sums = True
+    sums_note = (
+        "nothing is shared, so there is nothing to aggregate (secure aggregation changes nothing)"
+    )
 
     def keeps_local(self, spec: TensorSpec) -> bool:
         return True

@@ -59,6 +59,11 @@ class FedAdp(ServerRule):
         "FedAdp: weights from the smoothed angle between each update and the mean one (Wu and Wang 2021)"
     )
     Params = FedAdpParams
+    needs_only_sums = False
+    sums_note = (
+        "the weights come from the angle between each site's own update and the mean update: the PS must see "
+        "every site's update"
+    )
     params: FedAdpParams
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:

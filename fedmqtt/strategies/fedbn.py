@@ -31,6 +31,11 @@ class FedBN(ServerRule):
         "FedBN: normalization layers (affine + statistics) stay local, the rest is averaged (Li et al. 2021)"
     )
     Params = FedBNParams
+    needs_only_sums = True
+    sums_note = (
+        "the weighted sum of the shared (non-normalization) tensors; the normalization layers stay on the "
+        "sites"
+    )
     params: FedBNParams
 
     def keeps_local(self, spec: TensorSpec) -> bool:

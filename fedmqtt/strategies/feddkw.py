@@ -91,6 +91,10 @@ class FedDkw(ServerRule):
     Params = FedDkwParams
     params: FedDkwParams
     uplink_extras = ("label_histogram",)
+    needs_only_sums = False
+    sums_note = (
+        "the weights come from each site's own label distribution, compared with the others'"
+    )
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)

@@ -48,6 +48,10 @@ class FedDyn(ServerRule):
         "FedDyn: dynamic regulariser, server drift S_bar; evaluates the plain average (Acar et al. 2021)"
     )
     Params = FedDynParams
+    needs_only_sums = True
+    sums_note = (
+        "the uniform mean of the models and the running sum of the site states are sums"
+    )
     params: FedDynParams
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:

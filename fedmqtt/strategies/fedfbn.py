@@ -91,6 +91,12 @@ class FedFBN(ServerRule):
     Params = FedFBNParams
     params: FedFBNParams
     uplink_extras = ("label_set",)
+    needs_only_sums = True
+    sums_note = (
+        "the uniform mean of the shared tensors; the surgical output layer is a per-label mean, a sum once "
+        "each site sends its rows in the federation's label order with a count of 1 for its own labels and 0 "
+        "for the others (its label set then stays on the site)"
+    )
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)

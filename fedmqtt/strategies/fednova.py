@@ -63,6 +63,11 @@ class FedNova(ServerRule):
     Params = FedNovaParams
     params: FedNovaParams
     uplink_extras = ("a_norm",)
+    needs_only_sums = True
+    sums_note = (
+        "each site sends n_i (w_t - w_i) / a_i with the scalars n_i and n_i a_i (or n_i tau_i) appended: every "
+        "term of the server rule is then a sum, divided by the sum of the n_i"
+    )
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)

@@ -41,6 +41,10 @@ class FedOpt(ServerRule):
     """
 
     Params = FedAdagradParams
+    needs_only_sums = True
+    sums_note = (
+        "the server step needs only the mean client delta, a weighted sum"
+    )
     params: FedAdagradParams
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:

@@ -17,6 +17,10 @@ class FedPer(ServerRule):
 
     name = "fedper"
     summary = "FedPer: personal HEAD layers stay local; base layers are averaged (Arivazhagan et al. 2019)"
+    needs_only_sums = True
+    sums_note = (
+        "the weighted sum of the base layers; the personal head stays on the sites"
+    )
 
     def keeps_local(self, spec: TensorSpec) -> bool:
         return spec.is_head

@@ -27,6 +27,10 @@ class FedProx(FedAvg):
     name = "fedprox"
     summary = "FedProx: FedAvg with a proximal term (mu/2)||w - w_t||^2 on the sites (Li et al. 2020)"
     Params = FedProxParams
+    needs_only_sums = True
+    sums_note = (
+        "as FedAvg: the proximal term is on the sites"
+    )
     params: FedProxParams
 
     def site_hyper(self, site_id: str, enrolled: Mapping[str, int]) -> dict[str, float]:

@@ -21,6 +21,10 @@ class FedPxN(FedBN):
     name = "fedpxn"
     summary = "FedPxN: FedBN plus a proximal term on the non-normalization parameters (Hwang et al.)"
     Params = FedPxNParams
+    needs_only_sums = True
+    sums_note = (
+        "as FedBN: the proximal term is on the sites"
+    )
     params: FedPxNParams
 
     def site_hyper(self, site_id: str, enrolled: Mapping[str, int]) -> dict[str, float]:

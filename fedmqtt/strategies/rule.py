@@ -54,6 +54,11 @@ class ServerRule:
     Params: ClassVar[type[StrategyParams]] = NoParams
     # Keys of SiteUpdate.extras the rule reads (docs/algorithms.md 18.2), so callers can check uplinks first.
     uplink_extras: ClassVar[tuple[str, ...]] = ()
+    # Whether the server needs only (weighted) sums of what the sites send, so that the rule can run under secure
+    # aggregation (docs/secure-aggregation.md), where the PS sees nothing but the sum; `sums_note` says how, or why
+    # not. A rule that does not declare it is not run under secure aggregation.
+    needs_only_sums: ClassVar[bool] = False
+    sums_note: ClassVar[str] = "not declared: the rule has not been checked for secure aggregation"
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         self.params = parse_params(self.name, self.Params, params)

@@ -42,6 +42,10 @@ class Scaffold(ServerRule):
     Params = ScaffoldParams
     params: ScaffoldParams
     uplink_extras = ("delta_c",)
+    needs_only_sums = True
+    sums_note = (
+        "the weighted mean of the models and the sum of the control-variate deltas delta_c"
+    )
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)

@@ -1,0 +1,202 @@
+"""One site's side of a secure aggregation round, as a state object with one method a step (no I/O).
+
+advertise -> share (given the roster the PS relays) -> mask (given the sealed shares addressed to it and its
+update) -> unmask (given the PS's request). Each step validates everything it is handed and raises
+`SecAggRefused` (the site leaves the round) when the PS's input is not one an honest PS could send; a neighbour's
+bad share only takes that neighbour out of this site's masks (the masked input says so, and the PS drops it).
+The site never reveals both secrets of one neighbour, and answers one unmasking request only (the same request
+again gets the same answer, for a PS that resumed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from fedmqtt.errors import ConfigError, FedMqttError
+from fedmqtt.secagg import messages as msg
+from fedmqtt.secagg import shamir
+from fedmqtt.secagg.adverts import Verifier, check_advert, make_advert, public_raw
+from fedmqtt.secagg.context import RoundContext
+from fedmqtt.secagg.graph import Graph, build
+from fedmqtt.secagg.kdf import agree, mask_private_key, seed_commitment, share_key
+from fedmqtt.secagg.masks import pair_mask, self_mask
+from fedmqtt.secagg.ring import FixedPoint
+from fedmqtt.secagg.sealing import HeldShares, open_sealed, seal
+
+SEED_BYTES = shamir.SECRET_BYTES  # both seeds: 128 bits, X25519's security level
+
+
+class SecAggRefused(FedMqttError):
+    """This party will not go on with the round; `category` is one of fedmqtt.secagg.messages' categories."""
+
+    def __init__(self, category: str, reason: str) -> None:
+        super().__init__(reason)
+        self.category = category
+
+
+class SiteSession:
+    """A site's secrets and progress in one round."""
+
+    def __init__(self, ctx: RoundContext, site: str, signing_key: Ed25519PrivateKey, verifier: Verifier,
+                 fixed: FixedPoint, length: int, *, dropout: float) -> None:
+        self.ctx, self.site, self.verifier, self.fixed, self.length, self.dropout = (
+            ctx, site, verifier, fixed, length, dropout)
+        self._cipher_key = X25519PrivateKey.generate()
+        self._mask_seed = os.urandom(SEED_BYTES)
+        self._mask_key = mask_private_key(ctx, self._mask_seed, site)
+        self._seed = os.urandom(SEED_BYTES)
+        self.advert = make_advert(ctx, site, signing_key, public_raw(self._cipher_key), public_raw(self._mask_key),
+                                  seed_commitment(ctx, self._seed, site))
+        self.stage = "advertised"
+        self.graph: Graph | None = None
+        self.roster: dict[str, msg.KeyAdvert] = {}  # this site's and its neighbours' advertisements
+        self.sites: frozenset[str] = frozenset()  # every site of the round's roster
+        self.held: dict[str, HeldShares] = {}
+        self.refusals: list[msg.Refusal] = []
+        self._answered: tuple[msg.UnmaskRequest, msg.UnmaskAnswer] | None = None
+
+    def advertise(self) -> msg.KeyAdvert:
+        return self.advert
+
+    # -- round 1 ------------------------------------------------------------------------------------------
+    def share(self, roster: msg.Roster) -> msg.ShareBundle:
+        """Seal shares of this site's mask key and seed for each of its neighbours in the roster's graph."""
+        self._expect("advertised")
+        if list(roster.sites) != sorted(set(roster.sites)) or self.site not in roster.sites:
+            raise SecAggRefused(msg.MALFORMED, "the roster's sites must be sorted, distinct and include this site")
+        adverts = {a.site: a for a in roster.adverts}
+        if len(adverts) != len(roster.adverts):
+            raise SecAggRefused(msg.MALFORMED, "the roster carries two advertisements of one site")
+        if adverts.get(self.site) != self.advert:
+            raise SecAggRefused(msg.MALFORMED, "the roster does not carry this site's own advertisement")
+        try:
+            graph = build(self.ctx, roster.sites, self.dropout)
+        except ConfigError as exc:
+            raise SecAggRefused(msg.MALFORMED, str(exc)) from None
+        if set(adverts) != {self.site, *graph.neighbours[self.site]}:
+            raise SecAggRefused(msg.MALFORMED, "the roster's advertisements are not exactly this site's neighbours'")
+        for advert in roster.adverts:
+            problem = check_advert(self.ctx, advert, self.verifier)
+            if problem is not None:
+                raise SecAggRefused(problem[0], f"the roster's advertisement of {advert.site!r}: {problem[1]}")
+        self.graph, self.roster, self.sites = graph, adverts, frozenset(roster.sites)
+        neighbours = graph.neighbours[self.site]
+        t = graph.params.threshold
+        key_shares = shamir.split(self._mask_seed, t, len(neighbours))
+        seed_shares = shamir.split(self._seed, t, len(neighbours))
+        sealed = []
+        for position, neighbour in enumerate(neighbours):
+            try:
+                key = share_key(self.ctx, agree(self._cipher_key, self.roster[neighbour].cipher_public), self.site,
+                                neighbour)
+            except ValueError as exc:  # a small-order public key: no shared secret
+                raise SecAggRefused(msg.MALFORMED, f"{neighbour!r}'s share key: {exc}") from None
+            held = HeldShares(position + 1, key_shares[position], seed_shares[position])
+            sealed.append(msg.EncryptedShare(self.site, neighbour, seal(self.ctx, key, self.site, neighbour, held)))
+        self.stage = "shared"
+        return msg.ShareBundle(self.site, tuple(sealed))
+
+    # -- round 2 ------------------------------------------------------------------------------------------
+    def mask(self, update: npt.NDArray[np.floating], inbox: Sequence[msg.EncryptedShare]) -> msg.MaskedInput:
+        """The masked encoding of `update`, paired with every neighbour whose sealed share opened."""
+        self._expect("shared")
+        graph = self._graph()
+        values = np.asarray(update)
+        if values.shape != (self.length,):
+            raise SecAggRefused(msg.MALFORMED, f"the update has shape {values.shape}, not ({self.length},)")
+        by_sender: dict[str, list[msg.EncryptedShare]] = {}
+        for item in inbox:
+            if item.receiver != self.site or not graph.are_neighbours(self.site, item.sender):
+                self._refuse(item.sender, msg.UNKNOWN_PARTY, "a share from a non-neighbour or for another site")
+            elif any(item.ciphertext == seen.ciphertext for seen in by_sender.setdefault(item.sender, [])):
+                self._refuse(item.sender, msg.REPLAY, "the same sealed share again (ignored)")
+            else:
+                by_sender[item.sender].append(item)
+        for sender, items in sorted(by_sender.items()):
+            if len(items) > 1:  # two different shares: trust neither
+                self._refuse(sender, msg.EQUIVOCATION, "two different sealed shares")
+            else:
+                self._take_share(graph, items[0])
+        paired = tuple(sorted(self.held))
+        if len(paired) < graph.params.threshold:
+            raise SecAggRefused(msg.MALFORMED, f"only {len(paired)} neighbours' shares arrived, "
+                                f"{graph.params.threshold} needed: too few to hide this update among")
+        dtype = self.fixed.dtype
+        try:
+            total = self.fixed.encode(values)
+        except ValueError as exc:
+            raise SecAggRefused(msg.MALFORMED, str(exc)) from None
+        total = total + self_mask(self.ctx, self._seed, self.site, self.length, dtype)
+        for neighbour in paired:
+            total = total + pair_mask(self.ctx, self._mask_key, self.site, self.roster[neighbour].mask_public,
+                                      neighbour, self.length, dtype)
+        self.stage = "masked"
+        return msg.MaskedInput(self.site, total.astype(dtype, copy=False), paired)
+
+    def _take_share(self, graph: Graph, item: msg.EncryptedShare) -> None:
+        try:
+            key = share_key(self.ctx, agree(self._cipher_key, self.roster[item.sender].cipher_public), item.sender,
+                            self.site)
+        except ValueError:
+            key = b""
+        held = open_sealed(self.ctx, key, item.sender, self.site, item.ciphertext) if key else None
+        if held is None:
+            self._refuse(item.sender, msg.BAD_SHARE, "the sealed share does not open (altered, replayed, or "
+                         "sealed for another round or site)")
+        elif held.index != graph.share_index(item.sender, self.site):
+            self._refuse(item.sender, msg.BAD_SHARE, f"share index {held.index}, the graph gives "
+                         f"{graph.share_index(item.sender, self.site)}")
+        else:
+            self.held[item.sender] = held
+
+    # -- round 3 ------------------------------------------------------------------------------------------
+    def unmask(self, request: msg.UnmaskRequest) -> msg.UnmaskAnswer:
+        """The shares the PS asked for: seeds of survivors, mask keys of dropped sites, among held ones."""
+        if self._answered is not None:
+            if request == self._answered[0]:
+                return self._answered[1]
+            raise SecAggRefused(msg.REFUSED_REQUEST, "a second, different unmasking request: answering it could "
+                                "reveal both secrets of a neighbour")
+        self._expect("masked")
+        graph = self._graph()
+        survivors, dropped = set(request.survivors), set(request.dropped)
+        if len(survivors) != len(request.survivors) or len(dropped) != len(request.dropped):
+            raise SecAggRefused(msg.REFUSED_REQUEST, "a site is named twice")
+        if survivors & dropped:
+            raise SecAggRefused(msg.REFUSED_REQUEST, f"{sorted(survivors & dropped)} named both surviving and "
+                                "dropped: their updates would be revealed")
+        if not (survivors | dropped) <= self.sites:
+            raise SecAggRefused(msg.REFUSED_REQUEST, "the request names sites outside the roster")
+        if self.site not in survivors:
+            raise SecAggRefused(msg.REFUSED_REQUEST, "this site is not among the survivors")
+        if len(survivors) < graph.params.threshold:
+            raise SecAggRefused(msg.REFUSED_REQUEST, f"{len(survivors)} survivors, fewer than the threshold "
+                                f"{graph.params.threshold}")
+        answer = msg.UnmaskAnswer(
+            self.site,
+            seed_shares={o: (h.index, h.seed_share) for o, h in sorted(self.held.items()) if o in survivors},
+            mask_key_shares={o: (h.index, h.mask_key_share) for o, h in sorted(self.held.items()) if o in dropped})
+        self._answered = (request, answer)
+        self.stage = "answered"
+        return answer
+
+    # -- helpers ------------------------------------------------------------------------------------------
+    def _expect(self, stage: str) -> None:
+        if self.stage != stage:
+            raise SecAggRefused(msg.WRONG_STAGE, f"asked for the step after {stage!r}, but this site is at "
+                                f"{self.stage!r}")
+
+    def _graph(self) -> Graph:
+        if self.graph is None:
+            raise SecAggRefused(msg.WRONG_STAGE, "no roster yet")
+        return self.graph
+
+    def _refuse(self, party: str, category: str, reason: str) -> None:
+        self.refusals.append(msg.Refusal(party, category, reason))
+

@@ -1,0 +1,179 @@
+"""The message kinds of secure aggregation (docs/secure-aggregation.md, "Wire messages"), one per step.
+
+Designed and validated here; not yet part of `schemas.messages.Message` (the union the codec decodes): they join
+it, with their topics, ACL entries and protocol tables, when the PS and the site agent run the protocol. Every
+field is bounded, like every other kind: ids by pattern, keys and shares by exact length, lists by the most a
+round can hold. A masked vector travels as an int32 or int64 tensor blob: the ring element's bits, read as two's
+complement (so no float checks apply and no bit is lost).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from schemas.base import ID_PATTERN, MAX_SITES, Frozen, Header
+from schemas.signed import Signature
+from schemas.tensors import TensorBlob
+
+KEY_BYTES = 32  # an X25519 public key, a SHA-256 commitment
+SHARE_BYTES = 16  # a Shamir share of a 128-bit seed
+SEALED_SHARE_BYTES = 2 + 2 * SHARE_BYTES + 16  # x-coordinate, two shares, the Poly1305 tag
+MAX_NEIGHBOURS = 1024  # far above any degree the graph rule picks (42 at 10 000 sites, delta = 0.1)
+MAX_SHARE_INDEX = 65_535  # two bytes in the sealed share
+
+SiteId = Annotated[str, Field(pattern=ID_PATTERN)]
+Key = Annotated[bytes, Field(min_length=KEY_BYTES, max_length=KEY_BYTES, strict=True)]
+SiteIds = Annotated[tuple[SiteId, ...], Field(max_length=MAX_SITES)]
+NeighbourIds = Annotated[tuple[SiteId, ...], Field(max_length=MAX_NEIGHBOURS)]
+
+
+def _sorted_distinct(ids: tuple[str, ...], what: str) -> None:
+    if list(ids) != sorted(set(ids)):
+        raise ValueError(f"{what} must be sorted and distinct")
+
+
+class KeyAdvertBody(Frozen):
+    """A site's two public keys and seed commitment, with its own Ed25519 signature over them and the round."""
+
+    site: SiteId
+    cipher_public: Key
+    mask_public: Key
+    seed_commitment: Key
+    signature: Signature
+
+    @model_validator(mode="after")
+    def _signed_by_its_site(self) -> KeyAdvertBody:
+        if self.signature.signer != self.site:
+            raise ValueError("an advertisement is signed by its own site")
+        return self
+
+
+class SealedShare(Frozen):
+    """A sealed pair of shares, with the other end: the receiver on the way to the PS, the sender on the way out."""
+
+    peer: SiteId
+    sealed: bytes = Field(min_length=SEALED_SHARE_BYTES, max_length=SEALED_SHARE_BYTES, strict=True)
+
+
+class ShareAnswer(Frozen):
+    """One revealed share: whose secret, the x-coordinate, the 16 bytes."""
+
+    owner: SiteId
+    x: int = Field(ge=1, le=MAX_SHARE_INDEX)
+    share: bytes = Field(min_length=SHARE_BYTES, max_length=SHARE_BYTES, strict=True)
+
+
+def _peers_distinct(shares: tuple[SealedShare, ...] | tuple[ShareAnswer, ...], what: str) -> None:
+    owners = [s.peer if isinstance(s, SealedShare) else s.owner for s in shares]
+    _sorted_distinct(tuple(owners), what)
+
+
+class SecAggAdvert(Header):
+    """Site -> PS, step 0: this round's keys."""
+
+    kind: Literal["secagg_advert"] = "secagg_advert"
+    advert: KeyAdvertBody
+
+    @model_validator(mode="after")
+    def _own(self) -> SecAggAdvert:
+        if self.advert.site != self.sender:
+            raise ValueError("a site advertises its own keys only")
+        return self
+
+
+class SecAggRoster(Header):
+    """PS -> one site, step 1: every site that advertised, and the advertisements of its neighbours and its own."""
+
+    kind: Literal["secagg_roster"] = "secagg_roster"
+    site_id: SiteId
+    sites: SiteIds
+    adverts: Annotated[tuple[KeyAdvertBody, ...], Field(max_length=MAX_NEIGHBOURS + 1)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SecAggRoster:
+        _sorted_distinct(self.sites, "sites")
+        names = tuple(a.site for a in self.adverts)
+        _sorted_distinct(names, "adverts (by site)")
+        if self.site_id not in names or not set(names) <= set(self.sites):
+            raise ValueError("the roster carries its receiver's advertisement and only rostered sites'")
+        return self
+
+
+class SecAggShares(Header):
+    """Site -> PS, step 1: a sealed share for each neighbour (peer = receiver)."""
+
+    kind: Literal["secagg_shares"] = "secagg_shares"
+    shares: Annotated[tuple[SealedShare, ...], Field(min_length=1, max_length=MAX_NEIGHBOURS)]
+
+    @model_validator(mode="after")
+    def _distinct(self) -> SecAggShares:
+        _peers_distinct(self.shares, "shares (by receiver)")
+        if any(s.peer == self.sender for s in self.shares):
+            raise ValueError("a site shares with its neighbours, not with itself")
+        return self
+
+
+class SecAggInbox(Header):
+    """PS -> one site, step 1: the sealed shares its sharing neighbours addressed to it (peer = sender)."""
+
+    kind: Literal["secagg_inbox"] = "secagg_inbox"
+    site_id: SiteId
+    shares: Annotated[tuple[SealedShare, ...], Field(max_length=MAX_NEIGHBOURS)]
+
+    @model_validator(mode="after")
+    def _distinct(self) -> SecAggInbox:
+        _peers_distinct(self.shares, "shares (by sender)")
+        return self
+
+
+class SecAggMasked(Header):
+    """Site -> PS, step 2: the masked encoding of the update (chunked like an update) and whom it paired with."""
+
+    kind: Literal["secagg_masked"] = "secagg_masked"
+    ring_bits: Literal[32, 64]
+    fraction_bits: int = Field(ge=0, le=52)
+    clip: float = Field(gt=0, le=1e15, allow_inf_nan=False)
+    masked: TensorBlob
+    paired_with: NeighbourIds
+
+    @model_validator(mode="after")
+    def _ring_vector(self) -> SecAggMasked:
+        expected = "int32" if self.ring_bits == 32 else "int64"
+        if self.masked.dtype != expected or len(self.masked.shape) != 1:
+            raise ValueError(f"a masked vector is a flat {expected} tensor (the ring's bits, two's complement)")
+        _sorted_distinct(self.paired_with, "paired_with")
+        return self
+
+
+class SecAggUnmask(Header):
+    """PS -> every survivor, step 3: whose seeds (survivors) and whose mask keys (dropped) to reveal."""
+
+    kind: Literal["secagg_unmask"] = "secagg_unmask"
+    survivors: SiteIds
+    dropped: SiteIds
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> SecAggUnmask:
+        _sorted_distinct(self.survivors, "survivors")
+        _sorted_distinct(self.dropped, "dropped")
+        if set(self.survivors) & set(self.dropped):
+            raise ValueError("no site is both a survivor and dropped")
+        return self
+
+
+class SecAggAnswer(Header):
+    """Survivor -> PS, step 3: the shares asked of it."""
+
+    kind: Literal["secagg_answer"] = "secagg_answer"
+    seed_shares: Annotated[tuple[ShareAnswer, ...], Field(max_length=MAX_NEIGHBOURS)]
+    mask_key_shares: Annotated[tuple[ShareAnswer, ...], Field(max_length=MAX_NEIGHBOURS)]
+
+    @model_validator(mode="after")
+    def _distinct(self) -> SecAggAnswer:
+        _peers_distinct(self.seed_shares, "seed_shares (by owner)")
+        _peers_distinct(self.mask_key_shares, "mask_key_shares (by owner)")
+        if {s.owner for s in self.seed_shares} & {s.owner for s in self.mask_key_shares}:
+            raise ValueError("never both shares of one site")
+        return self
