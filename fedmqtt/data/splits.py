@@ -75,7 +75,8 @@ def split_and_normalise(
         where: names the site in notes and warnings (e.g. its file).
 
     Returns:
-        A `SiteData`: train medians fill missing values, train mean/std standardise every split,
+        A `SiteData`: every split is first clipped to the train split's robust bounds (`clip_bounds`),
+        then train medians fill missing values and train mean/std standardise every split,
         so val and test rows never influence the statistics. Columns constant or entirely missing in
         train are 0 in every split (`_train_statistics`); a training value beyond |z| = Z_WARN is
         logged and noted, naming the column and `where`.
@@ -89,6 +90,10 @@ def split_and_normalise(
     train_val, test = _split_off(idx, y, fractions[2], seed, notes, "test")
     rest = fractions[0] + fractions[1]
     train, val = _split_off(train_val, y, fractions[1] / rest, seed, notes, "val")
+    low, high = clip_bounds(x[train])
+    if clipped := clipped_note({"train": x[train], "val": x[val], "test": x[test]}, low, high, where):
+        notes.append(clipped)
+    x = clip(x, low, high)
     fill, mean, std = _train_statistics(x[train])
     if zeroed := constant_columns(std, feature_names):
         notes.append(f"{where}: constant or missing in train, set to 0: {', '.join(zeroed)}")
@@ -177,6 +182,48 @@ def _split_off(
     except ValueError as exc:
         raise DataError(f"cannot make the {what} split from {len(idx)} rows: {exc}") from exc
     return np.sort(kept), np.sort(held)
+
+
+# Robust clipping: every split is clipped to these quantiles of the train split's observed values, per column,
+# before imputation and standardisation. A value the plausible ranges let through (a real but extreme reading,
+# or a unit error inside a wide range) then cannot dominate the train statistics, and a val/test value can
+# never lie beyond the train values: its |z| is at most the train split's largest, itself at most
+# sqrt(n - 1) for n train values (population std). With few train values the bounds are close to the
+# train minimum and maximum. Columns with fewer than CLIP_MIN_DISTINCT distinct train values (binary,
+# one-hot, masks) are not clipped: a quantile of a rare 0/1 column would erase its ones.
+CLIP_QUANTILES = (0.005, 0.995)
+CLIP_MIN_DISTINCT = 3
+
+
+def clip_bounds(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column (last axis) of the train rows: the CLIP_QUANTILES of its observed values, or (-inf, inf)
+    where the column has fewer than CLIP_MIN_DISTINCT distinct observed values."""
+    flat = np.asarray(x_train, dtype=np.float64).reshape(-1, x_train.shape[-1])
+    low = np.full(flat.shape[1], -np.inf)
+    high = np.full(flat.shape[1], np.inf)
+    for j in range(flat.shape[1]):
+        col = flat[~np.isnan(flat[:, j]), j]
+        if np.unique(col).size >= CLIP_MIN_DISTINCT:
+            low[j], high[j] = np.quantile(col, CLIP_QUANTILES)
+    return low, high
+
+
+def clip(part: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """`part` with each column (last axis) clipped to [low, high]; NaN (missing) stays NaN."""
+    return np.clip(np.asarray(part, dtype=np.float64), low, high)
+
+
+def clipped_note(parts: dict[str, np.ndarray], low: np.ndarray, high: np.ndarray, where: str) -> str | None:
+    """One line for a site's notes: how many values of each split `clip` moves (None when none)."""
+    counts = {}
+    for split, part in parts.items():
+        with np.errstate(invalid="ignore"):
+            counts[split] = int(((part < low) | (part > high)).sum())
+    if not any(counts.values()):
+        return None
+    lo, hi = (f"{100 * q:g}" for q in CLIP_QUANTILES)
+    return (f"{where}: clipped to the train split's {lo}-{hi} % quantiles per column: "
+            + ", ".join(f"{n} {split}" for split, n in counts.items()) + " value(s)")
 
 
 # A column whose spread is below this share of its magnitude is constant at this site. Rounding alone
