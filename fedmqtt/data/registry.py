@@ -112,10 +112,11 @@ def load_site_data(spec: DataSpec, *, dataset: Dataset | None = None) -> SiteDat
         data = _take(data, np.flatnonzero(keep))
     if (removed := removed_note(data.removed, _where(spec))) is not None:
         notes.append(removed)
+    out_of_range = {name: int(counts.sum()) for name, counts in sorted(data.removed.items()) if counts.sum()}
     if spec.format == "heart_disease":  # the original path, bit for bit (simulation equivalence tests)
         site = split_and_normalise(data.x, data.y, seed=spec.split_seed, fractions=spec.fractions,
                                    feature_names=data.feature_names, where=_where(spec))
-        return replace(site, notes=(*notes, *site.notes), task=data.task)
+        return replace(site, notes=(*notes, *site.notes), task=data.task, out_of_range=out_of_range)
     stratify = data.task.kind in ("binary", "multiclass")
     train, val, test, split_notes = split_indices(data.y, seed=spec.split_seed, fractions=spec.fractions,
                                                   stratify=stratify)
@@ -128,7 +129,7 @@ def load_site_data(spec: DataSpec, *, dataset: Dataset | None = None) -> SiteDat
     return SiteData(
         x_train=x_train, y_train=data.y[train], x_val=norm(val), y_val=data.y[val],
         x_test=norm(test), y_test=data.y[test], feature_names=data.feature_names,
-        notes=(*notes, *split_notes), task=data.task,
+        notes=(*notes, *split_notes), task=data.task, out_of_range=out_of_range,
     )
 
 

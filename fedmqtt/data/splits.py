@@ -36,6 +36,9 @@ class SiteData:
     # Human-readable remarks on how the split was made (e.g. why stratification was skipped).
     notes: tuple[str, ...] = field(default=())
     task: TaskInfo = BINARY
+    # Per column: this site's values outside the plausible range, set to missing before the split
+    # (fedmqtt.data.plausible); only columns that lost a value.
+    out_of_range: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_train(self) -> int:
