@@ -1,10 +1,12 @@
 """From a DataSpec to a site's normalised SiteData, whatever the format (local statistics only).
 
-Per site: read the file(s); keep the manifest's items when a partition is given; drop unlabelled items
-(docs/algorithms.md 17.1); split train/val/test (`fractions`, `split_seed`; stratified by class for binary and
-multiclass, plain random for multilabel and regression); fill missing values with the train median and
-standardise with the train mean/std, per feature (tables), per colour channel (images) or per channel over
-all hours (ICU; mask channels untouched). A channel constant or entirely missing in this site's train
+Per site: read the file(s), values outside a column's plausible range set to missing (tables' feature spec,
+PhysioNet 2012's options; fedmqtt.data.plausible); keep the manifest's items when a partition is given; drop
+unlabelled items (docs/algorithms.md 17.1); split train/val/test (`fractions`, `split_seed`; stratified by class
+for binary and multiclass, plain random for multilabel and regression); clip every split of tables and ICU
+channels to the train split's robust bounds (fedmqtt.data.splits.clip_bounds); fill missing values with the
+train median and standardise with the train mean/std, per feature (tables), per colour channel (images) or per
+channel over all hours (ICU; mask channels untouched). A channel constant or entirely missing in this site's train
 split is 0 in every split (fedmqtt.data.splits: relative std floor; docs/data-preparation.md). ECG
 records are standardised per record and lead by the adapter.
 
