@@ -193,7 +193,7 @@ def _normaliser(data: Dataset, train: np.ndarray, held_out: Mapping[str, np.ndar
     the channels it sets to 0 because they are constant or entirely missing in train (splits.standardise).
 
     Tables and ICU stays are clipped first, every split, to the train rows' robust bounds (splits.clip_bounds;
-    mask channels excepted); how many values that moves per split goes to `notes`."""
+    mask channels excepted); values it moves far (splits.clipped_note) are counted in `notes`."""
     if data.layout == "ecg":  # already standardised per record and lead by the adapter
         return (lambda rows: data.x[rows].astype(np.float32)), []
     if data.layout == "image":  # per colour channel; pixels are never missing
@@ -214,7 +214,7 @@ def _normaliser(data: Dataset, train: np.ndarray, held_out: Mapping[str, np.ndar
     for c in data.fixed:
         low[c], high[c] = -np.inf, np.inf
     parts = {"train": data.x[train], **{split: data.x[rows] for split, rows in held_out.items()}}
-    if (clipped := clipped_note(parts, low, high, where)) is not None:
+    if (clipped := clipped_note(parts, low, high, where, data.feature_names)) is not None:
         notes.append(clipped)
     fill, mean, std = train_statistics(clip(data.x[train], low, high).reshape(-1, width))
     for c in data.fixed:  # mask channels stay 0/1

@@ -73,7 +73,8 @@ def test_an_outlier_beyond_the_bound_is_named(caplog: pytest.LogCaptureFixture) 
     x[0, 3] = 1e6
     clipped = split_and_normalise(x, y, seed=0, feature_names=NAMES, fractions=(1.0, 0.0, 0.0), where="site H9")
     assert np.abs(clipped.x_train[:, 3]).max() < 2
-    assert any("site H9: clipped to the train split's" in note for note in clipped.notes)
+    assert any(note.startswith("site H9: values far outside") and "(1 train, 0 val, 0 test): noise" in note
+               for note in clipped.notes)
 
 
 def test_registry_tables_and_icu_share_the_rule(tmp_path: Path) -> None:
