@@ -27,6 +27,7 @@ def run_central(config: SimulationConfig, *, progress: bool = True) -> dict[str,
     from fedmqtt.training.evaluate import evaluate_split
     from fedmqtt.training.loop import derive_seed, train_local
     from fedmqtt.training.models import build_model
+    from fedmqtt.training.targets import init_output_bias
     from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays
     from site_agent.data import load_site_data
 
@@ -51,6 +52,8 @@ def run_central(config: SimulationConfig, *, progress: bool = True) -> dict[str,
         score = mean.get(config.selection_metric)
         if score is not None and (best is None or sign * score > sign * best[1]):
             best, best_weights = (r, score), state_to_arrays(model)
+        if r == 1:  # a regression head starts at the pooled mean target (training.targets), as at every site
+            init_output_bias(model, y, task)
         stats = train_local(model, x, y, config.train, seed=derive_seed(config.seed, "central", r), task=task)
         rounds.append({"round": r, "sites": sorted(data), "stragglers": [], "per_site": per_site, "mean": mean,
                        "train_loss": stats.mean_loss, "n_samples": {"pooled": int(len(y))},

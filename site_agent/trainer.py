@@ -24,6 +24,7 @@ from fedmqtt.training.privacy import (
     train_local_dp,
 )
 from fedmqtt.training.statistics import site_statistics
+from fedmqtt.training.targets import init_output_bias
 from fedmqtt.training.usage import UsageMeter, pick_amp
 from fedmqtt.training.weights import load_arrays, state_to_arrays
 from schemas.messages import ModelSpec, PrivacySpent, ResourceUsage, TrainSettings
@@ -103,6 +104,10 @@ class Trainer:
             load_arrays(model, weights)
         manifest = self.manifest(spec)
         terms = plan_terms(settings, manifest, extras=extras, local=local, round_no=round_no)
+        if round_no == 1:  # a regression head starts at this site's mean target, not at 0 (training.targets)
+            init_output_bias(model, self.data.y_train, self.data.task)
+        # Taken after that initialisation: the algorithms' state (SCAFFOLD's c_i, FedDyn's s_i) reflects
+        # training only; the bias reaches the federation with the weights this site sends.
         start = state_to_arrays(model)
         dp_round = None
         with UsageMeter(self.device, self.amp) as meter:

@@ -25,6 +25,7 @@ EXAMPLES = (
     "--column ICUType --out p\n\n"
     "  fedmqtt partition -f table --path stroke.csv --spec stroke --kind feature_samples "
     "--column auto_max -k 3 --out p\n\n"
+    "  fedmqtt partition -f medmnist --path organamnist.npz --kind adafed_pairs -k 20 --alpha 0.1 --out p\n\n"
     "Spec files: --data holds a data spec (format, path, options; or a site config's data table), "
     "--partition-spec a partition spec (kind, n_sites, alpha, column, cap, seed; or a partition table), "
     "--spec a table's feature spec (label, task, classes, numeric, binary, categorical, drop). Options "
@@ -52,11 +53,12 @@ def partition_command(
     partition_file: Path | None = typer.Option(None, "--partition-spec", help="A partition-spec file "
                                                   "(.toml/.json): kind, n_sites, alpha, column, cap, seed."),
     kind: str | None = typer.Option(None, "--kind", help="natural, iid, label_skew, quantity_skew, "
-                                       "feature_intervals or feature_samples."),
+                                       "feature_intervals, feature_samples or adafed_pairs (Chen et al.'s "
+                                       "AdaFed client split; docs/algorithms.md 16.6)."),
     sites: int | None = typer.Option(None, "--sites", "-k", min=1,
                                         help="Number of sites (all kinds but natural)."),
-    alpha: float | None = typer.Option(None, help="Dirichlet concentration for label_skew / quantity_skew "
-                                          "(< 0.1 extreme, >= 10 homogeneous)."),
+    alpha: float | None = typer.Option(None, help="Dirichlet concentration for label_skew / quantity_skew / "
+                                          "adafed_pairs (< 0.1 extreme, >= 10 homogeneous)."),
     column: str | None = typer.Option(None, help=COLUMN_HELP),
     cap: int | None = typer.Option(None, min=1, help="At most this many items per site (random "
                                       "subsample, applied last; the heterogeneity study of "

@@ -9,6 +9,7 @@ from typing import Literal
 from fedmqtt.errors import DataError
 
 TaskKind = Literal["binary", "multiclass", "multilabel", "regression"]
+TargetScale = Literal["identity", "log1p"]
 
 
 @dataclass(frozen=True)
@@ -18,11 +19,16 @@ class TaskInfo:
     binary: y int64 (n,) in {0, 1}, one logit; multiclass: y int64 (n,) in [0, n_outputs), one logit
     per class; multilabel: y float32 (n, n_outputs) in {0, 1} with NaN where a label is not annotated
     (partial labels: masked in loss and metrics); regression: y float32 (n,), one output.
+
+    target (regression only): "log1p" means the model learns log1p(y) and its output is read back with expm1
+    (fedmqtt.training.targets), for skewed targets such as lengths of stay; y and every metric stay on the
+    original scale.
     """
 
     kind: TaskKind = "binary"
     n_outputs: int = 1
     label_names: tuple[str, ...] = ()
+    target: TargetScale = "identity"
 
 
 BINARY = TaskInfo("binary", 1, ("0", "1"))

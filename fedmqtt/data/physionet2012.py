@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from fedmqtt.data.plausible import Range, RemovedCounts, outside
 from fedmqtt.errors import DataError
 
 # The 37 time-series variables of the challenge (Weight is also a static descriptor), in a fixed order.
@@ -23,6 +25,8 @@ ICU_TYPES: tuple[int, ...] = (1, 2, 3, 4)  # coronary care, cardiac surgery reco
 # Static features: Gender 1 = male; ICUType one-hot over the fixed codebook.
 STATIC_NAMES: tuple[str, ...] = ("Age", "Gender", "Height", "Weight", *(f"ICUType_{t}" for t in ICU_TYPES))
 HOURS = 48
+# Columns a plausible range may name: the time series and the numeric static descriptors.
+RANGED_COLUMNS: tuple[str, ...] = (*VARIABLES, "Age", "Height")
 OUTCOME_COLUMNS = ("RecordID", "SAPS-I", "SOFA", "Length_of_stay", "Survival", "In-hospital_death")
 _VAR = {name: k for k, name in enumerate(VARIABLES)}
 _CACHE_VERSION = "1"
@@ -78,6 +82,36 @@ def load_physionet2012(set_dir: Path, *, outcomes: Path | None = None, limit: in
         np.savez_compressed(tmp, **icu.__dict__)
         tmp.replace(cache)
     return icu
+
+
+def without_implausible(icu: IcuSet, ranges: Mapping[str, Range]) -> tuple[IcuSet, RemovedCounts]:
+    """`icu` with every measurement outside its variable's range removed, as if never taken, and per stay
+    the number removed per variable (hours of the time series; 1 for a static descriptor).
+
+    A removed measurement leaves its hour unobserved, so the last plausible value before it is carried
+    forward instead (the mask channels say "not observed" there too). A range on Weight applies to the
+    static descriptor and to the measurements alike.
+    """
+    values, observed, static = icu.values.copy(), icu.observed.copy(), icu.static.copy()
+    removed: RemovedCounts = {}
+    for name, bounds in ranges.items():
+        count = np.zeros(len(icu.record_ids), dtype=np.int32)
+        if name in _VAR:
+            k = _VAR[name]
+            bad = observed[:, :, k] & outside(values[:, :, k], bounds)
+            observed[:, :, k] &= ~bad
+            count += bad.sum(axis=1, dtype=np.int32)
+        if name in STATIC_NAMES:
+            k = STATIC_NAMES.index(name)
+            bad_static = outside(static[:, k], bounds)
+            static[:, k] = np.where(bad_static, np.nan, static[:, k])
+            count += bad_static.astype(np.int32)
+        if count.any():
+            removed[name] = count
+    if removed:
+        values = np.where(observed, values, np.nan).astype(values.dtype)  # the measurements as taken
+        _carry_forward(values, observed)
+    return replace(icu, values=values, observed=observed, static=static), removed
 
 
 def _default_outcomes(set_dir: Path) -> Path:

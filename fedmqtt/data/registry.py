@@ -1,10 +1,12 @@
 """From a DataSpec to a site's normalised SiteData, whatever the format (local statistics only).
 
-Per site: read the file(s); keep the manifest's items when a partition is given; drop unlabelled items
-(docs/algorithms.md 17.1); split train/val/test (`fractions`, `split_seed`; stratified by class for binary and
-multiclass, plain random for multilabel and regression); fill missing values with the train median and
-standardise with the train mean/std, per feature (tables), per colour channel (images) or per channel over
-all hours (ICU; mask channels untouched). A channel constant or entirely missing in this site's train
+Per site: read the file(s), values outside a column's plausible range set to missing (tables' feature spec,
+PhysioNet 2012's options; fedmqtt.data.plausible); keep the manifest's items when a partition is given; drop
+unlabelled items (docs/algorithms.md 17.1); split train/val/test (`fractions`, `split_seed`; stratified by class
+for binary and multiclass, plain random for multilabel and regression); clip every split of tables and ICU
+channels to the train split's robust bounds (fedmqtt.data.splits.clip_bounds); fill missing values with the
+train median and standardise with the train mean/std, per feature (tables), per colour channel (images) or per
+channel over all hours (ICU; mask channels untouched). A channel constant or entirely missing in this site's train
 split is 0 in every split (fedmqtt.data.splits: relative std floor; docs/data-preparation.md). ECG
 records are standardised per record and lead by the adapter.
 
@@ -25,9 +27,13 @@ import numpy as np
 
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.data.partitioners import PartitionManifest, read_partition_manifest
+from fedmqtt.data.plausible import remove_out_of_range, removed_note
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.data.splits import (
     SiteData,
+    clip,
+    clip_bounds,
+    clipped_note,
     constant_columns,
     is_constant,
     split_and_normalise,
@@ -59,6 +65,9 @@ class Dataset:
     features: Mapping[str, np.ndarray] = field(default_factory=dict)
     fixed: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+    # Per item, per column: values outside the column's plausible range, already set to NaN in x
+    # (fedmqtt.data.plausible); a site's notes count its own items' only.
+    removed: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -103,14 +112,17 @@ def load_site_data(spec: DataSpec, *, dataset: Dataset | None = None) -> SiteDat
     if not keep.all():
         notes.append(f"dropped {int((~keep).sum())} unlabelled item(s)")
         data = _take(data, np.flatnonzero(keep))
+    if (removed := removed_note(data.removed, _where(spec))) is not None:
+        notes.append(removed)
+    out_of_range = {name: int(counts.sum()) for name, counts in sorted(data.removed.items()) if counts.sum()}
     if spec.format == "heart_disease":  # the original path, bit for bit (simulation equivalence tests)
         site = split_and_normalise(data.x, data.y, seed=spec.split_seed, fractions=spec.fractions,
                                    feature_names=data.feature_names, where=_where(spec))
-        return replace(site, notes=(*notes, *site.notes), task=data.task)
+        return replace(site, notes=(*notes, *site.notes), task=data.task, out_of_range=out_of_range)
     stratify = data.task.kind in ("binary", "multiclass")
     train, val, test, split_notes = split_indices(data.y, seed=spec.split_seed, fractions=spec.fractions,
                                                   stratify=stratify)
-    norm, zeroed = _normaliser(data, train)
+    norm, zeroed = _normaliser(data, train, {"val": val, "test": test}, notes, _where(spec))
     if zeroed:
         notes.append(f"{_where(spec)}: constant or missing in train, set to 0: {', '.join(zeroed)}")
     x_train = norm(train)
@@ -119,7 +131,7 @@ def load_site_data(spec: DataSpec, *, dataset: Dataset | None = None) -> SiteDat
     return SiteData(
         x_train=x_train, y_train=data.y[train], x_val=norm(val), y_val=data.y[val],
         x_test=norm(test), y_test=data.y[test], feature_names=data.feature_names,
-        notes=(*notes, *split_notes), task=data.task,
+        notes=(*notes, *split_notes), task=data.task, out_of_range=out_of_range,
     )
 
 
@@ -163,7 +175,8 @@ def _mask_labels(data: Dataset, annotated: list[int], where: str) -> Dataset:
 
 def _take(data: Dataset, idx: np.ndarray) -> Dataset:
     return replace(data, x=data.x[idx], y=data.y[idx], groups={k: v[idx] for k, v in data.groups.items()},
-                   features={k: v[idx] for k, v in data.features.items()})
+                   features={k: v[idx] for k, v in data.features.items()},
+                   removed={k: v[idx] for k, v in data.removed.items()})
 
 
 Normaliser = Callable[[np.ndarray], np.ndarray]
@@ -174,9 +187,13 @@ def _where(spec: DataSpec) -> str:
     return f"site {spec.site}" if spec.site is not None else f"site file {spec.path}"
 
 
-def _normaliser(data: Dataset, train: np.ndarray) -> tuple[Normaliser, list[str]]:
+def _normaliser(data: Dataset, train: np.ndarray, held_out: Mapping[str, np.ndarray], notes: list[str],
+                where: str) -> tuple[Normaliser, list[str]]:
     """A function rows -> float32 normalised rows from the train rows' statistics only, and the names of
-    the channels it sets to 0 because they are constant or entirely missing in train (splits.standardise)."""
+    the channels it sets to 0 because they are constant or entirely missing in train (splits.standardise).
+
+    Tables and ICU stays are clipped first, every split, to the train rows' robust bounds (splits.clip_bounds;
+    mask channels excepted); values it moves far (splits.clipped_note) are counted in `notes`."""
     if data.layout == "ecg":  # already standardised per record and lead by the adapter
         return (lambda rows: data.x[rows].astype(np.float32)), []
     if data.layout == "image":  # per colour channel; pixels are never missing
@@ -193,12 +210,18 @@ def _normaliser(data: Dataset, train: np.ndarray) -> tuple[Normaliser, list[str]
         return (lambda rows: (data.x[rows] - shift) * scale), zeroed
     # tables (n, f) and ICU stays (n, 48, c): per last-axis channel, NaN filled with the train median
     width = data.x.shape[-1]
-    fill, mean, std = train_statistics(data.x[train].reshape(-1, width).astype(np.float64))
+    low, high = clip_bounds(data.x[train])
+    for c in data.fixed:
+        low[c], high[c] = -np.inf, np.inf
+    parts = {"train": data.x[train], **{split: data.x[rows] for split, rows in held_out.items()}}
+    if (clipped := clipped_note(parts, low, high, where, data.feature_names)) is not None:
+        notes.append(clipped)
+    fill, mean, std = train_statistics(clip(data.x[train], low, high).reshape(-1, width))
     for c in data.fixed:  # mask channels stay 0/1
         fill[c], mean[c], std[c] = 0.0, 0.0, 1.0
 
     def norm(rows: np.ndarray) -> np.ndarray:
-        return standardise(data.x[rows].astype(np.float64), fill, mean, std)
+        return standardise(clip(data.x[rows], low, high), fill, mean, std)
 
     return norm, constant_columns(std, data.feature_names)
 
@@ -216,9 +239,10 @@ def _table(path: Path, opts: Any) -> Dataset:
 
     fspec = resolve_spec(opts.spec)
     x, y, names = load_table(path, fspec)
+    x, removed = remove_out_of_range(x, names, fspec.ranges)
     groups = read_columns(path, [*fspec.binary, *fspec.categorical, *fspec.drop])
     feats = {name: x[:, names.index(name)] for name in fspec.numeric}
-    return Dataset(x, y, fspec.task_info(), names, "table", groups=groups, features=feats)
+    return Dataset(x, y, fspec.task_info(), names, "table", groups=groups, features=feats, removed=removed)
 
 
 def _medmnist(path: Path, opts: Any) -> Dataset:
@@ -242,9 +266,17 @@ def _wfdb(path: Path, opts: Any) -> Dataset:
 
 
 def _physionet2012(path: Path, opts: Any) -> Dataset:
-    from fedmqtt.data.physionet2012 import DESCRIPTORS, HOURS, STATIC_NAMES, VARIABLES, load_physionet2012
+    from fedmqtt.data.physionet2012 import (
+        DESCRIPTORS,
+        HOURS,
+        STATIC_NAMES,
+        VARIABLES,
+        load_physionet2012,
+        without_implausible,
+    )
 
     icu = load_physionet2012(path, outcomes=opts.outcomes, limit=opts.limit, cache_dir=opts.cache_dir)
+    icu, removed = without_implausible(icu, opts.ranges)
     parts = [icu.values.astype(np.float32)]
     names = list(VARIABLES)
     if opts.masks:
@@ -257,8 +289,9 @@ def _physionet2012(path: Path, opts: Any) -> Dataset:
         y: np.ndarray = np.where(np.isnan(icu.death), -1, icu.death).astype(np.int64)
         task = TaskInfo("binary", 1, ("0", "1"))
     else:
-        y, task = icu.los.astype(np.float32), TaskInfo("regression", 1, ("length_of_stay_days",))
+        y = icu.los.astype(np.float32)
+        task = TaskInfo("regression", 1, ("length_of_stay_days",), target="log1p" if opts.log_scale else "identity")
     feats = {name: icu.static[:, k] for k, name in enumerate(STATIC_NAMES) if name in DESCRIPTORS}
     groups = {"ICUType": icu.icu_type.astype(str).astype(object)}
     return Dataset(np.concatenate(parts, axis=2), y, task, tuple(names), "icu", groups=groups,
-                   features=feats, fixed=fixed)
+                   features=feats, fixed=fixed, removed=removed)

@@ -14,6 +14,8 @@ else:  # Python 3.10: the same parser as a package (the `tomli` dependency)
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from fedmqtt.data.physionet2012 import RANGED_COLUMNS
+from fedmqtt.data.plausible import PHYSIONET2012_RANGES, check_ranges
 from fedmqtt.data.tables import NAMED_SPECS, FeatureSpec
 from fedmqtt.errors import ConfigError
 
@@ -82,6 +84,24 @@ class Physionet2012Options(_Options):
     masks: bool = Field(default=False, description="append 37 observed-this-hour mask channels")
     cache_dir: Path | None = Field(default=None, description="keep a parsed .npz here (outside the dataset)")
     limit: int | None = Field(default=None, ge=1, description="only the first N stays by file name")
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: dict(PHYSIONET2012_RANGES), description="variable -> [low, high] in the "
+        "challenge's units; a measurement outside is set to missing and counted in the site's notes. "
+        "Default: wide physiological ranges (fedmqtt.data.plausible); {} turns the check off")
+    log_target: bool | None = Field(default=None, description="los: train on log1p(days), predict expm1 "
+                                    "(metrics in days); default on for los, off for mortality")
+
+    @model_validator(mode="after")
+    def _check(self) -> Physionet2012Options:
+        check_ranges(self.ranges, RANGED_COLUMNS, what="PhysioNet 2012 variables")
+        if self.log_target and self.target != "los":
+            raise ValueError("log_target is for the regression target los, not mortality")
+        return self
+
+    @property
+    def log_scale(self) -> bool:
+        """Whether the length of stay is learnt as log1p(days): `log_target`, by default on for los."""
+        return self.target == "los" and self.log_target is not False
 
 
 OPTIONS: dict[str, type[_Options]] = {

@@ -36,6 +36,9 @@ class SiteData:
     # Human-readable remarks on how the split was made (e.g. why stratification was skipped).
     notes: tuple[str, ...] = field(default=())
     task: TaskInfo = BINARY
+    # Per column: this site's values outside the plausible range, set to missing before the split
+    # (fedmqtt.data.plausible); only columns that lost a value.
+    out_of_range: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_train(self) -> int:
@@ -75,7 +78,8 @@ def split_and_normalise(
         where: names the site in notes and warnings (e.g. its file).
 
     Returns:
-        A `SiteData`: train medians fill missing values, train mean/std standardise every split,
+        A `SiteData`: every split is first clipped to the train split's robust bounds (`clip_bounds`),
+        then train medians fill missing values and train mean/std standardise every split,
         so val and test rows never influence the statistics. Columns constant or entirely missing in
         train are 0 in every split (`_train_statistics`); a training value beyond |z| = Z_WARN is
         logged and noted, naming the column and `where`.
@@ -89,6 +93,10 @@ def split_and_normalise(
     train_val, test = _split_off(idx, y, fractions[2], seed, notes, "test")
     rest = fractions[0] + fractions[1]
     train, val = _split_off(train_val, y, fractions[1] / rest, seed, notes, "val")
+    low, high = clip_bounds(x[train])
+    if clipped := clipped_note({"train": x[train], "val": x[val], "test": x[test]}, low, high, where, feature_names):
+        notes.append(clipped)
+    x = clip(x, low, high)
     fill, mean, std = _train_statistics(x[train])
     if zeroed := constant_columns(std, feature_names):
         notes.append(f"{where}: constant or missing in train, set to 0: {', '.join(zeroed)}")
@@ -177,6 +185,58 @@ def _split_off(
     except ValueError as exc:
         raise DataError(f"cannot make the {what} split from {len(idx)} rows: {exc}") from exc
     return np.sort(kept), np.sort(held)
+
+
+# Robust clipping: every split is clipped to these quantiles of the train split's observed values, per column,
+# before imputation and standardisation. A value the plausible ranges let through (a real but extreme reading,
+# or a unit error inside a wide range) then cannot dominate the train statistics, and a val/test value can
+# never lie beyond the train values: its |z| is at most the train split's largest, itself at most
+# sqrt(n - 1) for n train values (population std). With few train values the bounds are close to the
+# train minimum and maximum. Columns with fewer than CLIP_MIN_DISTINCT distinct train values (binary,
+# one-hot, masks) are not clipped: a quantile of a rare 0/1 column would erase its ones.
+CLIP_QUANTILES = (0.005, 0.995)
+CLIP_MIN_DISTINCT = 3
+
+
+def clip_bounds(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column (last axis) of the train rows: the CLIP_QUANTILES of its observed values, or (-inf, inf)
+    where the column has fewer than CLIP_MIN_DISTINCT distinct observed values."""
+    flat = np.asarray(x_train, dtype=np.float64).reshape(-1, x_train.shape[-1])
+    low = np.full(flat.shape[1], -np.inf)
+    high = np.full(flat.shape[1], np.inf)
+    for j in range(flat.shape[1]):
+        col = flat[~np.isnan(flat[:, j]), j]
+        if np.unique(col).size >= CLIP_MIN_DISTINCT:
+            low[j], high[j] = np.quantile(col, CLIP_QUANTILES)
+    return low, high
+
+
+def clip(part: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """`part` with each column (last axis) clipped to [low, high]; NaN (missing) stays NaN."""
+    return np.clip(np.asarray(part, dtype=np.float64), low, high)
+
+
+def clipped_note(parts: dict[str, np.ndarray], low: np.ndarray, high: np.ndarray, where: str,
+                 names: Sequence[str]) -> str | None:
+    """One line for a site's notes about the values `clip` moved FAR: beyond the bounds by more than the
+    bounds' own width (high - low), per split, naming the columns; None when there are none.
+
+    Clipping the train split's outer 1 % and the held-out values just past them is routine and goes
+    unmentioned; a value that far out is a unit error or an artefact worth a look (the pH 735 case)."""
+    width = high - low
+    counts: dict[str, int] = {}
+    columns: set[str] = set()
+    for split, part in parts.items():
+        flat = np.asarray(part, dtype=np.float64).reshape(-1, part.shape[-1])
+        with np.errstate(invalid="ignore"):
+            far = (flat < low - width) | (flat > high + width)
+        counts[split] = int(far.sum())
+        columns.update(str(names[j]) for j in np.flatnonzero(far.any(axis=0)).tolist())
+    if not any(counts.values()):
+        return None
+    lo, hi = (f"{100 * q:g}" for q in CLIP_QUANTILES)
+    return (f"{where}: values far outside the train split's {lo}-{hi} % quantiles clipped to them ("
+            + ", ".join(f"{n} {split}" for split, n in counts.items()) + f"): {', '.join(sorted(columns))}")
 
 
 # A column whose spread is below this share of its magnitude is constant at this site. Rounding alone

@@ -12,6 +12,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedmqtt.data.base import TaskInfo, parse_number
+from fedmqtt.data.plausible import check_ranges
 from fedmqtt.errors import DataError
 
 
@@ -48,6 +49,12 @@ class FeatureSpec(BaseModel):
     drop: tuple[str, ...] = Field(default=(), description="columns read but not used (ids, a site column)")
     missing: tuple[str, ...] = Field(default=("", "NA", "N/A", "NaN", "nan", "?"),
                                      description="cell values meaning 'not recorded' in any column")
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="numeric column -> [low, high]: a value outside is a unit error or "
+        "impossible and becomes missing (counted per column in the site's notes)")
+    log_target: bool = Field(default=False, description="regression: train on log1p(label) and predict "
+                             "expm1 of the output (for skewed targets such as lengths of stay); metrics "
+                             "stay on the label's own scale")
 
     @model_validator(mode="after")
     def _check(self) -> FeatureSpec:
@@ -59,6 +66,9 @@ class FeatureSpec(BaseModel):
             raise ValueError(f"a binary label needs exactly 2 classes, got {self.classes}")
         if self.task == "multiclass" and len(self.classes) < 2:
             raise ValueError(f"a multiclass label needs at least 2 classes, got {self.classes}")
+        check_ranges(self.ranges, self.numeric, what="numeric columns")
+        if self.log_target and self.task != "regression":
+            raise ValueError(f"log_target is for regression labels; this label is {self.task}")
         return self
 
     @property
@@ -73,7 +83,7 @@ class FeatureSpec(BaseModel):
 
     def task_info(self) -> TaskInfo:
         if self.task == "regression":
-            return TaskInfo("regression", 1, (self.label,))
+            return TaskInfo("regression", 1, (self.label,), target="log1p" if self.log_target else "identity")
         return TaskInfo(self.task, 1 if self.task == "binary" else len(self.classes), self.classes)
 
 

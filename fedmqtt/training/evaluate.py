@@ -8,6 +8,7 @@ from torch import nn
 
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.metrics import Metrics, Reasons, task_metrics
+from fedmqtt.training.targets import from_model_scale
 
 
 def _read_out(outputs: torch.Tensor, task: TaskInfo, nonnegative: bool) -> torch.Tensor:
@@ -19,7 +20,7 @@ def _read_out(outputs: torch.Tensor, task: TaskInfo, nonnegative: bool) -> torch
         return torch.softmax(out.reshape(out.shape[0], -1), dim=1)  # over all classes (docs/algorithms.md 17.2)
     if task.kind == "multilabel":
         return torch.sigmoid(out.reshape(out.shape[0], -1))
-    out = out.reshape(-1)
+    out = from_model_scale(out.reshape(-1), task)  # expm1 for a log target: metrics read the labels' scale
     return out.clamp(min=0.0) if nonnegative else out
 
 
@@ -38,7 +39,8 @@ def predict(
         model: restored to its train/eval mode afterwards.
         x: inputs as the data layer gives them.
         task: binary -> positive-class probabilities `(n,)`; multiclass -> softmax over all classes
-            `(n, C)`; multilabel -> per-label sigmoid `(n, L)`; regression -> values `(n,)`.
+            `(n, C)`; multilabel -> per-label sigmoid `(n, L)`; regression -> values `(n,)` on the labels'
+            scale (expm1 of the output for a log target).
         device: where the forward passes run; batches are moved there one at a time.
         batch_size: rows per forward pass.
         nonnegative: regression only, clamp predictions at 0 (length of stay, Scheltjens et al.'s final ReLU).

@@ -20,6 +20,7 @@ from fedmqtt.errors import ConfigError
 from fedmqtt.strategies.params import check_local_optimiser
 from fedmqtt.training.client_rules import GradTerms
 from fedmqtt.training.optimisers import LocalOptimiser
+from fedmqtt.training.targets import is_log_target, to_model_scale
 from schemas.messages import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,9 @@ def train_local(
     call (docs/algorithms.md 0.5). `terms` adds the algorithm's client-side gradient terms
     (FedProx/FedPxN proximal, FedDyn, SCAFFOLD correction), anchored on the weights this call
     started from. `amp` ("bfloat16") runs forward and loss under autocast (CUDA sites; see usage.pick_amp).
+    A regression with a log target (task.target = "log1p") learns log1p(y) with a squared error whatever
+    the regression loss named ("mse", "msle", "auto"): on the labels' scale that is the MSLE of expm1(output)
+    (fedmqtt.training.targets).
 
     Raises:
         ValueError: rows of x and y differ, or the labels do not fit the task or the loss.
@@ -169,6 +173,8 @@ def train_local(
     dev = _concrete(torch.device(device))
     model.to(dev).train()
     loss_name = resolve_loss(settings.loss, task)
+    if is_log_target(task):
+        loss_name = "mse"  # on log1p(y): the MSLE of expm1(output), never a second log
     loss_fn = make_loss(loss_name)
     xt, yt = _labelled_tensors(x, y, task, dev)
     if loss_name == "msle" and bool((yt < 0).any()):
@@ -237,7 +243,7 @@ def _labelled_tensors(
         keep = ~np.isnan(ya) if ya.dtype.kind == "f" else np.ones(ya.shape[0], bool)
         ya = np.where(keep, ya, 0).astype(np.int64)
     else:
-        ya = ya.astype(np.float32).reshape(-1)
+        ya = to_model_scale(ya.astype(np.float32).reshape(-1), task)  # log1p(y) for a log target
         keep = ~np.isnan(ya)
     # Unlabelled rows take no part in training (docs/algorithms.md 17.1); with none missing nothing moves.
     if not keep.all():

@@ -39,10 +39,11 @@ def check_data(spec: DataSpec) -> Finding:
     shape = f" ({'x'.join(str(n) for n in item)} values per item)" if len(item) > 1 else ""
     found = (f"{sum(counts.values())} rows ({counts['train']} train / {counts['val']} val / {counts['test']} test); "
              f"{len(site.feature_names)} features{shape}; train labels ({site.task.kind}) {labels}; "
-             f"{_missing_text(missing)}")
+             f"{_missing_text(missing)}{_implausible_text(site.out_of_range)}")
     facts = {"path": str(path), "format": spec.format, "rows": counts, "features": list(site.feature_names),
              "item_shape": list(site.x_train.shape[1:]), "task": site.task.kind, "label_histogram": histogram,
-             "missing_values": missing, "unlabelled_dropped": int(len(raw) - int(raw.labelled().sum()))}
+             "missing_values": missing, "unlabelled_dropped": int(len(raw) - int(raw.labelled().sum())),
+             "out_of_range": dict(site.out_of_range)}
     details = tuple(site.notes)
     if site.n_train == 0:
         return Finding(DATA, "fail", found, "No training rows: the site cannot train. Check the file and the "
@@ -79,6 +80,16 @@ def _missing_text(missing: dict[str, int]) -> str:
     top = sorted(missing.items(), key=lambda kv: -kv[1])[:SHOWN_COLUMNS]
     more = f", +{len(missing) - SHOWN_COLUMNS} more" if len(missing) > SHOWN_COLUMNS else ""
     return (f"{sum(missing.values())} missing values in {len(missing)} features "
+            f"({', '.join(f'{k} {v}' for k, v in top)}{more})")
+
+
+def _implausible_text(removed: dict[str, int]) -> str:
+    """How many of this site's values the plausible ranges set to missing (fedmqtt.data.plausible)."""
+    if not removed:
+        return ""
+    top = sorted(removed.items(), key=lambda kv: -kv[1])[:SHOWN_COLUMNS]
+    more = f", +{len(removed) - SHOWN_COLUMNS} more" if len(removed) > SHOWN_COLUMNS else ""
+    return (f"; {sum(removed.values())} values outside the plausible range set to missing "
             f"({', '.join(f'{k} {v}' for k, v in top)}{more})")
 
 

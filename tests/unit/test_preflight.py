@@ -96,6 +96,23 @@ def test_data_finding_agrees_with_the_agents_own_loading_and_counts_missing_valu
     assert re.search(r"\d+ missing values in \d+ features \(chol \d+", finding.found)
 
 
+def test_data_finding_counts_values_outside_the_plausible_range(tmp_path: Path) -> None:
+    # Prepare: pH 735 (a unit error) and a heart rate of 3000 among plausible rows
+    csv = tmp_path / "export.csv"
+    rows = [f"{7.3 + k / 100},{70 + k},{k % 2}" for k in range(12)] + ["735,80,1", "7.2,3000,0"]
+    csv.write_text("ph,hr,outcome\n" + "\n".join(rows) + "\n")
+    spec = DataSpec.model_validate({"format": "table", "path": str(csv), "options": {"spec": {
+        "label": "outcome", "numeric": ["ph", "hr"], "ranges": {"ph": [6.5, 8.0], "hr": [0, 300]}}}})
+
+    # Execute
+    finding = check_data(spec)
+
+    # Assert
+    assert finding.facts["out_of_range"] == {"hr": 1, "ph": 1}
+    assert "2 values outside the plausible range set to missing (hr 1, ph 1)" in finding.found
+    assert any("outside the plausible range" in line for line in finding.details)
+
+
 def test_a_table_without_a_spec_column_fails_naming_it(tmp_path: Path) -> None:
     # Prepare
     csv = tmp_path / "export.csv"

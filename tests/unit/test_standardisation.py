@@ -57,17 +57,24 @@ def test_a_site_with_one_training_row_gives_zeros_not_nan() -> None:
 
 
 def test_an_outlier_beyond_the_bound_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """A two-valued column is never clipped (splits.clip_bounds), so one extreme row still stands out and is
+    named; with a third value the robust clip pulls the same unit error back to the train quantile."""
     n = 6000  # |z| <= sqrt(n - 1): a bound of 50 needs more than 2500 rows
     x, y = _site(n=n)
     x[:, 3] = 0.0
-    x[::2, 3] = 1e-3
-    x[0, 3] = 1e6  # a unit error in one row
+    x[0, 3] = 1e6  # a unit error in one row of a column otherwise 0
     with caplog.at_level(logging.WARNING):
         data = split_and_normalise(x, y, seed=0, feature_names=NAMES, fractions=(1.0, 0.0, 0.0),
                                    where="site H9")
     assert np.abs(data.x_train[:, 3]).max() > Z_WARN
     assert any("site H9" in r.getMessage() and "'noise'" in r.getMessage() for r in caplog.records)
     assert not any("'age'" in r.getMessage() for r in caplog.records)
+    x[::2, 3] = 1e-3
+    x[0, 3] = 1e6
+    clipped = split_and_normalise(x, y, seed=0, feature_names=NAMES, fractions=(1.0, 0.0, 0.0), where="site H9")
+    assert np.abs(clipped.x_train[:, 3]).max() < 2
+    assert any(note.startswith("site H9: values far outside") and "(1 train, 0 val, 0 test): noise" in note
+               for note in clipped.notes)
 
 
 def test_registry_tables_and_icu_share_the_rule(tmp_path: Path) -> None:
@@ -96,7 +103,7 @@ def test_image_channel_constant_at_a_site_is_zero_and_named() -> None:
     x[:, 1] = np.float32(0.5)
     x[3, 1, 0, 0] = np.float32(0.5) + np.float32(6e-8)  # one float32 ulp: a spread of ~1e-8 of the value
     data = Dataset(x, (np.arange(20) % 2).astype(np.int64), BINARY, ("channel_0", "channel_1"), "image")
-    norm, zeroed = _normaliser(data, np.arange(10))
+    norm, zeroed = _normaliser(data, np.arange(10), {}, [], "site")
     out = norm(np.arange(20))
     assert zeroed == ["channel_1"] and (out[:, 1] == 0).all() and np.isfinite(out).all()
     assert abs(float(out[:10, 0].std()) - 1) < 1e-3
