@@ -39,8 +39,20 @@ FOLDER_MARKERS = {"integration": "integration", "e2e": "e2e", "browser": "browse
 ONE_WORKER_MODULES = {"integration/test_grid_cluster.py"}
 
 
+# Folders in the order their tests start: the long ones (real processes, a browser) first, so that pytest-xdist
+# hands them out while every worker is free and the short unit tests fill the gaps at the end, instead of one
+# worker finishing a federation test long after the others ran out of work.
+START_ORDER = {"e2e": 0, "browser": 1, "integration": 2}
+
+
+def _start_rank(item: pytest.Item) -> int:
+    path = item.path.resolve()
+    return START_ORDER.get(path.relative_to(TESTS).parts[0], 3) if path.is_relative_to(TESTS) else 3
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker and xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)  # stable: the order within a folder stays as collected
     for item in items:
         path = item.path.resolve()
         if not path.is_relative_to(TESTS):
