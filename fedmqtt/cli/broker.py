@@ -109,13 +109,16 @@ def start(fed_dir: Path = typer.Option(..., "--dir", help="Federation directory 
     layout = load_federation(fed_dir)
     _stop_on_sigterm()
     with BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.listen_host) as proc:
-        # add-site/remove-site/rotate read this to make the running broker reload (SIGHUP). Written whole or
-        # not at all: a reader that came at the wrong moment saw an empty file (an e2e test did).
-        write_atomic(layout.pid_path, f"{proc.pid}\n".encode("ascii"), durable=False)
-        record_broker(layout, "broker-start", pid=proc.pid, listeners=[x.describe() for x in layout.listeners()])
-        typer.echo(f"mosquitto pid {proc.pid}; log {layout.log_path}; Ctrl-C stops")
-        _echo_listeners(layout)
-        try:  # a SIGTERM during the key list's publishing stops the broker as cleanly as one while it serves
+        # A SIGTERM from here on (the pid file below tells others the broker is up) stops it as cleanly as one
+        # while it serves: a test that signalled right after the pid file appeared saw exit code 130 and no output.
+        try:
+            # add-site/remove-site/rotate read this to make the running broker reload (SIGHUP). Written whole or
+            # not at all: a reader that came at the wrong moment saw an empty file (an e2e test did).
+            write_atomic(layout.pid_path, f"{proc.pid}\n".encode("ascii"), durable=False)
+            record_broker(layout, "broker-start", pid=proc.pid,
+                          listeners=[x.describe() for x in layout.listeners()])
+            typer.echo(f"mosquitto pid {proc.pid}; log {layout.log_path}; Ctrl-C stops")
+            _echo_listeners(layout)
             if layout.coordinator.login_path.is_file():  # the coordinator's folder is here: (re)publish the list
                 typer.echo(publish_key_list(layout.fed_dir, layout.run_id))  # e.g. the broker's database was lost
             while proc.alive:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+from forked import ForkedProcess, fresh_only
 from safetensors.numpy import load_file
 
 from broker.config import free_port
@@ -31,6 +32,7 @@ FAST_TRAIN = {"epochs": 1, "batch_size": 32, "lr": 0.003, "optimizer": "adam"}
 PORT_TRIES = 5
 _PORT_TAKEN = ("address already in use", "cannot listen on")  # Mosquitto, aiohttp, BrokerProcess
 T = TypeVar("T")
+Process = subprocess.Popen[bytes] | ForkedProcess  # what cli() starts; both answer poll, wait, send_signal, kill
 
 
 def port_taken(text: str) -> bool:
@@ -50,7 +52,7 @@ def on_free_port(start: Callable[[int], T], tries: int = PORT_TRIES) -> T:
     raise AssertionError("unreachable")
 
 
-def stop_processes(procs: Iterable[tuple[subprocess.Popen[bytes], int]], timeout_s: float = 10.0) -> None:
+def stop_processes(procs: Iterable[tuple[Process, int]], timeout_s: float = 10.0) -> None:
     """Send each (process, signal) its signal first, then wait for all of them against one deadline, then
     SIGKILL and reap whatever is left: teardown costs the slowest process, not the sum of them."""
     procs = list(procs)
@@ -67,8 +69,14 @@ def stop_processes(procs: Iterable[tuple[subprocess.Popen[bytes], int]], timeout
         proc.wait()
 
 
-def cli(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def cli(*args: str, log: Path, env: dict[str, str] | None = None, fresh: bool = False) -> Process:
+    """`python -m fedmqtt ARGS` as its own process, its output appended to `log`: forked from a pre-imported
+    parent (forked.py, zygote.py) unless `fresh`, FEDMQTT_TEST_FRESH=1 or an environment that changes where
+    modules come from asks for a fresh interpreter."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    same_imports = env is None or env.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
+    if same_imports and not (fresh or fresh_only()):
+        return ForkedProcess(args, log, dict(os.environ if env is None else env))
     with open(log, "ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "fedmqtt", *args], stdout=fh, stderr=subprocess.STDOUT, env=env)
 
@@ -80,10 +88,12 @@ class CliFederation:
                  round_timeout_s: float = 60.0, algorithm: str = "fedavg", hyper: dict | None = None,
                  train: dict | None = None, model: dict | None = None, share_label_histogram: bool = False,
                  ps_extra: dict | None = None, broker_extra: dict | None = None,
-                 init_extra: tuple[str, ...] = ()) -> None:
+                 init_extra: tuple[str, ...] = (), fresh: bool = False) -> None:
         """`broker_extra`: BrokerSettings keys appended to every party's `[broker]` table (e.g. chunk sizes);
-        `init_extra`: more `broker init` options (e.g. "--tls")."""
+        `init_extra`: more `broker init` options (e.g. "--tls"); `fresh`: every role from a fresh interpreter
+        (see cli)."""
         self.work = work
+        self.fresh = fresh
         self.sites = sites
         self.logs = work / "logs"
         self._run_id, self._broker_extra, self._init_extra = run_id, broker_extra or {}, init_extra
@@ -92,7 +102,7 @@ class CliFederation:
             self.layout, work, rounds=rounds, seed=0, round_timeout_s=round_timeout_s, train=train or FAST_TRAIN,
             algorithm=algorithm, hyper=hyper, model=model, share_label_histogram=share_label_histogram,
             ps_extra=ps_extra)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Process] = {}
         self.observer: Channel | None = None
 
     def _init_federation(self, port: int, *, force: bool = False) -> FederationLayout:
@@ -103,7 +113,8 @@ class CliFederation:
         for site in self.sites:
             args += ["--site", site]
         args += [*self._init_extra, *(["--force"] if force else [])]
-        subprocess.run([sys.executable, "-m", "fedmqtt", *args], check=True, capture_output=True)
+        log = self.logs / "broker-init.log"
+        assert cli(*args, log=log, fresh=self.fresh).wait(60) == 0, log.read_text()
         layout = load_federation(fed)
         for path in layout.credentials.values():
             with open(path, "a", encoding="utf-8") as fh:
@@ -129,7 +140,8 @@ class CliFederation:
         log, pid_path = self.logs / "broker.log", self.layout.pid_path
         offset = log.stat().st_size if log.exists() else 0
         stale = pid_path.read_text() if pid_path.is_file() else None  # left by a SIGKILLed `broker start`
-        proc = self.procs["broker"] = cli("broker", "start", "--dir", str(self.layout.fed_dir), log=log)
+        proc = self.procs["broker"] = cli("broker", "start", "--dir", str(self.layout.fed_dir), log=log,
+                                           fresh=self.fresh)
 
         def up_or_exited() -> bool:
             if proc.poll() is not None:
@@ -145,13 +157,13 @@ class CliFederation:
         `extra`: more `ps start` options (e.g. "--force")."""
         env = {**os.environ, **({"FEDMQTT_FAULT": fault} if fault else {})}
         self.procs["ps"] = cli("ps", "start", "--config", str(self.ps_config), *(["--resume"] if resume else []),
-                               *extra, log=self.logs / "ps.log", env=env)
+                               *extra, log=self.logs / "ps.log", env=env, fresh=self.fresh)
 
     def start_site(self, site: str, *, fault: str | None = None) -> None:
         """`fault` (e.g. "site_before_publish:2") makes the site SIGKILL itself there (FEDMQTT_FAULT)."""
         env = {**os.environ, **({"FEDMQTT_FAULT": fault} if fault else {})}
         self.procs[site] = cli("site", "start", "--config", str(self.site_configs[site]),
-                               log=self.logs / f"{site}.log", env=env)
+                               log=self.logs / f"{site}.log", env=env, fresh=self.fresh)
 
     def run_to_completion(self, timeout_s: float) -> None:
         """Broker, PS and every site, then wait for the PS to finish the run."""

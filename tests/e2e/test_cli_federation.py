@@ -34,8 +34,9 @@ def test_killed_ps_resumes_to_the_same_weights(cli_federation) -> None:
     sub.send_signal(signal.SIGTERM)
     observed = sub.communicate(timeout=10)[0].splitlines()
 
-    # Execute: run B, sites first; the PS is SIGKILLed right after round 1's checkpoint, then resumed.
-    b = cli_federation("b", run_id="e2e-resume", rounds=ROUNDS)
+    # Execute: run B, sites first; the PS is SIGKILLed right after round 1's checkpoint, then resumed. Its
+    # processes start from fresh interpreters, as deployed ones do (the other tests fork theirs: harness.cli).
+    b = cli_federation("b", run_id="e2e-resume", rounds=ROUNDS, fresh=True)
     b.start_broker()
     for site in b.site_configs:
         b.start_site(site)
