@@ -52,7 +52,8 @@ def run_once(prelude: str, tree: Path) -> tuple[float, float, str]:
     """(child CPU s in all, child's CPU s of imports, heavy modules it had loaded)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", SITE.format(prelude=prelude), str(CLEVELAND)],
-                         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True)
+                         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+                         check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     imports, _, heavy = out.stdout.strip().partition(" ")
