@@ -77,7 +77,7 @@ def split(payload: bytes, message: Any, *, chunk_bytes: int) -> tuple[ChunkManif
     def chunks() -> Iterator[Chunk]:
         for i in range(count):
             yield Chunk(**header, msg_id=f"{message.msg_id[:48]}-c{i}", transfer_id=message.msg_id, index=i,
-                        data=bytes(view[i * chunk_bytes:(i + 1) * chunk_bytes]))
+                        data=view[i * chunk_bytes:(i + 1) * chunk_bytes])  # a view: encoding copies it once
 
     return manifest, chunks
 
@@ -113,7 +113,7 @@ class _Transfer:
     manifest: ChunkManifest
     have: bytearray  # 1 per chunk received and verified
     buffer: bytearray = field(default_factory=bytearray)  # verified chunks 0..k-1, joined in order
-    early: dict[int, bytes] = field(default_factory=dict)  # verified chunks that arrived ahead of the buffer
+    early: dict[int, bytes | memoryview] = field(default_factory=dict)  # verified, arrived ahead of the buffer
     next_index: int = 0  # the next chunk not yet asked for
     outstanding: set[int] = field(default_factory=set)
     to_unsubscribe: list[int] = field(default_factory=list)
@@ -129,7 +129,7 @@ class _Transfer:
         """Bytes of chunk data this transfer holds: never more than what arrived and verified."""
         return len(self.buffer) + sum(len(c) for c in self.early.values())
 
-    def store(self, index: int, data: bytes) -> None:
+    def store(self, index: int, data: bytes | memoryview) -> None:
         """Keep a verified chunk: append it (and any early successors) to the buffer, or park it until its turn."""
         chunk_bytes = self.manifest.chunk_bytes
         if index * chunk_bytes != len(self.buffer):
