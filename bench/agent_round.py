@@ -150,6 +150,8 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
 PARTS = {
     "verify a model chunk (SHA-256, store)": ("fedmqtt.transport.bulk", "Fetcher", "on_chunk"),
     "chunk digests (both ways)": ("fedmqtt.transport.bulk", None, "chunk_digest"),
+    "reassemble the model (append chunks)": ("fedmqtt.transport.bulk", "_Transfer", "store"),
+    "finiteness of tensors (both ways)": ("schemas.tensors", None, "all_finite"),
     "decode + validate a message": ("fedmqtt.transport.channel", None, "decode"),
     "model hash": ("site_agent.agent", None, "tensors_hash"),
     "compose the weights": ("site_agent.agent", "SiteAgent", "_compose"),
