@@ -5,7 +5,9 @@ The job is `fedmqtt simulate`'s: the PS runner and the site agents in one proces
 chunks, decode and validate it, check its hash, compose the weights, keep the best-round slot, train and
 validate, stage local state, encode, store and chunk the update, status messages), minus the network. The
 loop is `run_simulation`'s, with a clock around each `SiteAgent.poll`: CPU seconds of this thread
-(`time.thread_time`; torch runs with one thread, as every site does) and wall seconds. The trainer's `train`
+(`time.thread_time`; torch runs with one thread, as every site does) and wall seconds. That loop polls every
+agent without waiting, thousands of times a round; a poll that received nothing and did no work is counted
+apart ("idle"): a deployed agent blocks in its transport instead. The trainer's `train`
 and `evaluate` are timed on their own (they hold the local training and the validation pass, and the copies
 into and out of torch) and subtracted: what is left is the agent's per-round overhead.
 
@@ -102,6 +104,7 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
         profiler = cProfile.Profile()
     runner.start()
     counted = {"cpu": 0.0, "wall": 0.0}
+    idle = {"cpu": 0.0, "wall": 0.0, "polls": 0}  # polls that found nothing to do (the loop spins; see below)
     counting = False
     try:
         while not runner.poll(0):
@@ -114,14 +117,23 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
                 for part in parts.values():
                     part.update(cpu=0.0, wall=0.0, calls=0)
             for agent in agents:
+                seen = (agent.channel.stats.received, agent.channel.fetcher.stats.chunks, inner["calls"])
                 c0, w0 = time.thread_time(), time.perf_counter()
+                IN_AGENT[0] = counting
                 if profiler is not None and counting:
                     profiler.runcall(agent.poll, 0)
                 else:
                     agent.poll(0)
+                IN_AGENT[0] = False
                 if counting:
-                    counted["cpu"] += time.thread_time() - c0
-                    counted["wall"] += time.perf_counter() - w0
+                    cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
+                    if seen == (agent.channel.stats.received, agent.channel.fetcher.stats.chunks, inner["calls"]):
+                        idle["cpu"] += cpu
+                        idle["wall"] += wall
+                        idle["polls"] += 1
+                    else:
+                        counted["cpu"] += cpu
+                        counted["wall"] += wall
     finally:
         for agent in agents:
             agent.close()
@@ -131,7 +143,8 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
            "poll_cpu_ms": 1000 * counted["cpu"] / agent_rounds,
            "train_cpu_ms": 1000 * inner["cpu"] / agent_rounds,
            "overhead_cpu_ms": 1000 * (counted["cpu"] - inner["cpu"]) / agent_rounds,
-           "overhead_wall_ms": 1000 * (counted["wall"] - inner["wall"]) / agent_rounds}
+           "overhead_wall_ms": 1000 * (counted["wall"] - inner["wall"]) / agent_rounds,
+           "idle_polls": idle["polls"] / agent_rounds, "idle_cpu_ms": 1000 * idle["cpu"] / agent_rounds}
     if parts:
         out["parts"] = {name: {"cpu_ms": 1000 * p["cpu"] / agent_rounds, "calls": p["calls"] / agent_rounds}
                         for name, p in parts.items()}
@@ -145,8 +158,9 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
     return out
 
 
-# Steps of an agent's round, timed where the agent's code looks them up (inclusive CPU ms per agent-round; they
-# nest: the upload includes the chunk digests it makes). Names that a tree lacks are skipped.
+# Steps of an agent's round, timed where the agent's code looks them up, and only while an agent polls (inclusive
+# CPU ms per agent-round; they nest: the upload includes the chunk digests it makes). Names that a tree lacks are
+# skipped.
 PARTS = {
     "verify a model chunk (SHA-256, store)": ("fedmqtt.transport.bulk", "Fetcher", "on_chunk"),
     "chunk digests (both ways)": ("fedmqtt.transport.bulk", None, "chunk_digest"),
@@ -173,12 +187,17 @@ def _time_parts() -> dict[str, dict[str, Any]]:
         if not hasattr(owner, attr):
             continue
         parts[label] = {"cpu": 0.0, "wall": 0.0, "calls": 0}
-        setattr(owner, attr, _timed(getattr(owner, attr), parts[label]))
+        setattr(owner, attr, _timed(getattr(owner, attr), parts[label], only_in_agent=True))
     return parts
 
 
-def _timed(method: Any, into: dict[str, Any]) -> Any:
+IN_AGENT = [False]  # set while an agent polls: the PS runs the same functions in this process, uncounted
+
+
+def _timed(method: Any, into: dict[str, Any], *, only_in_agent: bool = False) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if only_in_agent and not IN_AGENT[0]:
+            return method(*args, **kwargs)
         c0, w0 = time.thread_time(), time.perf_counter()
         try:
             return method(*args, **kwargs)
@@ -226,14 +245,16 @@ def main() -> None:
             load.append(os.getloadavg()[0])
     print(f"{args.sites} agents x rounds 2-{args.rounds} of a {args.model_mb:g} MB MLP, {args.repeats} runs per "
           f"tree, alternating; load average (1 min) {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")
-    print("per agent-round, medians (ms): poll CPU | train+validate CPU | overhead CPU | overhead wall")
+    print("per agent-round, medians (ms): poll CPU | train+validate CPU | overhead CPU (runs) | overhead wall | "
+          "idle polls: count, CPU")
     base = None
     for name, seen in runs.items():
         med = {k: statistics.median(r[k] for r in seen) for k in seen[0] if k.endswith("_ms")}
         spread = ", ".join(f"{r['overhead_cpu_ms']:.1f}" for r in seen)
         base = base or med
         print(f"{name:>9}: {med['poll_cpu_ms']:7.1f} | {med['train_cpu_ms']:7.1f} | {med['overhead_cpu_ms']:7.1f} "
-              f"({spread}) | {med['overhead_wall_ms']:7.1f}")
+              f"({spread}) | {med['overhead_wall_ms']:7.1f} | "
+              f"{statistics.median(r.get('idle_polls', 0) for r in seen):.0f}, {med.get('idle_cpu_ms', 0):.1f}")
     if "baseline" in runs:
         now = statistics.median(r["overhead_cpu_ms"] for r in runs["now"])
         before = statistics.median(r["overhead_cpu_ms"] for r in runs["baseline"])
