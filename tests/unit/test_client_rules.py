@@ -240,6 +240,24 @@ def test_commit_rule_stage_keeps_groups_not_touched_this_round(tmp_path: Path) -
     np.testing.assert_array_equal(committed["model"]["bn.weight"], np.zeros(3, np.float32))
 
 
+def test_commit_rule_a_site_without_state_writes_nothing(tmp_path: Path) -> None:
+    """FedAvg keeps no local state: staging nothing leaves no file to fsync, and the verdicts change nothing."""
+    # Prepare
+    state = LocalState(tmp_path / "local")
+    # Execute
+    state.stage(1, {"model": {}})
+    state.resolve(1, 2)
+    # Assert
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == []
+    assert state.committed() == {}
+    # Once state exists, even an empty group staged keeps it pending as before.
+    state.stage(2, _c(2.0))
+    state.resolve(2, 3)
+    state.stage(3, {"model": {}})
+    assert (tmp_path / "local" / "pending.msgpack").exists()
+    np.testing.assert_array_equal(_committed_c(state), np.full((2,), 2.0, np.float32))
+
+
 def test_commit_rule_under_sampling_commits_an_old_aggregated_update(tmp_path: Path) -> None:
     """Drawn in round 2 and next in round 6: the round-6 task says round 2 was aggregated, so it is committed."""
     # Prepare
