@@ -33,6 +33,8 @@ def test_binary_scores_equal_scikit_learn(seed: int, n: int, decimals: int | Non
     assert scoring.average_precision(y, p) == reference.average_precision_score(y, p)
     assert scoring.roc_auc(y == 1, p) == reference.roc_auc_score(y == 1, p)  # boolean labels (class vs rest)
     assert scoring.roc_auc(y.astype(np.float64), p) == reference.roc_auc_score(y.astype(np.float64), p)
+    assert scoring.average_precision(y.astype(np.float64), p) == reference.average_precision_score(
+        y.astype(np.float64), p)  # multilabel columns are float 0/1
     assert scoring.accuracy(y, pred) == reference.accuracy_score(y, pred)
     assert scoring.binary_log_loss(y, p) == reference.log_loss(y, p, labels=[0, 1])
     assert scoring.macro_recall(y, pred) == reference.balanced_accuracy_score(y, pred)
