@@ -113,7 +113,7 @@ class _Transfer:
     manifest: ChunkManifest
     have: bytearray  # 1 per chunk received and verified
     # Verified chunks 0..k-1 in order, joined once when the last arrives: appending each to one bytearray
-    # copied the whole buffer again at nearly every chunk (it grows by an eighth at a time).
+    # reallocated and copied the whole buffer at nearly every chunk.
     parts: list[bytes | memoryview] = field(default_factory=list)
     filled: int = 0  # their bytes
     early: dict[int, bytes | memoryview] = field(default_factory=dict)  # verified, arrived ahead of the buffer
