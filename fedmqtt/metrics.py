@@ -7,18 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from sklearn.metrics import (
-    accuracy_score,
-    average_precision_score,
-    balanced_accuracy_score,
-    log_loss,
-    mean_absolute_error,
-    mean_absolute_percentage_error,
-    mean_squared_error,
-    mean_squared_log_error,
-    recall_score,
-    roc_auc_score,
-)
+
+# numpy alone (the values scikit-learn's functions gave): a site validates every round, and importing
+# scikit-learn would cost each site process about a CPU second (fedmqtt.scoring).
+from fedmqtt import scoring
 
 # Re-exported: the PS imports these from fedmqtt.means, without scikit-learn.
 from fedmqtt.means import (  # noqa: F401
@@ -85,18 +77,17 @@ def binary_metrics(
     values: Metrics = dict.fromkeys(METRIC_NAMES)
     reasons: Reasons = {}
     pred = (p >= threshold).astype(np.int64)
-    values["accuracy"] = float(accuracy_score(y, pred))
-    values["loss"] = float(log_loss(y, np.clip(p, _EPS, 1.0 - _EPS), labels=[0, 1]))
+    values["accuracy"] = scoring.accuracy(y, pred)
+    values["loss"] = scoring.binary_log_loss(y, np.clip(p, _EPS, 1.0 - _EPS))
     classes = np.unique(y)
     if classes.size < 2:
         which = "positive" if classes[0] == 1 else "negative"
         for name in ("auroc", "auprc", "balanced_accuracy"):
             reasons[name] = f"only one class ({which}) in this split (n={n})"
         return values, reasons
-    values["auroc"] = float(roc_auc_score(y, p))
-    values["auprc"] = float(average_precision_score(y, p))
-    # labels=[0, 1] is implicit: both classes are in y_true, so sklearn does not warn.
-    values["balanced_accuracy"] = float(balanced_accuracy_score(y, pred))
+    values["auroc"] = scoring.roc_auc(y, p)
+    values["auprc"] = scoring.average_precision(y, p)
+    values["balanced_accuracy"] = scoring.macro_recall(y, pred)
     return values, reasons
 
 
@@ -123,17 +114,16 @@ def multiclass_metrics(y_true: np.ndarray, proba: np.ndarray) -> tuple[Metrics, 
         return early
     pred = p.argmax(axis=1)
     values: Metrics = dict.fromkeys(MULTICLASS_NAMES)
-    values["accuracy"] = float(accuracy_score(y, pred))
+    values["accuracy"] = scoring.accuracy(y, pred)
     values["loss"] = float(-np.mean(np.log(np.clip(p[np.arange(n), y], _EPS, 1.0))))
     present = np.unique(y)
     if present.size < 2:
         why = f"only one class ({present[0]}) in this split (n={n})"
         return values, dict.fromkeys(("auroc", "auprc", "balanced_accuracy"), why)
-    # Classes absent from y have no positive and are skipped, never passed to sklearn (17.2).
-    values["auroc"] = float(np.mean([roc_auc_score(y == c, p[:, c]) for c in present]))
-    values["auprc"] = float(np.mean([average_precision_score(y == c, p[:, c]) for c in present]))
-    recall = recall_score(y, pred, labels=present, average="macro", zero_division=0)
-    values["balanced_accuracy"] = float(recall)
+    # Classes absent from y have no positive and are skipped, never scored (17.2).
+    values["auroc"] = float(np.mean([scoring.roc_auc(y == c, p[:, c]) for c in present]))
+    values["auprc"] = float(np.mean([scoring.average_precision(y == c, p[:, c]) for c in present]))
+    values["balanced_accuracy"] = scoring.macro_recall(y, pred)  # mean recall over the classes present
     return values, {}
 
 
@@ -174,8 +164,8 @@ def multilabel_metrics(
             why = why if yj.size else "no annotated samples"
             reasons[f"auroc.{name}"] = reasons[f"auprc.{name}"] = why
             continue
-        values[f"auroc.{name}"] = float(roc_auc_score(yj, pj))
-        values[f"auprc.{name}"] = float(average_precision_score(yj, pj))
+        values[f"auroc.{name}"] = scoring.roc_auc(yj, pj)
+        values[f"auprc.{name}"] = scoring.average_precision(yj, pj)
     for metric in ("auroc", "auprc"):
         values[metric] = mean_defined(values[f"{metric}.{name}"] for name in names)
         if values[metric] is None:
@@ -227,15 +217,15 @@ def regression_metrics(y_true: np.ndarray, pred: np.ndarray) -> tuple[Metrics, R
     if early:
         return early
     values: Metrics = {
-        "mae": float(mean_absolute_error(y, yh)),
-        "mape": float(mean_absolute_percentage_error(y, yh)),
-        "mse": float(mean_squared_error(y, yh)),
+        "mae": scoring.mean_absolute_error(y, yh),
+        "mape": scoring.mean_absolute_percentage_error(y, yh),
+        "mse": scoring.mean_squared_error(y, yh),
         "msle": None,
     }
     negative = (int((y < 0).sum()), int((yh < 0).sum()))
     if any(negative):
         return values, {"msle": f"negative values ({negative[0]} targets, {negative[1]} predictions)"}
-    values["msle"] = float(mean_squared_log_error(y, yh))
+    values["msle"] = scoring.mean_squared_log_error(y, yh)
     return values, {}
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from schemas.base import MAX_TENSORS, Frozen, Header
-from schemas.tensors import DType, Shape
+from schemas.tensors import DType, Shape, TensorBytes
 
 MIN_CHUNK_BYTES = 1024
 MAX_CHUNK_BYTES = 8 * 1024 * 1024  # keeps every MQTT packet under mosquitto.conf's max_packet_size
@@ -75,7 +75,9 @@ class Chunk(Header):
     kind: Literal["chunk"] = "chunk"
     transfer_id: str = Field(min_length=8, max_length=64, pattern=r"^[0-9A-Za-z._:-]+$")
     index: int = Field(ge=0, lt=MAX_CHUNKS)
-    data: bytes = Field(min_length=1, max_length=MAX_CHUNK_BYTES)
+    # A received chunk holds bytes (checked against these bounds); one being sent holds a read-only view of the
+    # encoded message (fedmqtt/transport/bulk.py), so cutting a model into chunks copies nothing.
+    data: TensorBytes = Field(min_length=1, max_length=MAX_CHUNK_BYTES)
 
 
 def chunk_digest(data: bytes | memoryview) -> str:

@@ -162,7 +162,7 @@ class SiteAgent:
             _ = self.trainer  # torch has loaded: take the trainer now (a failure, e.g. no CUDA, stops the agent)
         inbound = self.channel.receive(timeout_s)
         if inbound is not None:
-            self._on_message(inbound.message)
+            self._on_message(inbound.message, chunked=inbound.chunks > 0)
 
     def work(self) -> bool:
         """Train or evaluate the task whose model has arrived, if there is one (True if so)."""
@@ -214,9 +214,14 @@ class SiteAgent:
             self._seen_connects = self.channel.transport.connects
             self.channel.send(status_topic, self._current_status())
 
-    def _on_message(self, msg: object) -> None:
+    def _on_message(self, msg: object, *, chunked: bool = False) -> None:
         if isinstance(msg, m.GlobalModel):
-            if tensors_hash(msg.tensors) != msg.model_hash:  # a damaged or forged model is never trained on
+            # A damaged or forged model is never trained on. A chunked one is proven already, in the one pass
+            # over its bytes that the transfer makes: every byte matched its chunk's SHA-256 in a manifest the
+            # PS signed (fedmqtt/transport/bulk.py, channel.py), so it is exactly what the PS sent, model_hash
+            # included; hashing its tensors again (a second pass over the model, 10 ms at 16 MB) would only
+            # re-check the PS's own arithmetic. A single message (a small model) is checked here as before.
+            if not chunked and tensors_hash(msg.tensors) != msg.model_hash:
                 self.channel.refusals.refused(msg.sender, "model hash", log, "refused the model of round %d: its "
                                               "tensors do not hash to %s", msg.round, msg.model_hash[:12])
                 return
@@ -266,11 +271,15 @@ class SiteAgent:
     def _compose(self, model: m.GlobalModel, task: Task, *, evaluate: bool = False) -> dict[str, np.ndarray]:
         """The model this site uses: received shared tensors, then its personalised tensors, then its
         own local layers; anything never received nor kept (a site joining after round 1) takes the
-        registry's round-1 value, which every site can rebuild from the run seed."""
-        weights = _arrays(model.tensors)
+        registry's round-1 value, which every site can rebuild from the run seed.
+
+        The received tensors are read-only views of the message (no copy of the model each round): the trainer
+        copies them into torch, the best slot writes them out, and nothing writes into them (numpy would
+        refuse)."""
+        weights = blobs_to_arrays(model.tensors)
         if evaluate and "eval" in model.extras:  # FedDyn: validate theta_avg, train from theta_send
-            weights.update(_arrays(model.extras["eval"]))
-        weights.update(_arrays(task.tensors))
+            weights.update(blobs_to_arrays(model.extras["eval"]))
+        weights.update(blobs_to_arrays(task.tensors))
         names = self.trainer.manifest(model.model)
         for name, value in self.local.committed().get("model", {}).items():
             weights.setdefault(name, value)

@@ -34,9 +34,14 @@ class LocalState:
         return self._read(self._committed)[1]
 
     def stage(self, round_no: int, groups: Groups) -> None:
-        """Write the state produced by round `round_no` as pending (durable before the uplink leaves)."""
+        """Write the state produced by round `round_no` as pending (durable before the uplink leaves).
+
+        A site that keeps no state at all (FedAvg and every rule without local layers or variates) writes
+        nothing: committing an empty pending file would change nothing, and its two fsyncs cost every round."""
         committed = self.committed()
         merged = {**committed, **groups}  # groups not touched this round stay as committed
+        if not any(merged.values()):
+            return
         self._write(self._pending, round_no, merged)
 
     def resolve(self, accepted_round: int | None, round_no: int) -> None:
@@ -78,7 +83,13 @@ class BestSlot:
         private_dir(self.folder)
 
     def remember(self, round_no: int, weights: dict[str, np.ndarray]) -> None:
-        _save(self.folder / "evaluated.safetensors", round_no, weights)
+        """Keep the model evaluated in round `round_no`: atomic (a crash leaves the old file or the new one,
+        never half), but not forced to disk. The slot is no part of the commit rule (docs/algorithms.md 0.6):
+        a process that dies keeps it (the page cache outlives it), and a machine that loses power keeps an
+        older evaluated model or an unreadable one, which is then not promoted (`_round_of`); the report names
+        the round its best model is from. An fsync of a model-sized file every round made the site wait about
+        10 ms at 16 MB."""
+        _save(self.folder / "evaluated.safetensors", round_no, weights, durable=False)
 
     def promote(self, best_round: int | None) -> None:
         evaluated = self.folder / "evaluated.safetensors"
@@ -88,25 +99,38 @@ class BestSlot:
             os.replace(evaluated, self.folder / "best.safetensors")
 
     def slot(self) -> tuple[int | None, dict[str, np.ndarray] | None]:
+        """(round, weights) of the best slot; (None, None) when empty or unreadable (a machine that lost power
+        after a promotion: the slot is not fsynced, see `remember`)."""
         path = self.folder / "best.safetensors"
         if not path.exists():
             return None, None
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
-        return _round_of(path), load_file(str(path))
+        try:
+            return _round_of(path), load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as exc:
+            log.warning("the best model in %s cannot be read (%s): no best model to evaluate", path, exc)
+            return None, None
 
 
-def _save(path: Path, round_no: int, weights: dict[str, np.ndarray]) -> None:
+def _save(path: Path, round_no: int, weights: dict[str, np.ndarray], *, durable: bool) -> None:
     """safetensors' save_file writes from the arrays' own memory; `save` would build the file in memory
     twice over (a 512 MB model cost a site 1.5 GB more at its peak)."""
     from safetensors.numpy import save_file
 
     arrays = {k: np.require(v, requirements="C") for k, v in weights.items()}
-    replace_atomic(path, lambda tmp: save_file(arrays, str(tmp), metadata={"round": str(round_no)}))
+    replace_atomic(path, lambda tmp: save_file(arrays, str(tmp), metadata={"round": str(round_no)}),
+                   durable=durable)
 
 
 def _round_of(path: Path) -> int:
-    from safetensors import safe_open
+    """The round a slot file was written for; -1 if it cannot be read (then it is never promoted)."""
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="numpy") as fh:
-        return int((fh.metadata() or {}).get("round", -1))
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            return int((fh.metadata() or {}).get("round", -1))
+    except (SafetensorError, OSError, ValueError) as exc:
+        log.warning("%s cannot be read (%s): not used as the best model", path, exc)
+        return -1

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.data.heart_disease import FEATURE_NAMES
+from fedmqtt.data.shuffle_split import split_positions
 from fedmqtt.errors import DataError
 from fedmqtt.recruitment import label_histogram
 
@@ -72,7 +72,7 @@ def split_and_normalise(
     Args:
         x: raw features `(n, d)`, NaN where missing.
         y: integer labels `(n,)`.
-        seed: seeds the split (`random_state` of `train_test_split`).
+        seed: seeds the split (fedmqtt.data.shuffle_split: the rows scikit-learn's `train_test_split` drew).
         fractions: train/val/test fractions; they must sum to 1 (val or test may be 0).
         feature_names: `d` column names carried along for reporting.
         where: names the site in notes and warnings (e.g. its file).
@@ -175,16 +175,16 @@ def _split_off(
         log.warning("%s", notes[-1])
     try:
         try:
-            kept, held = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
+            kept, held = split_positions(len(idx), fraction, seed, stratify)
         except ValueError as exc:  # e.g. fewer held-out rows than classes: a random split still works
             if stratify is None:
                 raise
             notes.append(f"{what} split not stratified: {exc}")
             log.warning("%s", notes[-1])
-            kept, held = train_test_split(idx, test_size=fraction, random_state=seed)
+            kept, held = split_positions(len(idx), fraction, seed)
     except ValueError as exc:
         raise DataError(f"cannot make the {what} split from {len(idx)} rows: {exc}") from exc
-    return np.sort(kept), np.sort(held)
+    return np.sort(idx[kept]), np.sort(idx[held])
 
 
 # Robust clipping: every split is clipped to these quantiles of the train split's observed values, per column,

@@ -77,7 +77,7 @@ def split(payload: bytes, message: Any, *, chunk_bytes: int) -> tuple[ChunkManif
     def chunks() -> Iterator[Chunk]:
         for i in range(count):
             yield Chunk(**header, msg_id=f"{message.msg_id[:48]}-c{i}", transfer_id=message.msg_id, index=i,
-                        data=bytes(view[i * chunk_bytes:(i + 1) * chunk_bytes]))
+                        data=view[i * chunk_bytes:(i + 1) * chunk_bytes])  # a view: encoding copies it once
 
     return manifest, chunks
 
@@ -97,7 +97,7 @@ class TransferStats:
 class Completed:
     topic: str
     manifest: ChunkManifest
-    payload: bytearray
+    payload: bytes
 
 
 @dataclass
@@ -112,8 +112,11 @@ class _Transfer:
     topic: str
     manifest: ChunkManifest
     have: bytearray  # 1 per chunk received and verified
-    buffer: bytearray = field(default_factory=bytearray)  # verified chunks 0..k-1, joined in order
-    early: dict[int, bytes] = field(default_factory=dict)  # verified chunks that arrived ahead of the buffer
+    # Verified chunks 0..k-1 in order, joined once when the last arrives: appending each to one bytearray
+    # reallocated and copied the whole buffer at nearly every chunk.
+    parts: list[bytes | memoryview] = field(default_factory=list)
+    filled: int = 0  # their bytes
+    early: dict[int, bytes | memoryview] = field(default_factory=dict)  # verified, arrived ahead of the buffer
     next_index: int = 0  # the next chunk not yet asked for
     outstanding: set[int] = field(default_factory=set)
     to_unsubscribe: list[int] = field(default_factory=list)
@@ -127,19 +130,29 @@ class _Transfer:
     @property
     def held_bytes(self) -> int:
         """Bytes of chunk data this transfer holds: never more than what arrived and verified."""
-        return len(self.buffer) + sum(len(c) for c in self.early.values())
+        return self.filled + sum(len(c) for c in self.early.values())
 
-    def store(self, index: int, data: bytes) -> None:
+    def store(self, index: int, data: bytes | memoryview) -> None:
         """Keep a verified chunk: append it (and any early successors) to the buffer, or park it until its turn."""
         chunk_bytes = self.manifest.chunk_bytes
-        if index * chunk_bytes != len(self.buffer):
+        if index * chunk_bytes != self.filled:
             self.early[index] = data
             return
-        self.buffer += data
+        self._append(data)
         follow = index + 1
         while follow in self.early:
-            self.buffer += self.early.pop(follow)
+            self._append(self.early.pop(follow))
             follow += 1
+
+    def _append(self, data: bytes | memoryview) -> None:
+        self.parts.append(data)
+        self.filled += len(data)
+
+    def joined(self) -> bytes:
+        """The whole payload, once every chunk is in; the parts are let go as it is made."""
+        payload = b"".join(self.parts)
+        self.parts.clear()
+        return payload
 
 
 class Fetcher:
@@ -274,8 +287,8 @@ class Fetcher:
         self.active = None
         self.stats.completed += 1
         self._start_next()
-        assert len(t.buffer) == m.total_bytes and not t.early  # every chunk verified, in order
-        return Completed(t.topic, m, t.buffer)
+        assert t.filled == m.total_bytes and not t.early  # every chunk verified, in order
+        return Completed(t.topic, m, t.joined())
 
     def _corrupt(self, t: _Transfer, index: int, what: str) -> Failed | None:
         self.stats.corrupt += 1

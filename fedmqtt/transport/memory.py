@@ -72,7 +72,7 @@ class MemoryTransport:
         pass
 
     def matches(self, topic: str) -> bool:
-        return any(topic_matches_sub(f, topic) for f in self.filters)
+        return any(_matches(f, topic) for f in self.filters)
 
     def receive_raw(self, message: RawMessage) -> None:
         self.bytes_received += len(message.payload)
@@ -81,9 +81,7 @@ class MemoryTransport:
     def subscribe(self, filters: Iterable[str]) -> None:
         new = [f for f in filters if f not in self.filters]
         self.filters.extend(new)
-        for topic, payload in sorted(self.broker.retained.items()):  # replay retained, as a broker does
-            if any(topic_matches_sub(f, topic) for f in new):
-                self.receive_raw(RawMessage(topic, payload, True))
+        self._replay(new)  # retained messages, as a broker does
 
     def unsubscribe(self, filters: Iterable[str]) -> None:
         gone = set(filters)
@@ -92,9 +90,19 @@ class MemoryTransport:
     def refetch(self, filters: Iterable[str]) -> None:
         wanted = list(filters)
         self.filters.extend(f for f in wanted if f not in self.filters)
-        for topic, payload in sorted(self.broker.retained.items()):
-            if any(topic_matches_sub(f, topic) for f in wanted):
-                self.receive_raw(RawMessage(topic, payload, True))
+        self._replay(wanted)
+
+    def _replay(self, filters: list[str]) -> None:
+        """Deliver the retained messages `filters` match, in topic order. A filter without wildcards is one topic
+        (looked up); only the others are matched against every retained topic (a model's chunk topics are
+        subscribed to one by one, and scanning every retained topic for each cost more than the chunk)."""
+        retained = self.broker.retained
+        hits = {f for f in filters if not _has_wildcard(f) and f in retained}
+        wild = [f for f in filters if _has_wildcard(f)]
+        if wild:
+            hits.update(t for t in retained if any(topic_matches_sub(f, t) for f in wild))
+        for topic in sorted(hits):
+            self.receive_raw(RawMessage(topic, retained[topic], True))
 
     def publish_many(self, messages: Iterable[tuple[str, bytes]], **_: object) -> int:
         sent = 0
@@ -122,3 +130,12 @@ class MemoryTransport:
         if self in self.broker.clients:
             self.broker.clients.remove(self)
         self._connected = False
+
+
+def _has_wildcard(topic_filter: str) -> bool:
+    return "+" in topic_filter or "#" in topic_filter
+
+
+def _matches(topic_filter: str, topic: str) -> bool:
+    """MQTT matching; a filter without wildcards matches exactly its own topic."""
+    return topic_matches_sub(topic_filter, topic) if _has_wildcard(topic_filter) else topic_filter == topic

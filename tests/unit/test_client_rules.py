@@ -16,7 +16,7 @@ from fedmqtt.training.loop import _gradient_terms, train_local  # noqa: E402
 from fedmqtt.training.models import build_model, tensor_manifest  # noqa: E402
 from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays  # noqa: E402
 from schemas.messages import TrainSettings  # noqa: E402
-from site_agent.local_state import LocalState  # noqa: E402
+from site_agent.local_state import BestSlot, LocalState  # noqa: E402
 
 LR = 0.1
 # The toy's one scalar parameter, as the site-side manifest would describe it.
@@ -240,6 +240,24 @@ def test_commit_rule_stage_keeps_groups_not_touched_this_round(tmp_path: Path) -
     np.testing.assert_array_equal(committed["model"]["bn.weight"], np.zeros(3, np.float32))
 
 
+def test_commit_rule_a_site_without_state_writes_nothing(tmp_path: Path) -> None:
+    """FedAvg keeps no local state: staging nothing leaves no file to fsync, and the verdicts change nothing."""
+    # Prepare
+    state = LocalState(tmp_path / "local")
+    # Execute
+    state.stage(1, {"model": {}})
+    state.resolve(1, 2)
+    # Assert
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == []
+    assert state.committed() == {}
+    # Once state exists, even an empty group staged keeps it pending as before.
+    state.stage(2, _c(2.0))
+    state.resolve(2, 3)
+    state.stage(3, {"model": {}})
+    assert (tmp_path / "local" / "pending.msgpack").exists()
+    np.testing.assert_array_equal(_committed_c(state), np.full((2,), 2.0, np.float32))
+
+
 def test_commit_rule_under_sampling_commits_an_old_aggregated_update(tmp_path: Path) -> None:
     """Drawn in round 2 and next in round 6: the round-6 task says round 2 was aggregated, so it is committed."""
     # Prepare
@@ -249,3 +267,27 @@ def test_commit_rule_under_sampling_commits_an_old_aggregated_update(tmp_path: P
     state.resolve(2, 6)
     # Assert
     np.testing.assert_array_equal(_committed_c(state), np.full((2,), 2.0, np.float32))
+
+
+# -- the best-round slot (docs/algorithms.md 17.1) -------------------------------------------------------
+def test_best_slot_promotes_the_evaluated_model_and_survives_a_torn_file(tmp_path: Path) -> None:
+    """The slot is written without fsync (no part of the commit rule): a file a power loss left empty is never
+    promoted nor evaluated, and the agent goes on."""
+    # Prepare
+    slot = BestSlot(tmp_path / "best")
+    weights = {"w": np.arange(4, dtype=np.float32)}
+    # Execute / Assert: round 3 evaluated, then named best
+    slot.remember(3, weights)
+    slot.promote(2)
+    assert slot.slot() == (None, None)
+    slot.promote(3)
+    best_round, best = slot.slot()
+    assert best_round == 3 and best is not None
+    np.testing.assert_array_equal(best["w"], weights["w"])
+    # An empty evaluated file (what a power loss may leave of an unsynced write) is not promoted
+    (tmp_path / "best" / "evaluated.safetensors").write_bytes(b"")
+    slot.promote(4)
+    assert slot.slot()[0] == 3
+    # An empty best file reads as no best model
+    (tmp_path / "best" / "best.safetensors").write_bytes(b"")
+    assert slot.slot() == (None, None)

@@ -628,7 +628,7 @@ def test_a_1_gib_manifest_costs_almost_nothing() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert ps.fetcher.active is not None and ps.fetcher.held_bytes == 0 and len(ps.fetcher.active.buffer) == 0
+    assert ps.fetcher.active is not None and ps.fetcher.held_bytes == 0 and ps.fetcher.active.filled == 0
     assert peak < 4 << 20, peak
 
 

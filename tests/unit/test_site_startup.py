@@ -14,3 +14,38 @@ def test_the_agent_module_does_not_import_torch() -> None:
                          capture_output=True, text=True, check=True)
     # Assert
     assert out.stdout.strip() == "[]"
+
+
+# What a site process runs, short of the network: the CLI and agent modules, the trainer (torch), loading and
+# splitting its data, and the metrics of a validation pass.
+SITE_PATH = """
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import fedmqtt.cli, site_agent.agent, site_agent.trainer
+from fedmqtt.data.spec import DataSpec
+from fedmqtt.metrics import task_metrics
+from site_agent.data import load_site_data
+
+data = load_site_data(DataSpec(format="heart_disease", path=Path(sys.argv[1]), split_seed=3))
+scores = np.random.default_rng(0).random(data.y_val.shape[0])
+assert task_metrics(data.task, data.y_val, scores)[0]["auroc"] is not None
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("sklearn", "pandas", "wfdb") or m == "scipy.stats"))
+"""
+
+
+def test_a_site_process_never_imports_scikit_learn_scipy_stats_or_pandas() -> None:
+    """Importing scikit-learn costs a site about a CPU second, with scipy.stats and pandas (issue 30): the split
+    and the metrics are numpy's (fedmqtt.data.shuffle_split, fedmqtt.scoring), wfdb is for ECG data only."""
+    from pathlib import Path
+
+    import fedmqtt
+
+    cleveland = Path(fedmqtt.__file__).parent / "bundled" / "heart_disease" / "processed.cleveland.data"
+    # Execute: a fresh interpreter, as `fedmqtt site start` is
+    out = subprocess.run([sys.executable, "-c", SITE_PATH, str(cleveland)], capture_output=True, text=True,
+                         check=True)
+    # Assert
+    assert out.stdout.strip() == "[]"
