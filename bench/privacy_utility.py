@@ -12,6 +12,7 @@ plus the same FedAvg without DP ("none"). Each run's final model is then attacke
 validation and test rows. The federated models barely overfit, so a second, deliberately overfit setting shows the
 attack itself at work: one hospital's model (Cleveland) trained on --audit-members of its rows for 50 epochs,
 with DP-SGD at each epsilon or without, attacked with its other rows as non-members.
+With --audit-runs, only the attack, on the runs of a `fedmqtt grid` folder (docs/results/privacy/README.md).
 Written to --out: results.json (every run), table.md (means over
 seeds of the per-site means, with bootstrap intervals resampling sites, fedmqtt.experiments.stats) and
 privacy_utility.png.
@@ -33,11 +34,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedmqtt.data.heart_disease import SITES  # noqa: E402
+from fedmqtt.data.spec import DataSpec  # noqa: E402
 from fedmqtt.experiments.stats import mean_interval, site_seed_mean  # noqa: E402
 from fedmqtt.privacy_audit import binary_log_losses, membership_audit  # noqa: E402
 from fedmqtt.simulation import DEFAULT_MODEL, SimulationConfig, run_simulation  # noqa: E402
 from fedmqtt.simulation_config import bundled_sites  # noqa: E402
-from schemas.messages import RecordDP, TrainSettings  # noqa: E402
+from schemas.messages import ModelSpec, RecordDP, TrainSettings  # noqa: E402
 
 DELTA = 1e-5
 CLIP = 1.0  # C of both mechanisms (per record for DP-SGD, per site update for DP-FedAvg)
@@ -75,8 +77,10 @@ def run_one(mechanism: str, epsilon: float | None, seed: int, rounds: int, out: 
     return row
 
 
-def membership_aucs(weights: Path) -> dict[str, float]:
-    """The loss-threshold attack on the final model at each site: its training rows against its held-out rows."""
+def membership_aucs(weights: Path, model: ModelSpec = DEFAULT_MODEL,
+                    sites: dict[str, DataSpec] | None = None) -> dict[str, float]:
+    """The loss-threshold attack on a final model at each site (default: the bundled heart-disease hospitals): its
+    training rows against its held-out (validation and test) rows."""
     import torch
     from safetensors.numpy import load_file
 
@@ -86,15 +90,42 @@ def membership_aucs(weights: Path) -> dict[str, float]:
     from fedmqtt.training.weights import load_arrays
 
     torch.set_num_threads(1)
-    net = build_model(DEFAULT_MODEL.name, dict(DEFAULT_MODEL.args))
+    net = build_model(model.name, dict(model.args))
     load_arrays(net, load_file(str(weights)))
     out = {}
-    for site, spec in sorted(bundled_sites().items()):
+    for site, spec in sorted((sites or bundled_sites()).items()):
         d = load_site_data(spec)
         held_x, held_y = np.concatenate([d.x_val, d.x_test]), np.concatenate([d.y_val, d.y_test])
         out[site] = membership_audit(binary_log_losses(predict_logits(net, d.x_train), d.y_train),
                                      binary_log_losses(predict_logits(net, held_x), held_y)).auc
     return out
+
+
+def audit_grid(runs: Path, out: Path) -> None:
+    """The attack on every finished run of a `fedmqtt grid` folder (its site data from each report), summarised
+    per algorithm label: mean over seeds of the per-site mean AUC, bootstrap interval over sites."""
+    by_label: dict[str, list[dict[str, float]]] = {}
+    for point in sorted(runs.glob("*/grid_point.json")):
+        if not (point.parent / "report.json").is_file():
+            continue  # not finished
+        labels = json.loads(point.read_text())
+        report = json.loads((point.parent / "report.json").read_text())
+        sites = {name: DataSpec.model_validate(spec) for name, spec in report["site_data"].items()}
+        aucs = membership_aucs(point.parent / "final_model.safetensors", ModelSpec.model_validate(
+            report["config"]["model"]), sites)
+        by_label.setdefault(labels["algorithm"], []).append(aucs)
+        print(f"{labels['run']}: MIA AUC {np.mean(list(aucs.values())):.3f}", flush=True)
+    lines = ["| run | MIA AUC [95% CI] | seeds |", "|---|---|---|"]
+    for label, per_seed in by_label.items():
+        names = sorted(per_seed[0])
+        matrix = np.array([[run[s] for run in per_seed] for s in names])
+        mean, ci = site_seed_mean(matrix), mean_interval(matrix)
+        shown = "n/a" if mean is None else f"{mean:.3f}" + ("" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]")
+        lines.append(f"| {label} | {shown} | {len(per_seed)} |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mia.md").write_text("\n".join(lines) + "\n")
+    (out / "mia.json").write_text(json.dumps(by_label, indent=1))
+    print("\n".join(lines))
 
 
 def _reported_epsilon(report: dict[str, Any], mechanism: str) -> float | None:
@@ -210,8 +241,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("docs/results/privacy"))
     parser.add_argument("--audit-members", type=int, default=20, help="rows of the overfit audit's model")
+    parser.add_argument("--audit-runs", type=Path, help="only attack the final models of this `fedmqtt grid` "
+                        "folder's runs (e.g. the stroke grid) and write mia.md and mia.json to --out")
     parser.add_argument("--work", type=Path, default=Path("runs/privacy-utility"), help="each run's report, models")
     args = parser.parse_args()
+    if args.audit_runs is not None:
+        audit_grid(args.audit_runs, args.out)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     plan = [("none", None)] + [(m, e) for m in args.mechanisms for e in args.epsilons]
