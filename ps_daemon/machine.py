@@ -116,7 +116,8 @@ class Machine:
             effects.append(fx.Log("warning", "starting although the privacy policies of some sites refuse this run "
                                   f"(they will answer without updates): {policy_quorum.describe(refusers)}"))
         if self.config.selection == "recruited":
-            recruited, summary, effects = selection.run_recruitment(self.config, state, ready)
+            recruited, summary, told = selection.run_recruitment(self.config, state, ready)
+            effects = [*effects, *told]
             if len(recruited) < self.config.quorum:
                 blind = [s for s in ready if state.histograms.get(s) is None]
                 why = (f"recruitment chose {len(recruited)} site(s), fewer than quorum {self.config.quorum}: no round "
