@@ -200,19 +200,21 @@ def markdown(table: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(table: list[dict[str, Any]], path: Path) -> None:
+def plot(table: list[dict[str, Any]], path: Path, audit: dict[str, list[float]] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, 4 if audit else 3, figsize=(17 if audit else 13, 3.8))
     epsilons = sorted({line["epsilon"] for line in table if line["epsilon"] is not None})
     none_x = max(epsilons) * 2.5  # "no DP" drawn right of the largest epsilon
     for ax, name, title in zip(axes, ("test_accuracy", "test_auroc", "mia_auc"),
-                               ("test accuracy", "test AUROC", "membership-inference AUC"), strict=True):
+                               ("test accuracy", "test AUROC", "membership-inference AUC"), strict=False):
         for mechanism, style in (("record", "o-"), ("participant", "s--")):
-            lines = [line for line in table if line["mechanism"] in (mechanism, "none") and line[name] is not None]
+            lines = sorted((line for line in table
+                            if line["mechanism"] in (mechanism, "none") and line[name] is not None),
+                           key=lambda line: none_x if line["epsilon"] is None else line["epsilon"])
             xs = [none_x if line["epsilon"] is None else line["epsilon"] for line in lines]
             ys = [line[name] for line in lines]
             lo = [line[name] - line[f"{name}_ci"][0] if line[f"{name}_ci"] else 0.0 for line in lines]
@@ -226,6 +228,20 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("epsilon (delta = 1e-5)")
         ax.set_title(title)
     axes[0].legend()
+    if audit:
+        ax = axes[3]
+        keys = sorted(audit, key=lambda k: none_x if k == "none" else float(k))
+        xs = [none_x if k == "none" else float(k) for k in keys]
+        for seed_index in range(len(audit[keys[0]])):
+            ax.plot(xs, [audit[k][seed_index] for k in keys], ".", color="grey", alpha=0.6)
+        ax.plot(xs, [float(np.mean(audit[k])) for k in keys], "o-", color="C2", label="mean over seeds")
+        ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_xticks([*epsilons, none_x], [*(f"{e:g}" for e in epsilons), "none"])
+        ax.minorticks_off()
+        ax.set_xlabel("epsilon (delta = 1e-5)")
+        ax.set_title("MIA AUC, overfit single-site model")
+        ax.legend()
     fig.suptitle("FedAvg on the bundled heart-disease federation (4 hospitals): mean over sites and seeds, "
                  "95% bootstrap CI over sites")
     fig.tight_layout()
@@ -243,10 +259,15 @@ def main() -> None:
     parser.add_argument("--audit-members", type=int, default=20, help="rows of the overfit audit's model")
     parser.add_argument("--audit-runs", type=Path, help="only attack the final models of this `fedmqtt grid` "
                         "folder's runs (e.g. the stroke grid) and write mia.md and mia.json to --out")
+    parser.add_argument("--replot", action="store_true", help="only redraw the plot from --out's results.json")
     parser.add_argument("--work", type=Path, default=Path("runs/privacy-utility"), help="each run's report, models")
     args = parser.parse_args()
     if args.audit_runs is not None:
         audit_grid(args.audit_runs, args.out)
+        return
+    if args.replot:
+        saved = json.loads((args.out / "results.json").read_text())
+        plot(saved["table"], args.out / "privacy_utility.png", saved["overfit_audit"]["auc_by_epsilon"])
         return
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -270,7 +291,7 @@ def main() -> None:
         "members": args.audit_members, "auc_by_epsilon": audit}}, indent=1))
     text = markdown(table) + "\n" + audit_markdown(audit, args.audit_members)
     (args.out / "table.md").write_text(text)
-    plot(table, args.out / "privacy_utility.png")
+    plot(table, args.out / "privacy_utility.png", audit)
     print(text)
 
 
