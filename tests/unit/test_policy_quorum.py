@@ -136,3 +136,16 @@ def test_status_messages_carry_the_policy_and_the_reason_validates() -> None:
     why = quorum_refusal(_config(quorum=3), {"site-a": ("max_rounds 1: the run has 5 rounds",)}, SITES)
     assert why is not None
     DaemonStatus(run_id="r1", sender="ps", round=0, state="waiting_for_sites", detail=why)
+
+
+def test_with_recruitment_the_warning_about_refusing_sites_is_kept_beside_recruitments_verdicts() -> None:
+    hist = (30, 30, 20, 10)
+    machine = Machine(_config(selection="recruited", recruitment={"gamma_th": 1.0}, quorum=1), FedAvg(), hash_weights)
+    state = machine.initial_state({"w": np.zeros(2, np.float32)})
+    for site in SITES:
+        policy = PrivacyPolicy(max_epochs=1, require_record_dp=site == "site-c")
+        state, effects = machine.step(state, SiteOnline(site, 0.0, 50, hist, policy))
+    assert state.phase == "training"
+    assert any(isinstance(e, fx.PublishRecruitment) for e in effects)
+    warnings = [e.text for e in effects if isinstance(e, fx.Log) and "refuse this run" in e.text]
+    assert len(warnings) == 1 and "site-c (require_record_dp" in warnings[0] and "site-a" not in warnings[0]
