@@ -78,6 +78,7 @@ def _model() -> torch.nn.Module:
 
 
 def test_the_attack_finds_an_overfit_models_members_and_dp_sgd_hides_them() -> None:
+    pytest.importorskip("opacus")  # the `privacy` extra
     from fedmqtt.training.loop import train_local
     from fedmqtt.training.privacy import train_local_dp
     from schemas.messages import RecordDP, TrainSettings
