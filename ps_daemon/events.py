@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fedmqtt.strategies.base import SiteUpdate
+from schemas.messages import PrivacyPolicy
 
 Metrics = Mapping[str, float | None]
 
@@ -21,6 +22,7 @@ class SiteOnline:
     now: float
     n_train: int = 0
     histogram: tuple[float, ...] | None = None  # only if the site's egress policy lets it leave
+    policy: PrivacyPolicy | None = None  # its privacy policy, as its status published it (None: none published)
 
 
 @dataclass(frozen=True)

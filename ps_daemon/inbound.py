@@ -149,7 +149,8 @@ class InboundEvents:
         if msg.label_histogram is not None and (why := histogram_rejection(msg.label_histogram)):
             self.status.refuse(site, "bad histogram", f"status: {why}")
             return None
-        online = SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)))
+        online = SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)),
+                            msg.privacy_policy)
         if known:
             self.liveness.status_up(online)
         return online

@@ -19,7 +19,7 @@ from fedmqtt.means import direction_of, mean_defined
 from fedmqtt.strategies.aggregate import check_update_shapes
 from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
 from ps_daemon import effects as fx
-from ps_daemon import selection
+from ps_daemon import policy_quorum, selection
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
@@ -108,9 +108,16 @@ class Machine:
         ready = sorted(state.online & set(self.config.sites))
         if len(ready) < self.config.start_sites:
             return state, [self._status(state, f"{len(ready)}/{self.config.start_sites} sites online")]
+        refusers = policy_quorum.refusing_sites(self.config, state.policies, state.enrolled, ready)
+        if why_not := policy_quorum.quorum_refusal(self.config, refusers, ready):
+            return state, [fx.Log("warning", why_not), self._status(state, why_not)]
         effects: list[fx.Effect] = []
+        if refusers:  # enough sites accept; the others will refuse their tasks, each with its reason
+            effects.append(fx.Log("warning", "starting although the privacy policies of some sites refuse this run "
+                                  f"(they will answer without updates): {policy_quorum.describe(refusers)}"))
         if self.config.selection == "recruited":
-            recruited, summary, effects = selection.run_recruitment(self.config, state, ready)
+            recruited, summary, told = selection.run_recruitment(self.config, state, ready)
+            effects = [*effects, *told]
             if len(recruited) < self.config.quorum:
                 blind = [s for s in ready if state.histograms.get(s) is None]
                 why = (f"recruitment chose {len(recruited)} site(s), fewer than quorum {self.config.quorum}: no round "
@@ -226,7 +233,8 @@ class Machine:
         return replace(state, online=state.online | {ev.site_id}, offline=state.offline - {ev.site_id},
                        offline_since=since,
                        enrolled={**state.enrolled, ev.site_id: ev.n_train},
-                       histograms={**state.histograms, ev.site_id: ev.histogram})
+                       histograms={**state.histograms, ev.site_id: ev.histogram},
+                       policies={**state.policies, ev.site_id: ev.policy})
 
     @staticmethod
     def _with_offline(state: DaemonState, ev: SiteOffline) -> DaemonState:

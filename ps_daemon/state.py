@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fedmqtt.strategies.base import Manifest, SiteUpdate, Weights
+from schemas.messages import PrivacyPolicy
 
 if TYPE_CHECKING:
     from ps_daemon.best_file import StoredWeights
@@ -73,6 +74,9 @@ class DaemonState:
     personal: Mapping[str, Weights] = field(default_factory=dict)  # per-site tensors (ps/task/<site>)
     extras: Mapping[str, Weights] = field(default_factory=dict)  # server state sent with the model
     histograms: Mapping[str, tuple[float, ...] | None] = field(default_factory=dict)  # from site statuses
+    # Each site's privacy policy from its status, checked against the run before round 1 (ps_daemon.policy_quorum).
+    # Not checkpointed: only the wait for round 1 reads it, and a checkpoint holds a run past that.
+    policies: Mapping[str, PrivacyPolicy | None] = field(default_factory=dict)
     recruited: tuple[str, ...] | None = None  # None: no recruitment in this run
     recruitment: Mapping[str, Any] | None = None  # ranking, scores, threshold (for report and manifest)
     selected: tuple[str, ...] = ()

@@ -55,9 +55,10 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "_announce", "publishes `waiting for sites`", ("waiting_for_sites",)),
     ("waiting_for_sites", SiteOnline): Transition(
         "_online_while_waiting",
-        "records the site (one not in the PS config is ignored with a log); once `min_sites` of them are online "
-        "(and, with `selection = \"recruited\"`, recruitment chose at least `quorum`), selects the sites of round 1 "
-        "and publishes the model and tasks",
+        "records the site and its privacy policy (one not in the PS config is ignored with a log); once `min_sites` "
+        "of them are online, at least `quorum` of them would accept the run under their policies (else it waits, "
+        "naming the refusing sites and the rule each would break) and, with `selection = \"recruited\"`, "
+        "recruitment chose at least `quorum`, selects the sites of round 1 and publishes the model and tasks",
         ("waiting_for_sites", "training")),
     ("waiting_for_sites", SiteOffline): _note_offline("waiting_for_sites"),
     ("waiting_for_sites", UpdateReceived): _refuse_update("waiting_for_sites"),

@@ -257,6 +257,34 @@ class EvalReport(Header):
     best_round: RoundNo | None = None  # the round of the model behind the "best.*" entries
 
 
+PolicyNames = Annotated[tuple[Annotated[str, Field(max_length=64)], ...], Field(max_length=256)]
+
+
+class PrivacyPolicy(Frozen):
+    """What this site accepts. Every rule is off by default (the site trains whatever the run asks).
+
+    The `[privacy]` table of a site's config (docs/privacy.md), enforced by the site itself before it trains, and
+    published in its status so the PS can check a run against it before round 1."""
+
+    max_epsilon: float | None = Field(default=None, gt=0, le=1e4, allow_inf_nan=False, description="record-level "
+                                      "DP budget of this site's training records, over all rounds and runs: a round "
+                                      "whose spending (computed ahead by the accountant) would exceed it is refused; "
+                                      "set, it also refuses tasks without record-level DP")
+    max_delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False, description="the largest delta "
+                                    "this site accepts in a task's record-level DP")
+    require_record_dp: bool = Field(default=False, description="refuse every task that does not train with "
+                                    "record-level DP (train.dp in the PS config)")
+    min_records_per_update: int = Field(default=0, ge=0, le=10**9, description="refuse to send an update computed "
+                                        "from fewer labelled training records than this")
+    algorithms: PolicyNames | None = Field(default=None, description="the algorithms this site trains with (unset: "
+                                           "any)")
+    models: PolicyNames | None = Field(default=None, description="the models of the registry this site trains (unset: "
+                                 "any)")
+    max_rounds: int | None = Field(default=None, ge=1, le=10**6, description="refuse training tasks of a later round")
+    max_epochs: int | None = Field(default=None, ge=1, le=10**6, description="refuse tasks with more local epochs "
+                                   "per round")
+
+
 SiteState = Literal["online", "training", "update_ready", "evaluating", "offline", "error"]
 PsState = Literal["waiting_for_sites", "training", "evaluating", "done", "offline", "error"]
 
@@ -276,6 +304,9 @@ class SiteStatus(Header):
     detail: Detail = ""
     version: Annotated[str, Field(max_length=64)] = ""
     update_bytes: Count = 0  # with update_ready: the encoded update's size
+    # The site's privacy policy (None from a site that predates it): the PS checks its run against every site's
+    # before round 1, and waits, naming them and their rules, while fewer than `quorum` sites would accept it.
+    privacy_policy: PrivacyPolicy | None = None
 
 
 class DaemonStatus(Header):

@@ -125,7 +125,8 @@ class SiteAgent:
         hist = label_histogram(d.task.kind, d.y_train, d.task.n_outputs) if c.share_label_histogram else None
         return m.SiteStatus(run_id=c.run_id, sender=c.site_id, round=round_no, state=state, device=self.device,
                             n_train=d.n_train, n_val=d.n_val, n_test=d.n_test, label_histogram=hist,
-                            detail=detail, version=__version__, update_bytes=update_bytes)
+                            detail=detail, version=__version__, update_bytes=update_bytes,
+                            privacy_policy=c.privacy)
 
     def _current_status(self) -> m.SiteStatus:
         """What this site is now: waiting to upload (or uploaded) a large update, else online."""

@@ -8,37 +8,13 @@ trainer for the round's projected epsilon and `epsilon_refusal` judges it.
 
 from __future__ import annotations
 
-from typing import Annotated
+# The policy's schema is a wire definition (sites publish it in their status, and the PS checks its run against
+# every site's before round 1: ps_daemon.policy_quorum); it is re-exported here for the site's config.
+from schemas.messages import ModelSpec, PrivacyPolicy, TrainTask
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from schemas.messages import ModelSpec, TrainTask
+__all__ = ["REFUSED", "PrivacyPolicy", "epsilon_refusal", "task_refusal"]
 
 REFUSED = "refused by this site's privacy policy"
-Names = Annotated[tuple[Annotated[str, Field(max_length=64)], ...], Field(max_length=256)]
-
-
-class PrivacyPolicy(BaseModel):
-    """What this site accepts. Every rule is off by default (the site trains whatever the run asks)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_epsilon: float | None = Field(default=None, gt=0, le=1e4, allow_inf_nan=False, description="record-level "
-                                      "DP budget of this site's training records, over all rounds and runs: a round "
-                                      "whose spending (computed ahead by the accountant) would exceed it is refused; "
-                                      "set, it also refuses tasks without record-level DP")
-    max_delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False, description="the largest delta "
-                                    "this site accepts in a task's record-level DP")
-    require_record_dp: bool = Field(default=False, description="refuse every task that does not train with "
-                                    "record-level DP (train.dp in the PS config)")
-    min_records_per_update: int = Field(default=0, ge=0, le=10**9, description="refuse to send an update computed "
-                                        "from fewer labelled training records than this")
-    algorithms: Names | None = Field(default=None, description="the algorithms this site trains with (unset: any)")
-    models: Names | None = Field(default=None, description="the models of the registry this site trains (unset: "
-                                 "any)")
-    max_rounds: int | None = Field(default=None, ge=1, le=10**6, description="refuse training tasks of a later round")
-    max_epochs: int | None = Field(default=None, ge=1, le=10**6, description="refuse tasks with more local epochs "
-                                   "per round")
 
 
 def task_refusal(policy: PrivacyPolicy, task: TrainTask, model: ModelSpec, n_records: int) -> str | None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from fedmqtt.dashboard.results import results
 from fedmqtt.dashboard.rundir import available
-from fedmqtt.dashboard.state import RunView
+from fedmqtt.dashboard.state import RunView, privacy_spent_view
 from fedmqtt.dashboard.timeline import events_from_report
+from schemas import messages as m
 
 NO_SITE_EVENTS = ("A report does not record when sites went offline or came back, nor who sent a refused message "
                   "(the audit log counts refusals by reason per round); the live page shows both as they happen.")
@@ -64,6 +67,7 @@ def fill_from_report(view: RunView, report: dict[str, Any], audit: list[dict[str
     view.best_round = report.get("best_round")
     view.recruitment = report.get("recruitment")
     _usage(view, report)
+    _privacy(view, report)
     for site in view.sites.values():
         missing = ((final.get("per_site") or {}).get(site.name) or {}).get("missing")
         if missing:  # it left the run (killed, offline, past the deadline): say so, not "finished"
@@ -73,6 +77,21 @@ def fill_from_report(view: RunView, report: dict[str, Any], audit: list[dict[str
     view.results = results(report)
     view.files = available(view.directory) if view.directory is not None else []
     view.timeline_note = NO_SITE_EVENTS + ("" if audit else " This run directory has no audit log (audit/ps.jsonl).")
+
+
+def _privacy(view: RunView, report: dict[str, Any]) -> None:
+    """Each site's record-level DP spending from `privacy.record_level`, validated as the wire's PrivacySpent (the
+    report is a file another party wrote): an entry that does not validate is left out."""
+    privacy = report.get("privacy")
+    spent = privacy.get("record_level") if isinstance(privacy, dict) else None
+    for name, entry in (spent.items() if isinstance(spent, dict) else ()):
+        site = view._site(str(name))
+        try:
+            checked = m.PrivacySpent.model_validate(entry)
+        except ValidationError:
+            continue
+        if site is not None:
+            site.epsilon = privacy_spent_view(checked)
 
 
 def _usage(view: RunView, report: dict[str, Any]) -> None:

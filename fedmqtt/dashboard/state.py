@@ -46,6 +46,9 @@ class SiteView:
     usage: dict[str, float] = field(default_factory=dict)
     last_compute: dict[str, float] = field(default_factory=dict)  # the last round's wall/CPU s (J on a GPU)
     last_update_bytes: int | None = None  # size of the last accepted update (live, from ps/metrics)
+    # Record-level DP: what the site's training records have spent (epsilon at delta, by its accountant), as the
+    # PS last showed it (ps/status `epsilon`) or its report recorded it
+    epsilon: dict[str, Any] | None = None
 
     def as_json(self, rejected: dict[str, dict[str, int]]) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "last_seen": self.last_seen, "device": self.device,
@@ -53,7 +56,7 @@ class SiteView:
                 "label_histogram": self.label_histogram, "detail": self.detail,
                 "rounds_participated": len(self.rounds), "rejected": rejected.get(self.name, {}),
                 "usage": self.usage, "last_compute": self.last_compute,
-                "last_update_bytes": self.last_update_bytes}
+                "last_update_bytes": self.last_update_bytes, "epsilon": self.epsilon}
 
 
 @dataclass
@@ -184,6 +187,9 @@ class RunView:
         self.ps_last_seen, self.ps_seen = now, True
         for name in msg.sites_expected:
             self._site(name)
+        for name, spent in msg.epsilon.items():
+            if (site := self._site(name)) is not None:
+                site.epsilon = privacy_spent_view(spent)
         self._ps_events(before, msg, now)
         refusal_events(self.timeline, {} if first else rejected_before, self.rejected, t=now, round_no=self.round,
                        first=first)
@@ -323,6 +329,12 @@ class RunView:
                         for d in self.dropped.values()],
             "now": now,
         }
+
+
+def privacy_spent_view(spent: m.PrivacySpent) -> dict[str, Any]:
+    """What the page shows of a site's record-level DP spending."""
+    return {"epsilon": spent.epsilon, "delta": spent.delta, "accountant": spent.accountant, "steps": spent.steps,
+            "noise_multiplier": spent.noise_multiplier}
 
 
 def _metrics(per_site: Any) -> dict[str, dict[str, Any]]:

@@ -82,3 +82,22 @@ def evaluate_split(
     """`task_metrics` of the model's predictions on `(x, y)`: values, and a reason for each None."""
     scores = predict(model, x, task, device=device, nonnegative=nonnegative)
     return task_metrics(task, np.asarray(y), scores)
+
+
+def predict_logits(
+    model: nn.Module, x: np.ndarray, *, device: str | torch.device = "cpu", batch_size: int = 1024
+) -> np.ndarray:
+    """A binary model's raw outputs (logits) `(n,)` as float64, in eval mode without gradients: what the
+    membership-inference audit reads (fedmqtt.privacy_audit), where a saturated sigmoid would tie records."""
+    dev = torch.device(device)
+    was_training = model.training
+    model.to(dev).eval()
+    xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    parts: list[np.ndarray] = []
+    try:
+        with torch.inference_mode():
+            for start in range(0, xt.shape[0], batch_size):
+                parts.append(model(xt[start : start + batch_size].to(dev)).reshape(-1).double().cpu().numpy())
+    finally:
+        model.train(was_training)
+    return np.concatenate(parts) if parts else np.zeros((0,), dtype=np.float64)

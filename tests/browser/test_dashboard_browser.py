@@ -33,9 +33,10 @@ run.querySelectorAll('table.sites tr[data-site]').forEach(tr => {
   const td = tr.querySelectorAll('td');
   sites[tr.dataset.site] = {state: td[1].textContent, rounds: Number(td[3].textContent), usage: td[7].textContent,
                             data: td[5].textContent,
-                            detail: td[8].textContent,
+                            detail: tr.querySelector('td.detail').textContent,
                             // elements in the detail cell besides the <bdi> that isolates the text: none
-                            detail_children: [...td[8].querySelectorAll('*')].filter(e => e.tagName !== 'BDI').length};
+                            detail_children: [...tr.querySelector('td.detail').querySelectorAll('*')].filter(
+                                e => e.tagName !== 'BDI').length};
 });
 return {facts, sites, plots: run.querySelectorAll('figure.plot svg polyline').length,
         events: [...run.querySelectorAll('ol.timeline li')].map(

@@ -181,3 +181,27 @@ def test_downloads_return_the_files_bytes_and_refuse_everything_else(finished_ru
                  "/runs/-1/files/report.json", "/runs/00000000/files/report.json", "/runs/0/files/spool"):
         status, _, body = _get(url, path)
         assert status == 404 and b"never served" not in body, path
+
+
+@pytest.mark.e2e
+def test_a_reports_record_level_epsilon_is_in_its_sites_table(finished_runs: Path, dashboard, chrome,
+                                                             tmp_path: Path) -> None:
+    """The sites table shows each site's epsilon from the report's privacy section (a copy of a finished run whose
+    report is given one: the view is what is tested, not DP training), and a dash for a site without one."""
+    copy = tmp_path / "runs" / "with-dp"
+    shutil.copytree(finished_runs / "fedavg", copy)
+    shutil.copytree(finished_runs / "fedadam", tmp_path / "runs" / "fedadam")  # with one run, no list to open from
+    report = json.loads((copy / "report.json").read_text())
+    sites = sorted(report["final"]["per_site"])
+    report["privacy"] = {"record_level": {sites[0]: {"epsilon": 1.2345, "delta": 1e-5, "accountant": "rdp",
+                                                     "noise_multiplier": 1.1, "sample_rate": 0.2, "steps": 40}}}
+    (copy / "report.json").write_text(json.dumps(report))
+    chrome.get(dashboard("--runs", str(copy.parent)))
+    _wait(chrome, "return document.querySelectorAll('table.runlist tr[data-key]').length", lambda n: n == 2,
+          "both runs listed")
+    _open(chrome, "with-dp")
+    read = """return [...document.querySelectorAll('table.sites tr[data-site]')].map(
+        tr => [tr.dataset.site, tr.querySelector('td.epsilon').textContent]);"""
+    cells = dict(_wait(chrome, read, lambda rows: len(rows) == len(sites), "the sites table"))
+    assert cells[sites[0]] == "ε 1.234 at δ 0.00001"
+    assert all(cells[s] == "–" for s in sites[1:])

@@ -206,3 +206,21 @@ def test_find_runs_lists_an_output_folders_runs_newest_first(tmp_path: Path) -> 
     (tmp_path / "empty").mkdir()
     with pytest.raises(FedMqttError, match="no report.json"):
         find_runs(tmp_path / "empty")
+
+
+def test_each_sites_record_level_epsilon_is_shown_live_and_from_a_report() -> None:
+    """ps/status `epsilon` (live) and the report's privacy.record_level (finished) reach the site rows; an entry of
+    the report that does not validate as PrivacySpent is left out, not shown."""
+    spent = m.PrivacySpent(epsilon=1.25, delta=1e-5, accountant="prv", noise_multiplier=1.1, sample_rate=0.1,
+                           steps=40)
+    view = RunView(run_id=RUN, keys=RING)
+    _feed(view, topics.ps_status_topic(RUN), _status(epsilon={"a": spent}), now=1.0)
+    sites = {s["name"]: s for s in view.snapshot(now=2.0)["sites"]}
+    assert sites["a"]["epsilon"] == {"epsilon": 1.25, "delta": 1e-5, "accountant": "prv", "steps": 40,
+                                     "noise_multiplier": 1.1}
+    assert sites["b"]["epsilon"] is None
+    report = {"run_id": RUN, "algorithm": "fedavg", "rounds": [], "config": {"sites": ["a", "b"], "rounds": 1},
+              "final": {"per_site": {}, "mean": {}},
+              "privacy": {"record_level": {"a": spent.model_dump(), "b": {**spent.model_dump(), "epsilon": -1.0}}}}
+    finished = {s["name"]: s for s in run_view_from_report(report, label="x").snapshot(now=2.0)["sites"]}
+    assert finished["a"]["epsilon"]["epsilon"] == 1.25 and finished["b"]["epsilon"] is None

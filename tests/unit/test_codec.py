@@ -358,6 +358,9 @@ FORBIDDEN = {
     "targets",
     "y",
 }
+# A site's privacy-policy rules travel in its status under the names of its config's [privacy] keys: a threshold on
+# a count and a flag, never data. Named one by one, so any other field with these words still fails.
+POLICY_RULE_FIELDS = {"PrivacyPolicy.min_records_per_update", "PrivacyPolicy.require_record_dp"}
 
 
 def _nested_models(annotation: object) -> list[type[BaseModel]]:
@@ -390,7 +393,7 @@ def test_no_message_field_suggests_patient_level_data() -> None:
         f"{model}.{name}"
         for model, names in fields.items()
         for name in names
-        if name in FORBIDDEN or set(name.split("_")) & FORBIDDEN
+        if (name in FORBIDDEN or set(name.split("_")) & FORBIDDEN) and f"{model}.{name}" not in POLICY_RULE_FIELDS
     )
     assert offending == []
 

@@ -440,7 +440,13 @@ function usageCell(s) {
   if (s.last_update_bytes != null) parts.push(`update ${fmtBytes(s.last_update_bytes)}`);
   return parts.join("; ") || "–";
 }
-const SITE_COLUMNS = ["site", "state", "last seen", "rounds", "last update (val)", "data (train / val / test)", "refused by the PS", "usage", "detail", "device"];
+function epsilonCell(s) {
+  const e = s.epsilon;
+  if (!e) return "–";
+  return el("span", { title: `record-level DP: what this site's training records have spent over all its rounds and runs, by its ${e.accountant} accountant (${e.steps} DP-SGD steps, noise multiplier ${fmtNum(e.noise_multiplier)})` },
+    `ε ${fmtNum(e.epsilon)} at δ ${e.delta}`);
+}
+const SITE_COLUMNS = ["site", "state", "last seen", "rounds", "last update (val)", "data (train / val / test)", "refused by the PS", "usage", "privacy spent (ε)", "detail", "device"];
 // On a phone each site is a card (style.css): every cell names its column (data-col).
 function sitesTable(run, now) {
   const table = el("table", { class: "sites" });
@@ -450,8 +456,8 @@ function sitesTable(run, now) {
     const refusedCell = refused.length ? el("span", { class: "list" }, refused.map(([k, v], i) => [i ? "; " : "", party(k), ` ×${v}`])) : "–";
     const cells = [party(s.name), el("span", { class: "state state-" + word(s.state) }, party(s.state)),
       run.source === "live" ? fmtAgo(s.last_seen, now) : "–", String(s.rounds_participated), lastUpdate(run, s.name),
-      dataCell(s, run), refusedCell, usageCell(s), s.detail ? party(s.detail) : "", s.device ? party(s.device) : "–"];
-    const classes = { 6: "rejected", 8: "detail" };
+      dataCell(s, run), refusedCell, usageCell(s), epsilonCell(s), s.detail ? party(s.detail) : "", s.device ? party(s.device) : "–"];
+    const classes = { 6: "rejected", 8: "epsilon", 9: "detail" };
     table.append(el("tr", { "data-site": s.name }, cells.map((c, i) => el("td", { "data-col": SITE_COLUMNS[i], class: classes[i] }, c))));
   }
   return scroller(table);
