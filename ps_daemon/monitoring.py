@@ -204,9 +204,14 @@ def refused_by_label(sources: list[Mapping[str, Counter[str]]],
 
 
 def privacy_spent(state: DaemonState) -> float | None:
-    """The epsilon the run has spent so far. The PS has no differential privacy yet, so there is none: the
-    endpoint then exports no epsilon at all rather than a made-up 0 or infinity. A privacy accountant fills
-    this from its own state (e.g. `state.strategy_state`) when it lands."""
+    """The participant-level epsilon the released models have cost so far: a DP server rule (DP-FedAvg)
+    writes it into each closed round's record, which checkpoints keep, so it survives a `--resume`. None when
+    the run has no such rule: the endpoint then exports no epsilon rather than a made-up 0 or infinity.
+    Record-level epsilon is each site's own and is in ps/status per site, not in this run-wide gauge."""
+    for record in reversed(state.history):
+        spent = record.server.get("epsilon")
+        if isinstance(spent, int | float) and not isinstance(spent, bool):
+            return float(spent)
     return None
 
 

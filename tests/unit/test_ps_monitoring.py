@@ -134,3 +134,15 @@ def test_metrics_settings_are_off_by_default_on_loopback_and_do_not_change_the_r
     for bad in ({"port": 0}, {"port": 70000}, {"bind": "1.2.3.4; rm"}, {"linger_s": -1}, {"prot": 1}):
         with pytest.raises(ValueError, match="metrics"):
             config(metrics=bad)
+
+
+def test_privacy_spent_is_the_latest_participant_level_epsilon_and_none_without_a_dp_rule() -> None:
+    from dataclasses import replace
+
+    from ps_daemon.monitoring import privacy_spent
+
+    plain = (record(1, ("site-a",), seconds=1.0), record(2, ("site-a",), seconds=1.0))
+    assert privacy_spent(state(*plain)) is None
+    dp = (replace(plain[0], server={"epsilon": 0.4, "clip": 1.0}), replace(plain[1], server={"epsilon": 0.9}))
+    assert privacy_spent(state(*dp)) == 0.9
+    assert privacy_spent(state(dp[0], plain[1])) == 0.4  # a round whose record lacks it keeps the last value
