@@ -30,6 +30,7 @@ from schemas.base import (  # noqa: F401
     Timestamp,
 )
 from schemas.chunks import Chunk, ChunkManifest
+from schemas.secagg import SecAggTerms
 from schemas.signed import KeyList
 from schemas.tensors import Tensors
 
@@ -158,6 +159,10 @@ class TrainTask(Header):
     # tensor names to send back (None: all); the rest stays local
     upload: Annotated[tuple[Label, ...], Field(max_length=MAX_TENSORS)] | None = None
     best_round: RoundNo | None = None  # Hwang et al.: the round whose model is best so far (sites keep that model)
+    # Set when the round runs under secure aggregation (docs/secure-aggregation.md): the site then sends its update
+    # masked, in the ring these terms describe; a site whose policy requires secure aggregation refuses a task
+    # without them.
+    secure_aggregation: SecAggTerms | None = None
 
 
 class EvalTask(Header):

@@ -34,6 +34,20 @@ def _sorted_distinct(ids: tuple[str, ...], what: str) -> None:
         raise ValueError(f"{what} must be sorted and distinct")
 
 
+class SecAggTerms(Frozen):
+    """What a train task under secure aggregation tells its site: the ring it encodes its update into, the most
+    sites the ring was sized for, and the dropout fraction the round's graph is built for (docs/secure-aggregation.md,
+    "Encoding" and "The graph and its parameters"). The site checks the ring again when it builds it."""
+
+    ring_bits: Literal[32, 64] = Field(description="the ring Z_(2^bits) the masked sum lives in")
+    fraction_bits: int = Field(ge=0, le=52, description="scale = 2^fraction_bits")
+    clip: float = Field(gt=0, le=1e15, allow_inf_nan=False, description="every coordinate is clipped to "
+                        "[-clip, clip] before it is encoded")
+    max_sites: int = Field(ge=3, le=MAX_SITES, description="the most encodings the ring may have to sum")
+    dropout: float = Field(ge=0, lt=0.5, allow_inf_nan=False, description="the fraction of sites the round's "
+                           "graph is built to lose")
+
+
 class KeyAdvertBody(Frozen):
     """A site's two public keys and seed commitment, with its own Ed25519 signature over them and the round."""
 

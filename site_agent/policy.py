@@ -33,6 +33,10 @@ class PrivacyPolicy(BaseModel):
                                     "record-level DP (train.dp in the PS config)")
     min_records_per_update: int = Field(default=0, ge=0, le=10**9, description="refuse to send an update computed "
                                         "from fewer labelled training records than this")
+    require_secure_aggregation: bool = Field(default=False, description="refuse every training task that does not "
+                                             "run under secure aggregation (the PS config's secure_aggregation; "
+                                             "docs/secure-aggregation.md), so the PS never sees this site's own "
+                                             "update")
     algorithms: Names | None = Field(default=None, description="the algorithms this site trains with (unset: any)")
     models: Names | None = Field(default=None, description="the models of the registry this site trains (unset: "
                                  "any)")
@@ -61,6 +65,9 @@ def task_refusal(policy: PrivacyPolicy, task: TrainTask, model: ModelSpec, n_rec
         why = f"the task trains without record-level DP (its epsilon is unbounded); this site's {rule} needs it"
     elif s.dp is not None and policy.max_delta is not None and s.dp.delta > policy.max_delta:
         why = f"delta {s.dp.delta:g} is above this site's max_delta {policy.max_delta:g}"
+    elif policy.require_secure_aggregation and task.secure_aggregation is None:
+        why = ("the task runs without secure aggregation (the PS would see this site's own update); this site's "
+               "require_secure_aggregation needs it")
     return None if why is None else f"{REFUSED}: {why}"
 
 
