@@ -30,7 +30,16 @@ from schemas.base import (  # noqa: F401
     Timestamp,
 )
 from schemas.chunks import Chunk, ChunkManifest
-from schemas.secagg import SecAggTerms
+from schemas.secagg import (
+    SecAggAdvert,
+    SecAggAnswer,
+    SecAggInbox,
+    SecAggMasked,
+    SecAggRoster,
+    SecAggShares,
+    SecAggTerms,
+    SecAggUnmask,
+)
 from schemas.signed import KeyList
 from schemas.tensors import Tensors
 
@@ -344,7 +353,9 @@ class UploadTurn(Header):
 
 Message = Annotated[
     GlobalModel | TrainTask | EvalTask | RecruitmentResult | UploadTurn | ClientUpdate | EvalReport | SiteStatus
-    | DaemonStatus | RoundMetrics | ChunkManifest | Chunk | KeyList,
+    | DaemonStatus | RoundMetrics | ChunkManifest | Chunk | KeyList
+    # secure aggregation (docs/secure-aggregation.md), in the order of a round
+    | SecAggAdvert | SecAggRoster | SecAggShares | SecAggInbox | SecAggMasked | SecAggUnmask | SecAggAnswer,
     Field(discriminator="kind"),
 ]
 

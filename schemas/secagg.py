@@ -1,7 +1,7 @@
 """The message kinds of secure aggregation (docs/secure-aggregation.md, "Wire messages"), one per step.
 
-Designed and validated here; not yet part of `schemas.messages.Message` (the union the codec decodes): they join
-it, with their topics, ACL entries and protocol tables, when the PS and the site agent run the protocol. Every
+They are part of `schemas.messages.Message` (the union the codec decodes); the channel's KINDS_BY_TOPIC says on
+which topic each travels (fedmqtt/transport/channel.py), and docs/protocol.md lists them. Every
 field is bounded, like every other kind: ids by pattern, keys and shares by exact length, lists by the most a
 round can hold. A masked vector travels as an int32 or int64 tensor blob: the ring element's bits, read as two's
 complement (so no float checks apply and no bit is lost).
@@ -75,7 +75,7 @@ class ShareAnswer(Frozen):
     """One revealed share: whose secret, the x-coordinate, the 16 bytes."""
 
     owner: SiteId
-    x: int = Field(ge=1, le=MAX_SHARE_INDEX)
+    index: int = Field(ge=1, le=MAX_SHARE_INDEX)  # the share's x-coordinate (the holder's place in the graph)
     share: bytes = Field(min_length=SHARE_BYTES, max_length=SHARE_BYTES, strict=True)
 
 
@@ -162,9 +162,12 @@ class SecAggMasked(Header):
 
 
 class SecAggUnmask(Header):
-    """PS -> every survivor, step 3: whose seeds (survivors) and whose mask keys (dropped) to reveal."""
+    """PS -> each survivor, step 3: whose seeds (survivors) and whose mask keys (dropped) to reveal.
+
+    It travels on each survivor's own task topic (site_id names it), every survivor receiving the same lists."""
 
     kind: Literal["secagg_unmask"] = "secagg_unmask"
+    site_id: SiteId
     survivors: SiteIds
     dropped: SiteIds
 

@@ -82,8 +82,9 @@ def masked_from_wire(message: wire.SecAggMasked, fixed: FixedPoint) -> msg.Maske
     return msg.MaskedInput(message.sender, vector, message.paired_with)
 
 
-def unmask_to_wire(ctx: RoundContext, request: msg.UnmaskRequest) -> wire.SecAggUnmask:
-    return wire.SecAggUnmask(run_id=ctx.run_id, round=ctx.round_no, sender=PS, survivors=request.survivors,
+def unmask_to_wire(ctx: RoundContext, site: str, request: msg.UnmaskRequest) -> wire.SecAggUnmask:
+    return wire.SecAggUnmask(run_id=ctx.run_id, round=ctx.round_no, sender=PS, site_id=site,
+                             survivors=request.survivors,
                              dropped=request.dropped)
 
 
@@ -92,7 +93,7 @@ def unmask_from_wire(message: wire.SecAggUnmask) -> msg.UnmaskRequest:
 
 
 def _answers(shares: dict[str, tuple[int, bytes]]) -> tuple[wire.ShareAnswer, ...]:
-    return tuple(wire.ShareAnswer(owner=o, x=x, share=s) for o, (x, s) in sorted(shares.items()))
+    return tuple(wire.ShareAnswer(owner=o, index=x, share=s) for o, (x, s) in sorted(shares.items()))
 
 
 def answer_to_wire(ctx: RoundContext, answer: msg.UnmaskAnswer) -> wire.SecAggAnswer:
@@ -102,5 +103,5 @@ def answer_to_wire(ctx: RoundContext, answer: msg.UnmaskAnswer) -> wire.SecAggAn
 
 
 def answer_from_wire(message: wire.SecAggAnswer) -> msg.UnmaskAnswer:
-    return msg.UnmaskAnswer(message.sender, {a.owner: (a.x, a.share) for a in message.seed_shares},
-                            {a.owner: (a.x, a.share) for a in message.mask_key_shares})
+    return msg.UnmaskAnswer(message.sender, {a.owner: (a.index, a.share) for a in message.seed_shares},
+                            {a.owner: (a.index, a.share) for a in message.mask_key_shares})
