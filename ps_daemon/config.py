@@ -87,11 +87,15 @@ class SecureAggregationConfig(BaseModel):
                                "rounding error of one coordinate is at most 2^-(fraction_bits + 1) per site")
     ring_bits: Literal[32, 64] = Field(default=32, description="the ring Z_(2^bits): 4 or 8 bytes a coordinate "
                                        "on the wire; the sum of every site's clip must fit it")
+    stage_timeout_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False, description="how long the "
+                                   "PS waits for the sites at each stage after the keys (shares, masked inputs, "
+                                   "unmasking answers) before it goes on without the missing ones; the keys stage "
+                                   "includes local training and waits round_timeout_s")
 
-    def terms(self, n_sites: int) -> SecAggTerms:
+    def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0) -> SecAggTerms:
         """What each train task carries, for a run of `n_sites` sites."""
         return SecAggTerms(ring_bits=self.ring_bits, fraction_bits=self.fraction_bits, clip=self.clip,
-                           max_sites=n_sites, dropout=self.dropout)
+                           max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound)
 
     def fixed_point(self, n_sites: int) -> FixedPoint:
         """The ring, checked so that the sum of `n_sites` encodings cannot wrap (ConfigError otherwise)."""

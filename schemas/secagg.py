@@ -24,6 +24,7 @@ MAX_NEIGHBOURS = 1024  # far above any degree the graph rule picks (42 at 10 000
 MAX_SHARE_INDEX = 65_535  # two bytes in the sealed share
 
 SiteId = Annotated[str, Field(pattern=ID_PATTERN)]
+Attempt = Annotated[int, Field(ge=0, le=2**53)]
 Key = Annotated[bytes, Field(min_length=KEY_BYTES, max_length=KEY_BYTES, strict=True)]
 SiteIds = Annotated[tuple[SiteId, ...], Field(max_length=MAX_SITES)]
 NeighbourIds = Annotated[tuple[SiteId, ...], Field(max_length=MAX_NEIGHBOURS)]
@@ -46,6 +47,10 @@ class SecAggTerms(Frozen):
     max_sites: int = Field(ge=3, le=MAX_SITES, description="the most encodings the ring may have to sum")
     dropout: float = Field(ge=0, lt=0.5, allow_inf_nan=False, description="the fraction of sites the round's "
                            "graph is built to lose")
+    attempt: Attempt = Field(default=0, description="which try of the round: every secure-aggregation message of "
+                             "the round names it, and every secret is bound to it")
+    weight_bound: float = Field(default=1.0, gt=0, le=1e15, allow_inf_nan=False, description="B: a site sends its "
+                                "tensors times p_i = min(n_i / B, 1), then p_i (fedmqtt/secagg/weighted.py)")
 
 
 class KeyAdvertBody(Frozen):
@@ -88,6 +93,7 @@ class SecAggAdvert(Header):
     """Site -> PS, step 0: this round's keys."""
 
     kind: Literal["secagg_advert"] = "secagg_advert"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     advert: KeyAdvertBody
 
     @model_validator(mode="after")
@@ -101,6 +107,7 @@ class SecAggRoster(Header):
     """PS -> one site, step 1: every site that advertised, and the advertisements of its neighbours and its own."""
 
     kind: Literal["secagg_roster"] = "secagg_roster"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     site_id: SiteId
     sites: SiteIds
     adverts: Annotated[tuple[KeyAdvertBody, ...], Field(max_length=MAX_NEIGHBOURS + 1)]
@@ -119,6 +126,7 @@ class SecAggShares(Header):
     """Site -> PS, step 1: a sealed share for each neighbour (peer = receiver)."""
 
     kind: Literal["secagg_shares"] = "secagg_shares"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     shares: Annotated[tuple[SealedShare, ...], Field(min_length=1, max_length=MAX_NEIGHBOURS)]
 
     @model_validator(mode="after")
@@ -133,6 +141,7 @@ class SecAggInbox(Header):
     """PS -> one site, step 1: the sealed shares its sharing neighbours addressed to it (peer = sender)."""
 
     kind: Literal["secagg_inbox"] = "secagg_inbox"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     site_id: SiteId
     shares: Annotated[tuple[SealedShare, ...], Field(max_length=MAX_NEIGHBOURS)]
 
@@ -146,6 +155,7 @@ class SecAggMasked(Header):
     """Site -> PS, step 2: the masked encoding of the update (chunked like an update) and whom it paired with."""
 
     kind: Literal["secagg_masked"] = "secagg_masked"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     ring_bits: Literal[32, 64]
     fraction_bits: int = Field(ge=0, le=52)
     clip: float = Field(gt=0, le=1e15, allow_inf_nan=False)
@@ -167,6 +177,7 @@ class SecAggUnmask(Header):
     It travels on each survivor's own task topic (site_id names it), every survivor receiving the same lists."""
 
     kind: Literal["secagg_unmask"] = "secagg_unmask"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     site_id: SiteId
     survivors: SiteIds
     dropped: SiteIds
@@ -184,6 +195,7 @@ class SecAggAnswer(Header):
     """Survivor -> PS, step 3: the shares asked of it."""
 
     kind: Literal["secagg_answer"] = "secagg_answer"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     seed_shares: Annotated[tuple[ShareAnswer, ...], Field(max_length=MAX_NEIGHBOURS)]
     mask_key_shares: Annotated[tuple[ShareAnswer, ...], Field(max_length=MAX_NEIGHBOURS)]
 
