@@ -25,21 +25,22 @@ from site_agent.secagg_store import RoundRecord, SecAggStore, pack_message, unpa
 
 
 class SiteRound:
-    """This site's part in round `task_round` of session `session`, under `terms`."""
+    """This site's part in one try of round `round_no` of session `session`, under `terms`."""
 
     def __init__(self, store: SecAggStore, identity: Identity, *, run_id: str, session: str, round_no: int,
-                 terms: wire.SecAggTerms, layout: Layout, weight_bound: float) -> None:
+                 terms: wire.SecAggTerms, layout: Layout) -> None:
         if identity.private_key is None:
             raise ValueError(f"{identity.party!r} holds no signing key: it cannot advertise keys")
         self.store, self.site, self.session = store, identity.party, session
-        self.ctx = RoundContext(run_id, round_no)
-        self.layout, self.weight_bound = layout, weight_bound
+        self.ctx = RoundContext(run_id, round_no, terms.attempt)
+        self.layout, self.weight_bound = layout, terms.weight_bound
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
-        record = store.load(session, round_no)
+        record = store.load(session, round_no, terms.attempt)
         secrets = SiteSecrets.from_bytes(record.secrets) if record is not None else SiteSecrets.fresh()
         self.session_state = SiteSession(self.ctx, self.site, identity.private_key, identity.ring, self.fixed,
                                          layout.length, dropout=terms.dropout, secrets=secrets)
-        self.record = record or RoundRecord(session=session, round=round_no, secrets=secrets.to_bytes())
+        self.record = record or RoundRecord(session=session, round=round_no, attempt=terms.attempt,
+                                            secrets=secrets.to_bytes())
         if record is None:
             store.save(self.record)  # the secrets are on disk before the advertisement commits to them
         else:

@@ -22,6 +22,7 @@ from fedmqtt.secagg.site import SECRETS_BYTES
 from schemas import secagg as wire
 from schemas.base import Frozen, RoundNo, Session
 from schemas.codec import decode, encode
+from schemas.secagg import Attempt
 
 MAX_RECORD_BYTES = 16 * 1024 * 1024  # a roster and an inbox of thousands of neighbours stay far below
 KEEP_ROUNDS = 2  # the open round and the one before (a PS that resumed may still ask for it)
@@ -32,6 +33,7 @@ class RoundRecord(Frozen):
 
     session: Session
     round: RoundNo
+    attempt: Attempt = 0
     secrets: bytes = Field(min_length=SECRETS_BYTES, max_length=SECRETS_BYTES, strict=True, repr=False)
     roster: bytes | None = Field(default=None, strict=True)
     inbox: bytes | None = Field(default=None, strict=True)
@@ -46,19 +48,20 @@ class SecAggStore:
     def __init__(self, folder: Path) -> None:
         self.folder = private_dir(Path(folder))
 
-    def path(self, session: str, round_no: int) -> Path:
-        return self.folder / f"round-{round_no:06d}-{session[:16] or 'none'}.msgpack"
+    def path(self, session: str, round_no: int, attempt: int = 0) -> Path:
+        return self.folder / f"round-{round_no:06d}-{session[:16] or 'none'}-{attempt}.msgpack"
 
     def save(self, record: RoundRecord) -> Path:
-        path = write_atomic(self.path(record.session, record.round), msgpack.packb(record.model_dump(),
-                                                                                    use_bin_type=True))
+        path = write_atomic(self.path(record.session, record.round, record.attempt),
+                            msgpack.packb(record.model_dump(), use_bin_type=True))
         for old in sorted(self.folder.glob("round-*.msgpack"))[:-KEEP_ROUNDS]:
             old.unlink(missing_ok=True)
         return path
 
-    def load(self, session: str, round_no: int) -> RoundRecord | None:
-        """The record of that round, or None if there is none; SecAggRecordError if it cannot be trusted."""
-        path = self.path(session, round_no)
+    def load(self, session: str, round_no: int, attempt: int = 0) -> RoundRecord | None:
+        """The record of that try of the round, or None if there is none; SecAggRecordError if it cannot be
+        trusted."""
+        path = self.path(session, round_no, attempt)
         if not path.is_file():
             return None
         if path.stat().st_size > MAX_RECORD_BYTES:
@@ -67,13 +70,16 @@ class SecAggStore:
             record = RoundRecord.model_validate(msgpack.unpackb(path.read_bytes(), raw=False))
         except (ValueError, ValidationError, msgpack.UnpackException) as exc:
             raise SecAggRecordError(f"{path.name}: not a readable round record ({str(exc)[:200]})") from None
-        if (record.session, record.round) != (session, round_no):
-            raise SecAggRecordError(f"{path.name}: holds session {record.session!r} round {record.round}")
+        if (record.session, record.round, record.attempt) != (session, round_no, attempt):
+            raise SecAggRecordError(f"{path.name}: holds session {record.session!r} round {record.round} try "
+                                    f"{record.attempt}")
         return record
 
-    def discard(self, session: str, round_no: int) -> None:
-        """Forget a closed round's secrets (the PS moved on: nobody may ask for them again)."""
-        self.path(session, round_no).unlink(missing_ok=True)
+    def discard_before(self, round_no: int) -> None:
+        """Forget the secrets of rounds before `round_no` (the PS moved on: nobody may ask for them again)."""
+        for old in self.folder.glob("round-*.msgpack"):
+            if int(old.name.split("-")[1]) < round_no:
+                old.unlink(missing_ok=True)
 
 
 def pack_message(message: wire.SecAggRoster | wire.SecAggInbox | wire.SecAggUnmask) -> bytes:

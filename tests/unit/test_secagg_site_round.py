@@ -27,7 +27,7 @@ from site_agent.secagg_round import SiteRound
 from site_agent.secagg_store import SecAggRecordError, SecAggStore
 
 RUN, SESSION, ROUND = "secagg-site-run", "ab12", 2
-TERMS = wire.SecAggTerms(ring_bits=64, fraction_bits=24, clip=8.0, max_sites=4, dropout=0.1)
+TERMS = wire.SecAggTerms(ring_bits=64, fraction_bits=24, clip=8.0, max_sites=4, dropout=0.1, attempt=3)
 N = 4
 
 
@@ -48,22 +48,24 @@ class Federation:
                             for k, v in self.current.items()} for s in self.names}
         self.counts = {s: int(rng.integers(30, 300)) for s in self.names}
         self.bound = float(sum(self.counts.values()))
+        self.terms = TERMS.model_copy(update={"weight_bound": self.bound})
         self.layout = layout_of(self.current)
         self.tmp = tmp
         fixed = FixedPoint(TERMS.clip, TERMS.fraction_bits, TERMS.ring_bits, max_sites=TERMS.max_sites)
-        self.server = ServerSession(RoundContext(RUN, ROUND), self.names, self.keys.identity("observer").ring, fixed,
-                                    self.layout.length, dropout=TERMS.dropout)
+        self.server = ServerSession(RoundContext(RUN, ROUND, TERMS.attempt), self.names,
+                                    self.keys.identity("observer").ring, fixed, self.layout.length,
+                                    dropout=TERMS.dropout)
         self.sites = {s: self.site(s) for s in self.names}
 
     def site(self, name: str) -> SiteRound:
         """A (re)started site: its driver built from its state folder."""
         return SiteRound(SecAggStore(self.tmp / name / "secagg"), self.keys.identity(name), run_id=RUN,
-                         session=SESSION, round_no=ROUND, terms=TERMS, layout=self.layout, weight_bound=self.bound)
+                         session=SESSION, round_no=ROUND, terms=self.terms, layout=self.layout)
 
 
 def _play(tmp: Path, *, restart_after_shares: str = "", restart_after_masked: str = "") -> tuple[Federation, object]:
     fed = Federation(tmp)
-    ctx = RoundContext(RUN, ROUND)
+    ctx = RoundContext(RUN, ROUND, TERMS.attempt)
     for s in fed.names:
         advert = trip(fed.sites[s].advert())
         assert isinstance(advert, wire.SecAggAdvert)
@@ -131,7 +133,7 @@ def test_a_site_restarted_after_its_masked_input_answers_the_same_request_only(t
     request = fed.server.request
     assert request is not None
     again = fed.site("site-002")  # once more, after it answered: the same request, the same answer
-    same = conv.unmask_to_wire(RoundContext(RUN, ROUND), "site-002", request)
+    same = conv.unmask_to_wire(RoundContext(RUN, ROUND, TERMS.attempt), "site-002", request)
     first, second = again.on_unmask(same), fed.sites["site-002"].on_unmask(same)
     assert (first.seed_shares, first.mask_key_shares) == (second.seed_shares, second.mask_key_shares)
     assert first.seed_shares  # it holds its survivors' seed shares
@@ -144,7 +146,7 @@ def test_a_site_restarted_after_its_masked_input_answers_the_same_request_only(t
 def test_the_state_folder_is_private_and_a_damaged_record_is_refused(tmp_path: Path) -> None:
     fed = Federation(tmp_path)
     store = fed.sites["site-000"].store
-    path = store.path(SESSION, ROUND)
+    path = store.path(SESSION, ROUND, TERMS.attempt)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(store.folder.stat().st_mode) == 0o700
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(SecAggRecordError, match="not a readable round record"):
@@ -156,7 +158,7 @@ def test_the_state_folder_is_private_and_a_damaged_record_is_refused(tmp_path: P
 
 def test_a_second_different_inbox_is_refused(tmp_path: Path) -> None:
     fed = Federation(tmp_path)
-    ctx = RoundContext(RUN, ROUND)
+    ctx = RoundContext(RUN, ROUND, TERMS.attempt)
     for s in fed.names:
         fed.server.receive_advert(conv.advert_from_wire(fed.sites[s].advert()))
     rosters = fed.server.close_adverts()
