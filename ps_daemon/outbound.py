@@ -117,9 +117,11 @@ class Outbound:
                 model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,
                 accepted_round=effect.accepted_round, tensors=arrays_to_blobs(effect.tensors),
                 upload=effect.upload, best_round=effect.best_round, session=state.session,
-                secure_aggregation=(c.secure_aggregation.terms(len(c.sites)) if c.secure_aggregation.enabled
-                                    else None),
-                msg_id=self._msg_id(state, "train", effect.round, effect.site_id, effect.model_hash)))
+                secure_aggregation=effect.secure,
+                msg_id=self._msg_id(state, "train", effect.round, effect.site_id, effect.model_hash,
+                                    *((effect.secure.attempt,) if effect.secure is not None else ()))))
+        elif isinstance(effect, fx.PublishSecAgg):
+            ch.send(topics.ps_task_topic(c.run_id, effect.site_id), effect.message)
         elif isinstance(effect, fx.PublishEvalTask):
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), m.EvalTask(
                 run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
