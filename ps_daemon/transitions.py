@@ -86,13 +86,15 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "_offline_in_round",
         "records the site; a selected site that had not answered is logged, and the round closes if every other "
         "selected site has answered and the quorum is met, else the status stops waiting for it and names it "
-        "among the dropped sites",
+        "among the dropped sites; under secure aggregation the open stage closes if it waited only for it",
         ("training", "evaluating")),
     ("training", UpdateReceived): Transition(
         "_update_in_round",
         "admits the update (open round, selected site, first one, current model, matching layout) or refuses it "
         "with a log; the round closes once every selected site not seen offline has answered and the quorum is "
-        "met: aggregate, checkpoint, round metrics, then the next round or the final evaluation",
+        "met: aggregate, checkpoint, round metrics, then the next round or the final evaluation; under secure "
+        "aggregation the update carries no tensors (how the site trained, its metrics) and the round closes with "
+        "the secure sum instead",
         ("training", "evaluating")),
     ("training", ReportReceived): _ignore_report("training"),
     ("training", SecAggReceived): Transition(
@@ -105,7 +107,9 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
     ("training", Tick): Transition(
         "_tick_in_round",
         "after `stall_s` without progress re-publishes the round for the sites still missing; at the deadline "
-        "closes the round if the quorum is met, else extends the deadline and names the missing sites",
+        "closes the round if the quorum is met, else extends the deadline and names the missing sites; under "
+        "secure aggregation the open stage's deadline closes the stage with whoever answered (a failed try: "
+        "nothing aggregated, a new try)",
         ("training", "evaluating")),
 
     ("evaluating", Started): Transition(
