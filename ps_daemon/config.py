@@ -25,7 +25,7 @@ from schemas.secagg import SecAggTerms
 
 # Whether the PS and the site agents run SecAgg+ over MQTT. Until they do, a config that enables it is refused
 # (after every other check of the [secure_aggregation] table), so no run believes itself secure in the clear.
-SECURE_AGGREGATION_RUNS = False
+SECURE_AGGREGATION_RUNS = True
 # Rules that start from a pretrained model (docs/algorithms.md 11).
 NEEDS_PRETRAINED = ("adafed", "d-adafed")
 # Rules whose formulas hold for plain SGD only (docs/algorithms.md 7 and 8).
