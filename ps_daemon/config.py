@@ -23,9 +23,6 @@ from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, RecordDP, TrainSettings
 from schemas.secagg import SecAggTerms
 
-# Whether the PS and the site agents run SecAgg+ over MQTT. Until they do, a config that enables it is refused
-# (after every other check of the [secure_aggregation] table), so no run believes itself secure in the clear.
-SECURE_AGGREGATION_RUNS = True
 # Rules that start from a pretrained model (docs/algorithms.md 11).
 NEEDS_PRETRAINED = ("adafed", "d-adafed")
 # Rules whose formulas hold for plain SGD only (docs/algorithms.md 7 and 8).
@@ -118,9 +115,6 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
         sa.fixed_point(n_sites)
     except ConfigError as exc:
         return str(exc)
-    if not SECURE_AGGREGATION_RUNS:
-        return ("secure_aggregation: the protocol core is built but the PS and the site agent do not run it over "
-                "MQTT yet (docs/secure-aggregation.md, \"Status\"); refusing rather than running in the clear")
     return None
 
 

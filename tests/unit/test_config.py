@@ -174,8 +174,7 @@ def test_secure_aggregation_is_off_by_default_and_enters_the_resume_hash() -> No
     checks, so a run cannot switch halfway."""
     clear = DaemonConfig.model_validate(_daemon_dict(sites=["a", "b", "c"]))
     assert not clear.secure_aggregation.enabled
-    sa = secure_aggregation_problem("fedavg", SecureAggregationConfig(enabled=True, clip=4.0), 3)
-    assert sa is None or "do not run it over MQTT yet" in sa  # the last check while the flow is not wired
+    assert secure_aggregation_problem("fedavg", SecureAggregationConfig(enabled=True, clip=4.0), 3) is None
     wider = clear.model_copy(update={"secure_aggregation": SecureAggregationConfig(ring_bits=64)})
     assert wider.config_hash() != clear.config_hash()
     terms = SecureAggregationConfig(enabled=True).terms(3)
@@ -183,12 +182,10 @@ def test_secure_aggregation_is_off_by_default_and_enters_the_resume_hash() -> No
 
 
 def test_secure_aggregation_accepts_the_rules_that_need_only_sums() -> None:
-    """FedAvg and FedProx need only sums: their only refusal (while the flow is not wired) is the wiring one;
-    FedAdp needs each site's update and is refused for that."""
+    """FedAvg and FedProx need only sums and are accepted; FedAdp needs each site's update and is refused."""
     on = SecureAggregationConfig(enabled=True)
     for rule in ("fedavg", "fedprox"):
-        problem = secure_aggregation_problem(rule, on, 4)
-        assert problem is None or "do not run it over MQTT yet" in problem
+        assert secure_aggregation_problem(rule, on, 4) is None
     fedadp = secure_aggregation_problem("fedadp", on, 4)
     assert fedadp is not None and "cannot run under secure aggregation" in fedadp
 

@@ -16,7 +16,6 @@ from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.weighted import layout_of, mean_error_bound, site_weight, split
 from fedmqtt.strategies import FedAvg, SiteUpdate
 from fedmqtt.strategies.base import RoundInput
-from ps_daemon import config as ps_config
 from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SecAggReceived, SiteOffline, SiteOnline, Tick, UpdateReceived
@@ -32,11 +31,6 @@ RUN = "secagg-machine"
 N = 4
 SITES = tuple(site_ids(N))
 TIMEOUT, STAGE = 100.0, 10.0
-
-
-@pytest.fixture(autouse=True)
-def _flow_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ps_config, "SECURE_AGGREGATION_RUNS", True)
 
 
 def _machine(**overrides: Any) -> Machine:
