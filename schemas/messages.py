@@ -292,6 +292,17 @@ class SiteStatus(Header):
     update_bytes: Count = 0  # with update_ready: the encoded update's size
 
 
+class SecureRoundNote(Frozen):
+    """How secure aggregation went in one closed round (docs/secure-aggregation.md): sites in the sum, selected
+    sites left out of it, those among them whose masks were removed with their rebuilt keys, and the tries."""
+
+    round: RoundNo
+    included: Count
+    dropped: Count
+    recovered: Count
+    tries: Count
+
+
 class DaemonStatus(Header):
     """`ps/status` (retained; also the PS Last Will). JSON on the wire."""
 
@@ -322,6 +333,9 @@ class DaemonStatus(Header):
     upload_turns: Annotated[dict[SiteName, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     # Record-level DP: the epsilon each site reported with its newest accepted update (at its delta).
     epsilon: Annotated[dict[SiteName, PrivacySpent], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
+    # Secure aggregation on for this run (the PS sees only sums), and how the last closed round went under it.
+    secure_aggregation: bool = False
+    secure_last_round: SecureRoundNote | None = None
 
 
 class RoundMetrics(Header):
@@ -340,6 +354,7 @@ class RoundMetrics(Header):
     # not read the updates themselves (the dashboard shows them live)
     usage: Annotated[dict[Name, ResourceUsage], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     update_bytes: Annotated[dict[Name, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
+    secure: SecureRoundNote | None = None  # under secure aggregation: how this round's sum went
 
 class UploadTurn(Header):
     """`ps/turn/<site>` (retained): this site may now upload its large update of `round` (docs/protocol.md,

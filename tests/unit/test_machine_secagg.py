@@ -22,8 +22,10 @@ from ps_daemon.events import SecAggReceived, SiteOffline, SiteOnline, Tick, Upda
 from ps_daemon.machine import Machine
 from ps_daemon.model_init import hash_weights
 from ps_daemon.state import DaemonState
+from ps_daemon.status import secure_note, status_message
 from schemas import secagg as wire
 from schemas.codec import decode, encode
+from schemas.messages import SecureRoundNote
 from site_agent.secagg_round import SiteRound
 from site_agent.secagg_store import SecAggStore
 
@@ -245,3 +247,20 @@ def test_the_last_rounds_sum_starts_the_final_evaluation(tmp_path: Path) -> None
         state, effects = _answer(machine, sites, state, effects)
     assert state.phase == "evaluating" and state.secure is None
     assert any(isinstance(e, fx.PublishEvalTask) for e in effects)
+
+
+def test_status_and_round_metrics_say_how_secure_aggregation_went(tmp_path: Path) -> None:
+    """ps/status says secure aggregation is on and how the last round went; the round's record holds the names."""
+    machine = _machine()
+    sites = Sites(tmp_path, machine)
+    state, effects = _start(machine)
+    state, effects = _train_and_advertise(machine, sites, state, effects)
+    state, effects = _answer(machine, sites, state, effects)
+    state, effects = _answer(machine, sites, state, effects, silent=("site-003",))
+    state, effects = machine.step(state, SiteOffline("site-003", now=3.0))
+    state, effects = _answer(machine, sites, state, effects)
+    note = secure_note(state.history[-1])
+    assert note == SecureRoundNote(round=1, included=3, dropped=1, recovered=1, tries=1)
+    status = status_message(machine.config, "training", 2, session="ab12", rejected={}, secure_last_round=note)
+    assert status.secure_aggregation and status.secure_last_round == note
+    assert secure_note(None) is None
