@@ -16,7 +16,9 @@ from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.weighted import layout_of, mean_error_bound, site_weight, split
 from fedmqtt.strategies import FedAvg, SiteUpdate
 from fedmqtt.strategies.base import RoundInput
+from fedmqtt.transport.bulk import split as split_payload
 from ps_daemon import effects as fx
+from ps_daemon.admission import masked_manifest_rejection
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SecAggReceived, SiteOffline, SiteOnline, Tick, UpdateReceived
 from ps_daemon.machine import Machine
@@ -264,3 +266,24 @@ def test_status_and_round_metrics_say_how_secure_aggregation_went(tmp_path: Path
     status = status_message(machine.config, "training", 2, session="ab12", rejected={}, secure_last_round=note)
     assert status.secure_aggregation and status.secure_last_round == note
     assert secure_note(None) is None
+
+
+def test_a_chunked_masked_input_is_admitted_only_as_the_round_expects_it(tmp_path: Path) -> None:
+    """The manifest of a large masked input declares its one ring vector; the PS takes it in the masked stage
+    only, with the model's float coordinates plus one, and refuses another layout before fetching a chunk."""
+    machine = _machine()
+    sites = Sites(tmp_path, machine)
+    state, effects = _start(machine)
+    state, effects = _train_and_advertise(machine, sites, state, effects)
+    state, effects = _answer(machine, sites, state, effects)  # shares -> the masked stage
+    inbox = next(e.message for e in effects if isinstance(e, fx.PublishSecAgg) and e.site_id == "site-000")
+    masked = sites.rounds["site-000"].on_inbox(_trip(inbox), sites.trained["site-000"], 10)
+    manifest, _ = split_payload(encode(masked), masked, chunk_bytes=1024)
+    assert [(t.name, t.dtype, t.shape) for t in manifest.tensor_index] == [("masked", "int32", (2 * 3 + 2 + 1,))]
+    assert masked_manifest_rejection(machine, state, "site-000", manifest) is None
+    wrong = manifest.model_copy(update={"tensor_index": (manifest.tensor_index[0].model_copy(
+        update={"shape": (5,)}),)})
+    assert "one int32 vector of 9 coordinates" in (masked_manifest_rejection(machine, state, "site-000", wrong) or "")
+    early, _ = _start(_machine())
+    why = masked_manifest_rejection(machine, early, "site-000", manifest)  # round 1 still at its keys stage
+    assert why is not None and "keys stage" in why
