@@ -12,6 +12,7 @@ sites) of each, their ratio, the per-site CPU and the test accuracy of both runs
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -35,6 +36,8 @@ def main() -> None:
     model = model_spec(args.model_mb)
     with tempfile.TemporaryDirectory(prefix="fedmqtt-secagg-bench-") as tmp:
         work = Path(tmp)
+        if os.geteuid() == 0:
+            work.chmod(0o711)  # as root the broker runs as `mosquitto`, which must pass through to its files
         tables = write_site_tables(work / "data", args.sites)
         results: dict[str, list[dict]] = {"clear": [], "secure": []}
         for repeat in range(args.repeats):
