@@ -108,6 +108,9 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
     if not rule.needs_only_sums:
         return (f"secure_aggregation: {algorithm} cannot run under secure aggregation, the PS would see only the "
                 f"sum of the updates and {algorithm} needs more: {rule.sums_note}")
+    if not getattr(rule, "from_weighted_mean", False):
+        return (f"secure_aggregation: {algorithm} needs only sums, but sums the PS does not unmask yet (only the "
+                "sample-weighted mean of the updates is wired: fedavg, fedprox, fedper); docs/secure-aggregation.md")
     if n_sites < MIN_SITES:
         return (f"secure_aggregation needs at least {MIN_SITES} sites (got {n_sites}): with two, each learns the "
                 "other's update from the sum")
