@@ -78,3 +78,32 @@ def test_a_site_killed_after_its_masked_input_is_recovered(cli_federation, tmp_p
     assert "fault injection: SIGKILL at site_after_masked of round 1" in fed.tail("va", 200)
     ps_log = fed.tail("ps", 400)
     assert "site va went offline during round 1" in ps_log and "masked inputs closed" in ps_log
+
+
+def test_a_ps_killed_mid_round_resumes_with_a_new_try(cli_federation, tmp_path) -> None:  # noqa: ANN001
+    """The PS is SIGKILLed in round 2 once the sites' sealed shares are in, and started with --resume: it resumes
+    round 2 from round 1's checkpoint under a new try (the sites re-offer their stored updates under fresh keys,
+    without training again) and ends with the clear run's model. Two rounds: round 2's sites train from a model
+    within the ring's bound of the clear one, so the comparison allows float32 training noise on top (1e-5)."""
+    fed = cli_federation("ps-killed", run_id="e2e-secure-ps", rounds=2, sites=SITES,
+                         ps_extra={"secure_aggregation": SECURE})
+    fed.start_broker()
+    fed.start_ps()
+    for site in SITES:
+        fed.start_site(site)
+    wait_until(lambda: "round 2: secure aggregation" in fed.tail("ps", 400)
+               and "sealed shares closed" in fed.tail("ps", 400).split("round 2:", 1)[-1], 240,
+               "round 2's shares closed")
+    fed.kill("ps")
+    fed.start_ps(resume=True)
+    fed.wait_ps_done(240)
+    expected, got = _clear(tmp_path, "e2e-secure-ps", 2, SITES), fed.final_weights()
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name].astype(np.float64), value.astype(np.float64), rtol=0, atol=1e-5,
+                                   err_msg=name)
+    ps_log = fed.tail("ps", 4000)
+    assert "resuming from checkpoint of round 1" in ps_log
+    report = json.loads((fed.work / "ps" / "report.json").read_text())
+    assert [r["secure"]["included"] for r in report["rounds"]] == [sorted(SITES)] * 2
+    for site in SITES:
+        assert "trained before; secure aggregation try" in fed.tail(site, 2000)  # round 2 not trained twice
