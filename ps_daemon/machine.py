@@ -575,7 +575,11 @@ class Machine:
         return state, [self._status(state, detail), fx.Finish(state)]
 
     def _status(self, state: DaemonState, detail: str) -> fx.PublishStatus:
-        if state.phase == "training":
+        if state.phase == "training" and state.secure is not None:  # who the open stage of the protocol waits for
+            sr, session = self._secure_session(state)
+            skipped = frozenset(s for s, u in state.updates.items() if u.no_step_reason)
+            waiting = sec.waiting(session, sr, state.selected, state.offline, skipped)
+        elif state.phase == "training":
             waiting = self._can_answer(state, state.updates)
         elif state.phase == "evaluating":
             waiting = self._can_answer(state, state.final_reports)

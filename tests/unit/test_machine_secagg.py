@@ -187,7 +187,8 @@ def test_a_site_offline_before_its_masked_input_is_recovered_and_left_out(tmp_pa
     state, effects = _answer(machine, sites, state, effects)  # shares
     state, effects = _answer(machine, sites, state, effects, silent=("site-003",))
     assert state.secure is not None and state.secure.stage == "masked"
-    assert any(isinstance(e, fx.PublishStatus) and "masked inputs from site-003" in e.detail for e in effects)
+    assert any(isinstance(e, fx.PublishStatus) and "masked inputs from site-003" in e.detail
+               and e.waiting_for == ("site-003",) for e in effects)  # ps/status names whom the stage waits for
     state, effects = machine.step(state, SiteOffline("site-003", now=3.0))
     assert state.secure is not None and state.secure.stage == "unmask"
     state, effects = _answer(machine, sites, state, effects)
