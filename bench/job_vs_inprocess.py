@@ -128,9 +128,10 @@ def in_process(work: Path, config: dict) -> dict:
 
 
 # -- (a) the deployed job ----------------------------------------------------------------------------------
-def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Path | None = None) -> dict:
+def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Path | None = None,
+             ps_extra: dict | None = None) -> dict:
     """`tree`: run the deployed processes from another checkout (e.g. `git archive` of an older commit), for a
-    before/after comparison in one run."""
+    before/after comparison in one run. `ps_extra`: more PS config keys (e.g. secure_aggregation)."""
     from broker.config import free_port
     from fedmqtt.config_io import dump_toml
     from fedmqtt.transport import topics
@@ -147,7 +148,7 @@ def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Pat
     layout = load_federation(fed)
     ps = {"run_id": "bench", "rounds": rounds, "sites": site_ids, "quorum": 1, "round_timeout_s": 600.0,
           "seed": SEED, "out_dir": str(work / "ps"), "credentials": str(layout.credentials["ps"]),
-          "model": model, "train": TRAIN}
+          "model": model, "train": TRAIN, **(ps_extra or {})}
     (work / "ps.toml").write_text(dump_toml(ps))
     for i, site in enumerate(site_ids):
         cfg = {"site_id": site, "run_id": "bench", "credentials": str(layout.credentials[site]),

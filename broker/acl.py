@@ -5,7 +5,7 @@ the protocol gives it (docs/protocol.md), never a `#` under its subtree. A retai
 memory and a place in mosquitto.db across restarts, so a write right on `site/<id>/#` let a site store as many
 retained messages as it liked under made-up subtopics (40 of 1 MiB grew the broker from 10 to 51 MB). Mosquitto's
 `+` matches any name at its level too, so a site's chunk topics are listed one by one, `<topic>/chunk/0` ...
-`<topic>/chunk/{MAX_CHUNKS-1}`: what a site can make the broker keep is at most `site_write_topics` (260 topics)
+`<topic>/chunk/{MAX_CHUNKS-1}`: what a site can make the broker keep is at most `site_write_topics` (261 topics)
 of at most max_packet_size each. Reads create nothing at the broker and keep `+` (and the PS reads the whole
 run). The PS, the coordinator, writes its own topics with `+` for chunk indices and site ids: it already decides
 what every site stores.

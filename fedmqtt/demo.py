@@ -89,7 +89,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algorithm: str = "fedavg",
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, secure_aggregation: bool = False) -> dict[str, Any]:
     """Run the demo federation; every process it started is stopped on return, error or Ctrl-C."""
     started = time.time()
     signal.signal(signal.SIGTERM, _interrupt)
@@ -103,10 +103,13 @@ def run_demo(*, out: Path | None, rounds: int, seed: int, timeout_s: float, algo
             work.chmod(0o711)
         layout = init_federation(work / "federation", run_id=RUN_ID, site_ids=list(SITES), port=free_port(), force=True)
         train = {**DEMO_TRAIN, "optimizer": "sgd", "lr": 0.05} if algorithm in SGD_ONLY else DEMO_TRAIN
+        secure = {"secure_aggregation": {"enabled": True}} if secure_aggregation else None
         ps_cfg, site_cfgs = write_role_configs(layout, work, rounds=rounds, seed=seed, algorithm=algorithm,
-                                               train=train, share_label_histogram=algorithm == "feddkw")
+                                               train=train, share_label_histogram=algorithm == "feddkw",
+                                               ps_extra=secure)
         load_daemon_config(ps_cfg)  # a bad algorithm or setting fails here, before any process starts
-        print(f"fedmqtt demo: {algorithm}, {rounds} rounds, sites {', '.join(SITES)} (UCI heart disease, CC BY 4.0)")
+        print(f"fedmqtt demo: {algorithm}, {rounds} rounds, sites {', '.join(SITES)} (UCI heart disease, CC BY 4.0)"
+              + (", secure aggregation (the PS sees only sums)" if secure_aggregation else ""))
         broker = stack.enter_context(BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.host))
         print(f"  broker      mosquitto pid {broker.pid} on {layout.host}:{layout.port}")
         procs = {"ps": spawn(["ps", "start", "--config", str(ps_cfg)], work / "logs" / "ps.log")}

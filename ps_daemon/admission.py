@@ -61,6 +61,11 @@ def update_rejection(machine: Machine, state: DaemonState, site: str, msg: Clien
         return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
     if msg.no_step_reason:  # the site could not train: an answer without tensors (the schema checked it has none)
         return None if msg.label_histogram is None else histogram_rejection(msg.label_histogram)
+    if machine.secure_on:
+        reason = secure_update_rejection(msg) or _privacy_rejection(machine.config.train.dp, msg)
+        if reason is None and msg.label_histogram is not None:
+            return histogram_rejection(msg.label_histogram)
+        return reason
     layout = model_layout(machine.shared_model(state))
     reason = _layout_mismatch(_blob_entries(msg.tensors), layout, "tensors", complete=True)
     if reason is not None:
@@ -158,6 +163,8 @@ def manifest_rejection(machine: Machine, state: DaemonState, site: str | None, k
     match the model, or more bytes than such a message can need."""
     if site is None:
         return "chunked messages from the PS are not expected here"
+    if kind == "update" and manifest.inner_kind == "secagg_masked":
+        return masked_manifest_rejection(machine, state, site, manifest)
     if kind == "update":
         if manifest.inner_kind != "client_update":
             return f"a {manifest.inner_kind[:32]} cannot travel on an update topic"
@@ -181,6 +188,38 @@ def manifest_rejection(machine: Machine, state: DaemonState, site: str | None, k
             return f"chunked report of {manifest.total_bytes} bytes"
         return None
     return f"a chunked {kind} is not expected from a site"
+
+
+def masked_manifest_rejection(machine: Machine, state: DaemonState, site: str, manifest: ChunkManifest) -> str | None:
+    """A chunked masked input: only in the masked-input stage of the open try, from a site it waits for, one flat
+    ring vector of the model's float coordinates plus one (the weight)."""
+    sr = state.secure
+    if sr is None or state.phase != "training" or manifest.round != state.round:
+        return f"no masked input is expected now (PS is in {state.phase} round {state.round})"
+    if sr.stage != "masked":
+        return f"a masked input while secure aggregation is at its {sr.stage} stage"
+    if site not in state.selected:
+        return "site was not selected for this round"
+    floats = {n: v for n, v in machine.shared_model(state).items() if np.asarray(v).dtype.kind == "f"}
+    length = sum(int(np.asarray(v).size) for v in floats.values()) + 1
+    ring = machine.config.secure_aggregation.ring_bits
+    entries = [(t.name, t.dtype, tuple(t.shape)) for t in manifest.tensor_index]
+    if entries != [("masked", f"int{ring}", (length,))]:
+        return f"a masked input is one int{ring} vector of {length} coordinates, not {entries[:2]}"
+    budget = length * ring // 8 + CHUNKED_UPDATE_SLACK_BYTES
+    if manifest.total_bytes > budget:
+        return f"chunked masked input of {manifest.total_bytes} bytes; this model's needs at most {budget}"
+    return None
+
+
+def secure_update_rejection(msg: ClientUpdate) -> str | None:
+    """Under secure aggregation the update says how the site trained and carries nothing to aggregate."""
+    if msg.tensors or msg.control_variates or msg.layer_stats:
+        return "under secure aggregation an update carries no tensors: they travel masked (secagg_masked)"
+    if not msg.no_step_reason and (msg.n_samples < 1 or msg.local_steps < 1):
+        return (f"an update needs at least one training sample and one local step (got {msg.n_samples}, "
+                f"{msg.local_steps})")
+    return None
 
 
 __all__ = ["histogram_rejection", "manifest_rejection", "model_layout", "report_rejection", "update_rejection"]

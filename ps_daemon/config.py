@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedmqtt.config_io import load_toml, validate_config
 from fedmqtt.errors import ConfigError
+from fedmqtt.secagg.ring import FixedPoint
+from fedmqtt.secagg.server import MIN_SITES
 from fedmqtt.strategies import STRATEGIES, build_strategy
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
 from fedmqtt.training.client_rules import optimiser_problem, record_dp_problem
@@ -19,6 +21,7 @@ from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, RecordDP, TrainSettings
+from schemas.secagg import SecAggTerms
 
 # Rules that start from a pretrained model (docs/algorithms.md 11).
 NEEDS_PRETRAINED = ("adafed", "d-adafed")
@@ -62,6 +65,62 @@ class MetricsConfig(BaseModel):
                             "scrape sees the end); SIGTERM ends the wait")
 
 
+class SecureAggregationConfig(BaseModel):
+    """SecAgg+ (docs/secure-aggregation.md), off unless `enabled`: the PS learns only the sum of the updates.
+
+    The ring's clip and scale bound what the sum can hold and how exactly (the rounding error of one coordinate of
+    the sum of n sites is at most n / 2^(fraction_bits + 1))."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(default=False, description="run every training round under SecAgg+ (the rule must need "
+                          "only sums: `fedmqtt algorithms` says which do)")
+    dropout: float = Field(default=0.1, ge=0, lt=0.5, allow_inf_nan=False, description="the fraction of selected "
+                           "sites the round is built to lose and still unmask the sum (sets the graph's degree and "
+                           "threshold)")
+    clip: float = Field(default=8.0, gt=0, le=1e15, allow_inf_nan=False, description="every coordinate a site "
+                        "sends (its weight times its update, and its weight) is clipped to [-clip, clip]")
+    fraction_bits: int = Field(default=16, ge=0, le=52, description="fixed-point scale 2^fraction_bits: the "
+                               "rounding error of one coordinate is at most 2^-(fraction_bits + 1) per site")
+    ring_bits: Literal[32, 64] = Field(default=32, description="the ring Z_(2^bits): 4 or 8 bytes a coordinate "
+                                       "on the wire; the sum of every site's clip must fit it")
+    stage_timeout_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False, description="how long the "
+                                   "PS waits for the sites at each stage after the keys (shares, masked inputs, "
+                                   "unmasking answers) before it goes on without the missing ones; the keys stage "
+                                   "includes local training and waits round_timeout_s")
+
+    def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0) -> SecAggTerms:
+        """What each train task carries, for a run of `n_sites` sites."""
+        return SecAggTerms(ring_bits=self.ring_bits, fraction_bits=self.fraction_bits, clip=self.clip,
+                           max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound)
+
+    def fixed_point(self, n_sites: int) -> FixedPoint:
+        """The ring, checked so that the sum of `n_sites` encodings cannot wrap (ConfigError otherwise)."""
+        return FixedPoint(self.clip, self.fraction_bits, self.ring_bits, max_sites=n_sites)
+
+
+def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_sites: int) -> str | None:
+    """Why this run cannot aggregate securely (None when it can): a rule that needs each site's own update, fewer
+    than three sites, or a ring too small for the sum."""
+    if not sa.enabled:
+        return None
+    rule = STRATEGIES[algorithm]
+    if not rule.needs_only_sums:
+        return (f"secure_aggregation: {algorithm} cannot run under secure aggregation, the PS would see only the "
+                f"sum of the updates and {algorithm} needs more: {rule.sums_note}")
+    if not getattr(rule, "from_weighted_mean", False):
+        return (f"secure_aggregation: {algorithm} needs only sums, but sums the PS does not unmask yet (only the "
+                "sample-weighted mean of the updates is wired: fedavg, fedprox, fedper); docs/secure-aggregation.md")
+    if n_sites < MIN_SITES:
+        return (f"secure_aggregation needs at least {MIN_SITES} sites (got {n_sites}): with two, each learns the "
+                "other's update from the sum")
+    try:
+        sa.fixed_point(n_sites)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 class DaemonConfig(BaseModel):
     """Everything the PS needs; relative paths are resolved against the config file's folder."""
 
@@ -103,6 +162,9 @@ class DaemonConfig(BaseModel):
     pretrained: Path | None = Field(default=None, description="safetensors model for AdaFed's statistics")
     metrics: MetricsConfig = Field(default=MetricsConfig(), description="the Prometheus endpoint "
                                    "(docs/monitoring.md); off unless `port` is set")
+    secure_aggregation: SecureAggregationConfig = Field(
+        default=SecureAggregationConfig(), description="SecAgg+ (docs/secure-aggregation.md): the PS learns only the "
+        "sum of the updates; off unless `enabled`")
 
     @model_validator(mode="after")
     def _check(self) -> DaemonConfig:
@@ -139,6 +201,8 @@ class DaemonConfig(BaseModel):
             raise ValueError(problem)
         if self.train.dp is not None and (problem := record_dp_problem(self.algorithm, local)):
             raise ValueError(f"train.dp: {problem}")
+        if problem := secure_aggregation_problem(self.algorithm, self.secure_aggregation, len(self.sites)):
+            raise ValueError(problem)
         if self.selection == "fraction" and self.fraction is not None:
             drawn = min_drawn(len(self.sites), self.fraction)
             if drawn < self.quorum:

@@ -6,7 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel
+
 from fedmqtt.strategies.base import Weights
+from schemas.secagg import SecAggTerms
 
 if TYPE_CHECKING:
     from ps_daemon.state import DaemonState, Phase, RoundRecord
@@ -36,6 +39,7 @@ class PublishTrainTask:
     hyper: Mapping[str, float]  # per-site hyper-parameters (merged into the task's settings)
     upload: tuple[str, ...]  # the strategy's shared tensors: what the site sends back
     best_round: int | None = None
+    secure: SecAggTerms | None = None  # under secure aggregation: the ring and the try the site masks for
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,14 @@ class PublishEvalTask:
     accepted_round: int | None
     tensors: Weights
     best_round: int | None = None
+
+
+@dataclass(frozen=True)
+class PublishSecAgg:
+    """A secure aggregation message of the PS (roster, inbox, unmasking request) to one site, on its task topic."""
+
+    site_id: str
+    message: BaseModel
 
 
 @dataclass(frozen=True)
@@ -84,5 +96,5 @@ class Finish:
     state: DaemonState
 
 
-Effect = (SaveCheckpoint | PublishModel | PublishTrainTask | PublishEvalTask | PublishRecruitment | PublishStatus
-          | PublishRoundMetrics | Log | Finish)
+Effect = (SaveCheckpoint | PublishModel | PublishTrainTask | PublishEvalTask | PublishRecruitment | PublishSecAgg
+          | PublishStatus | PublishRoundMetrics | Log | Finish)

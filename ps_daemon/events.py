@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel
+
 from fedmqtt.strategies.base import SiteUpdate
 from schemas.messages import PrivacyPolicy
 
@@ -59,10 +61,21 @@ class ReportReceived:
 
 
 @dataclass(frozen=True)
+class SecAggReceived:
+    """A site's secure aggregation message (schemas/secagg.py: advertisement, shares, masked input, answer),
+    checked by the channel (schema, topic, signature)."""
+
+    site_id: str
+    now: float
+    round: int
+    message: BaseModel
+
+
+@dataclass(frozen=True)
 class Tick:
     """The runner's clock: lets the pure machine notice a passed deadline."""
 
     now: float
 
 
-Event = Started | SiteOnline | SiteOffline | UpdateReceived | ReportReceived | Tick
+Event = Started | SiteOnline | SiteOffline | UpdateReceived | ReportReceived | SecAggReceived | Tick

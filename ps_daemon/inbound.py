@@ -14,7 +14,7 @@ from fedmqtt.transport.channel import BridgeState, Channel, Inbound
 from fedmqtt.transport.topics import ParsedTopic
 from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
 from ps_daemon.config import DaemonConfig
-from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, UpdateReceived
+from ps_daemon.events import Event, ReportReceived, SecAggReceived, SiteOffline, SiteOnline, UpdateReceived
 from ps_daemon.liveness import AGENT, BRIDGE, SiteLiveness
 from ps_daemon.machine import Machine
 from ps_daemon.refusals import refusal_category
@@ -23,6 +23,7 @@ from ps_daemon.state import DaemonState
 from ps_daemon.status import StatusBoard
 from ps_daemon.turns import UploadTurns
 from schemas import messages as m
+from schemas import secagg as sw
 from schemas.chunks import ChunkManifest
 from schemas.tensors import blobs_to_arrays
 
@@ -31,6 +32,7 @@ log = logging.getLogger("fedmqtt.ps")
 # Whatever a message holds, the PS keeps serving: content it cannot use raises one of these while it is turned
 # into an event or stepped, and is refused with the reason; the machine is pure, so the state stays as it was.
 UNUSABLE_CONTENT = (KeyError, ValueError, TypeError, ArithmeticError, OverflowError)
+SECAGG_FROM_SITES = (sw.SecAggAdvert, sw.SecAggShares, sw.SecAggMasked, sw.SecAggAnswer)
 
 
 def _as_tuple(values: list[float] | None) -> tuple[float, ...] | None:
@@ -119,6 +121,12 @@ class InboundEvents:
             return self._site_status_event(site, msg, now)
         if isinstance(msg, m.ClientUpdate):
             return self._update_event(state, site, msg, arrived, now)
+        if isinstance(msg, SECAGG_FROM_SITES):
+            if arrived.chunks:  # a chunked masked input: the PS holds it now, the broker need not
+                self.channel.clear_received(topics.site_update_topic(self.config.run_id, site), arrived.chunks)
+            if site in self.config.sites:
+                self.liveness.heard_from(site)
+            return SecAggReceived(site, now, msg.round, msg)
         if isinstance(msg, m.EvalReport):
             why = report_rejection(state, site, msg)
             if why is not None:

@@ -16,12 +16,26 @@ from datetime import datetime, timezone
 import numpy as np
 
 from fedmqtt.means import direction_of, mean_defined
+from fedmqtt.secagg import messages as smsg
+from fedmqtt.secagg.adverts import Verifier
+from fedmqtt.secagg.weighted import layout_of, mean_from_sum, split
 from fedmqtt.strategies.aggregate import check_update_shapes
-from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
+from fedmqtt.strategies.base import AggregateResult, Manifest, RoundInput, Strategy, Weights
+from fedmqtt.strategies.sums import aggregate_from_mean
 from ps_daemon import effects as fx
 from ps_daemon import policy_quorum, selection
+from ps_daemon import secure_round as sec
 from ps_daemon.config import DaemonConfig
-from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
+from ps_daemon.events import (
+    Event,
+    ReportReceived,
+    SecAggReceived,
+    SiteOffline,
+    SiteOnline,
+    Started,
+    Tick,
+    UpdateReceived,
+)
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
 from ps_daemon.transitions import TRANSITIONS
 
@@ -34,10 +48,15 @@ NAMES_SHOWN = 8  # site names in one line of text (hundreds may be missing)
 class Machine:
     """Binds the configuration and the strategy; `step` is the only entry point."""
 
-    def __init__(self, config: DaemonConfig, strategy: Strategy, hash_weights: Callable[[Weights], str]) -> None:
+    def __init__(self, config: DaemonConfig, strategy: Strategy, hash_weights: Callable[[Weights], str], *,
+                 verifier: Verifier | None = None) -> None:
+        """`verifier`: the key list that signs the sites' key advertisements (needed under secure aggregation)."""
         self.config = config
         self.strategy = strategy
         self.hash_weights = hash_weights
+        self.secure_on = config.secure_aggregation.enabled
+        # Replays the open try's log into the protocol's ServerSession (a cache: the result depends on the state)
+        self.sessions = sec.Sessions(config, verifier)
 
     def initial_state(self, weights: Weights, manifest: Manifest | None = None,
                       extras: dict[str, Weights] | None = None, session: str = "") -> DaemonState:
@@ -87,6 +106,7 @@ class Machine:
         """Resumed from a checkpoint in the middle of the run: re-send the round."""
         state = replace(state, round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s,
                         last_progress=ev.now)
+        state = self._secure_start(state, ev.now)  # a new try: the checkpoint keeps none
         return state, self._round_effects(state, f"resumed from checkpoint at round {state.round}")
 
     def _resume_evaluation(self, state: DaemonState, ev: Started) -> Result:
@@ -132,6 +152,7 @@ class Machine:
             state, phase="training", round=1, selected=chosen,
             round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s, last_progress=ev.now,
         )
+        state = self._secure_start(state, ev.now)
         started = fx.Log("info", f"starting round 1 with {', '.join(chosen)}")
         return state, [*effects, started, *self._round_effects(state)]
 
@@ -141,10 +162,14 @@ class Machine:
     def _offline_in_round(self, state: DaemonState, ev: SiteOffline) -> Result:
         was_offline = ev.site_id in state.offline
         state = self._with_offline(state, ev)
-        if ev.site_id not in state.selected or ev.site_id in state.updates or was_offline:
+        if ev.site_id not in state.selected or was_offline or (ev.site_id in state.updates
+                                                                  and state.secure is None):
             return state, []
         went = f"site {ev.site_id} went offline during round {state.round}"
         effects: list[fx.Effect] = [fx.Log("warning", went)]
+        if state.secure is not None:  # the open stage may now have everything it waits for
+            state, more = self._secure_progress(state, ev.now)
+            return state, [*effects, *more]
         if self._all_answered(state) and len(state.updates) >= self.config.quorum:
             state, more = self._close_round(state, ev.now)
             return state, [*effects, *more]
@@ -185,6 +210,9 @@ class Machine:
         said: list[fx.Effect] = [fx.Log("warning", f"site {ev.site_id} took no training step in round {state.round}: "
                                         f"{ev.no_step_reason}; the round goes on without its update")
                                  ] if ev.no_step_reason else []
+        if state.secure is not None:  # the round closes with the secure sum, not with the updates
+            state, more = self._secure_progress(state, ev.now)
+            return state, [*said, *more]
         if self._all_answered(state) and len(state.updates) >= self.config.quorum:
             state, effects = self._close_round(state, ev.now)
             return state, [*said, *effects]
@@ -204,6 +232,10 @@ class Machine:
     def _tick_in_round(self, state: DaemonState, ev: Tick) -> Result:
         if self._stalled(state, ev.now):
             return self._republish_stalled(state, ev.now)
+        if state.secure is not None:  # the stages' own deadlines drive the round
+            if ev.now < state.secure.deadline:
+                return state, []
+            return self._secure_progress(state, ev.now, deadline_passed=True)
         if state.deadline is None or ev.now < state.deadline:
             return state, []
         if len(state.updates) >= self.config.quorum:
@@ -287,6 +319,8 @@ class Machine:
         reason = self.admit_update(state, ev.site_id, ev.round, ev.base_model_hash)
         if reason is not None or ev.no_step_reason:  # an answer without an update carries no tensors to check
             return reason
+        if self.secure_on:  # what it trained to travels masked: the update says how it trained, with no tensors
+            return "under secure aggregation an update carries no tensors" if ev.update.tensors else None
         return check_update_shapes(ev.update, self.shared_model(state))
 
     def _all_answered(self, state: DaemonState) -> bool:
@@ -297,19 +331,24 @@ class Machine:
     def _all_reported(self, state: DaemonState) -> bool:
         return all(s in state.final_reports or s in state.offline for s in state.selected)
 
-    def _close_round(self, state: DaemonState, now: float) -> Result:
+    def _close_round(self, state: DaemonState, now: float, secure_sum: smsg.RoundSum | None = None) -> Result:
         # sorted: sums do not depend on arrival order; a site that took no step has no update to aggregate
         participants = tuple(sorted(s for s, u in state.updates.items() if not u.no_step_reason))
+        if secure_sum is not None:
+            participants = tuple(sorted(secure_sum.included))
         self.strategy.load_state_dict(dict(state.strategy_state))
         try:
             # Overflow is judged below (a non-finite result is refused), not warned about mid-sum.
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                self._observe(state, participants)
-                result = self.strategy.aggregate_train(RoundInput(
-                    round_no=state.round, current=dict(state.weights),
-                    updates=[state.updates[s].update for s in participants], enrolled=dict(state.enrolled),
-                    manifest=state.manifest,
-                ))
+                if secure_sum is not None:
+                    result = self._aggregate_secure(state, secure_sum)
+                else:
+                    self._observe(state, participants)
+                    result = self.strategy.aggregate_train(RoundInput(
+                        round_no=state.round, current=dict(state.weights),
+                        updates=[state.updates[s].update for s in participants], enrolled=dict(state.enrolled),
+                        manifest=state.manifest,
+                    ))
         # A strategy's protocol check (e.g. SCAFFOLD's delta_c for every tensor).
         except (ValueError, FloatingPointError) as exc:
             return self._refuse_aggregate(state, now, f"the strategy refused them: {exc}")
@@ -320,7 +359,8 @@ class Machine:
         extras = dict(result.extras)
         if result.eval_weights is not None:
             extras["eval"] = result.eval_weights
-        record = replace(self._record(state, participants, now), server=dict(result.diagnostics))
+        record = replace(self._record(state, participants, now), server=dict(result.diagnostics),
+                         secure=self._secure_note(state, secure_sum))
         best = self._better_best(state, record)
         nxt = state.round + 1
         chosen = selection.pool(self.config, state) if nxt > self.config.rounds else selection.select(
@@ -331,8 +371,11 @@ class Machine:
             history=(*state.history, record), best=best, strategy_state=self.strategy.state_dict(),
             accepted_rounds={**state.accepted_rounds, **{s: state.round for s in participants}},
             round_started_at=now, deadline=now + self.config.round_timeout_s, attempt=0, last_progress=now,
+            secure=None,
         )
         state = replace(state, model_hash=self.hash_weights(self.published(state)))
+        if nxt <= self.config.rounds:
+            state = self._secure_start(state, now, previous_attempt=secure_attempt(record))
         head: list[fx.Effect] = [fx.PublishRoundMetrics(record)]
         if "epsilon" in record.server:  # a DP server rule: what the released models have cost so far
             head.append(fx.Log("info", f"round {record.round}: participant-level DP has spent epsilon "
@@ -341,6 +384,116 @@ class Machine:
             state = replace(state, phase="evaluating")
             return state, [fx.SaveCheckpoint(state), *head, *self._eval_effects(state)]
         return state, [fx.SaveCheckpoint(state), *head, *self._round_effects(state)]
+
+    # -- secure aggregation (ps_daemon/secure_round.py) -----------------------------------------------------
+    def _secure_start(self, state: DaemonState, now: float, *, previous_attempt: int = 0,
+                      failures: tuple[str, ...] = ()) -> DaemonState:
+        """A new try of secure aggregation for the open round (nothing in the clear)."""
+        if not self.secure_on:
+            return state
+        attempt = sec.new_attempt(now, previous_attempt)
+        return replace(state, secure=sec.SecureRound(
+            attempt=attempt, stage="keys", deadline=now + self.config.round_timeout_s,
+            weight_bound=sec.weight_bound(state.enrolled, state.selected), failures=failures))
+
+    def _secure_session(self, state: DaemonState) -> tuple[sec.SecureRound, sec.ServerSession]:
+        sr = state.secure
+        assert sr is not None
+        layout = layout_of(split(self.shared_model(state))[0])
+        return sr, self.sessions.of(state.session, state.round, state.selected, layout, sr)
+
+    def _refuse_secagg(self, state: DaemonState, ev: SecAggReceived) -> Result:
+        return state, [fx.Log("warning", f"secure aggregation message from {ev.site_id} for round {ev.round} "
+                                         f"ignored: no round is open (PS is in {state.phase} round {state.round})")]
+
+    def _secagg_in_round(self, state: DaemonState, ev: SecAggReceived) -> Result:
+        if state.secure is None:
+            return state, [fx.Log("warning", f"secure aggregation message from {ev.site_id} ignored: this run "
+                                             "aggregates in the clear")]
+        sr, session = self._secure_session(state)
+        attempt = getattr(ev.message, "attempt", None)
+        if ev.round != state.round or attempt != sr.attempt:
+            return state, [fx.Log("warning", f"{ev.message.__class__.__name__} from {ev.site_id} ignored: it is for "
+                                             f"round {ev.round} try {attempt}, the open one is round {state.round} "
+                                             f"try {sr.attempt}")]
+        stage, record = sec.record_of(ev.message, session)
+        refusal, sr = self.sessions.feed(session, sr, (stage, record))
+        state = replace(state, secure=sr)
+        effects: list[fx.Effect] = []
+        if isinstance(refusal, smsg.Refusal) and refusal.category != smsg.REPLAY:
+            effects.append(fx.Log("warning", f"secure aggregation, round {state.round}: {refusal.party}: "
+                                             f"{refusal.category}: {refusal.reason}"))
+        if refusal is None:
+            state = replace(state, last_progress=ev.now)
+        state, more = self._secure_progress(state, ev.now)
+        return state, [*effects, *more]
+
+    def _secure_progress(self, state: DaemonState, now: float, *, deadline_passed: bool = False) -> Result:
+        """Close the open stage once nobody it waits for can still answer (or at its deadline), then the next."""
+        effects: list[fx.Effect] = []
+        for _ in sec.STAGES:  # a stage closed with nobody left to wait for may let the next one close at once
+            sr, session = self._secure_session(state)
+            skipped = frozenset(s for s, u in state.updates.items() if u.no_step_reason)
+            missing = sec.waiting(session, sr, state.selected, state.offline, skipped)
+            head = f"round {state.round}: secure aggregation (try {sr.attempt})"
+            if missing and not deadline_passed:
+                return state, [*effects, self._status(state, f"{head}: waiting for {sec.WAITS_FOR[sr.stage]} from "
+                                                             f"{_named(missing)}")]
+            if missing:
+                effects.append(fx.Log("warning", f"{head}: deadline passed; going on without the "
+                                                 f"{sec.WAITS_FOR[sr.stage]} of {_named(missing)}"))
+            deadline_passed = False
+            if sr.stage == "unmask":
+                outcome = session.finish()
+                if isinstance(outcome, smsg.RoundFailed):
+                    state, more = self._secure_failed(state, now, outcome.reason)
+                    return state, [*effects, *more]
+                state, more = self._close_round(state, now, secure_sum=outcome)
+                return state, [*effects, *more]
+            produced, sr = self.sessions.feed(session, sr, ("close", sr.stage))
+            if isinstance(produced, smsg.RoundFailed):
+                state, more = self._secure_failed(state, now, produced.reason)
+                return state, [*effects, *more]
+            nxt = sec.STAGES[sec.STAGES.index(sr.stage) + 1]
+            sent = tuple(sec.out_messages(self.config, state.round, sr, state.session, produced, now))
+            sr = replace(sr, stage=nxt, deadline=now + self.config.secure_aggregation.stage_timeout_s, sent=sent)
+            state = replace(state, secure=sr, last_progress=now)
+            effects.append(fx.Log("info", f"{head}: {sec.WAITS_FOR[sec.STAGES[sec.STAGES.index(nxt) - 1]]} closed; "
+                                          f"sent {len(sent)} site(s) what the {nxt} stage needs"))
+            effects.extend(fx.PublishSecAgg(site, message) for site, message in sent)
+        return state, effects
+
+    def _secure_failed(self, state: DaemonState, now: float, reason: str) -> Result:
+        """Fail safe: nothing of this try is aggregated; a new try with fresh keys at every site."""
+        sr = state.secure
+        assert sr is not None
+        why = (f"round {state.round}: secure aggregation try {sr.attempt} failed ({reason}); nothing aggregated; "
+               "starting a new try with fresh keys")
+        state = self._secure_start(state, now, previous_attempt=sr.attempt, failures=(*sr.failures, reason))
+        state = replace(state, last_progress=now)
+        return state, [fx.Log("warning", why), *self._round_effects(state, why)]
+
+    def _aggregate_secure(self, state: DaemonState, total: smsg.RoundSum) -> AggregateResult:
+        """The rule's aggregate from the unmasked sum: the weighted mean of the float tensors; integer buffers
+        (BatchNorm's step counters, which a sum cannot give as a maximum) keep the server's value."""
+        sr = state.secure
+        assert sr is not None
+        shared = self.shared_model(state)
+        floats, rest = split(shared)
+        mean, n_total = mean_from_sum(total.total, layout_of(floats), sr.weight_bound)
+        mean.update(rest)
+        return aggregate_from_mean(self.strategy, RoundInput(
+            round_no=state.round, current=dict(state.weights), updates=[], enrolled=dict(state.enrolled),
+            manifest=state.manifest), mean, n_total)
+
+    @staticmethod
+    def _secure_note(state: DaemonState, total: smsg.RoundSum | None) -> dict[str, object]:
+        if total is None or state.secure is None:
+            return {}
+        return {"included": list(total.included),
+                "dropped": sorted(set(state.selected) - set(total.included)),
+                "recovered": list(total.dropped_recovered), "attempt": state.secure.attempt,
+                "tries": len(state.secure.failures) + 1}
 
     def _refuse_aggregate(self, state: DaemonState, now: float, problem: str) -> Result:
         """Valid-looking updates (finite, in range) can still combine into Inf/NaN, e.g. huge values under an
@@ -354,15 +507,17 @@ class Machine:
         return state, [fx.Log("warning", why), self._status(state, why)]
 
     def _record(self, state: DaemonState, participants: tuple[str, ...], now: float) -> RoundRecord:
-        per_site = {s: dict(state.updates[s].val_metrics) for s in participants}
+        # Under secure aggregation a site in the sum may not have sent how it trained (metrics): it has none here.
+        told = tuple(s for s in participants if s in state.updates)
+        per_site = {s: dict(state.updates[s].val_metrics) for s in told}
         names = sorted({k for m in per_site.values() for k in m})
-        mean = {k: mean_defined([per_site[s].get(k) for s in participants]) for k in names}
-        losses = [state.updates[s].train_loss for s in participants]
+        mean = {k: mean_defined([per_site[s].get(k) for s in told]) for k in names}
+        losses = [state.updates[s].train_loss for s in told]
         return RoundRecord(
             round=state.round, sites=participants,
-            stragglers=tuple(s for s in state.selected if s not in state.updates),
+            stragglers=tuple(s for s in state.selected if s not in state.updates and s not in participants),
             per_site=per_site, mean=mean, train_loss=mean_defined(losses),
-            n_samples={s: state.updates[s].update.n_samples for s in participants},
+            n_samples={s: state.updates[s].update.n_samples for s in told},
             started_at=state.round_started_at, closed_at=now, model_hash=state.model_hash,
             skipped={s: u.no_step_reason for s, u in sorted(state.updates.items()) if u.no_step_reason},
         )
@@ -382,7 +537,10 @@ class Machine:
             out.append(fx.PublishTrainTask(
                 site, state.round, state.model_hash, state.deadline or 0.0, self._accepted(state, site),
                 dict(state.personal.get(site, {})), self._site_hyper(state, site),
-                tuple(self.shared_names(state)), state.best.round if state.best else None))
+                tuple(self.shared_names(state)), state.best.round if state.best else None,
+                sec.terms(self.config, state.secure) if state.secure is not None else None))
+        if state.secure is not None:  # the open stage's messages, again (the same ids: a site that has them drops them)
+            out.extend(fx.PublishSecAgg(site, message) for site, message in state.secure.sent)
         out.append(self._status(state, why or self._training_on(state)))
         return out
 
@@ -425,7 +583,11 @@ class Machine:
         return state, [self._status(state, detail), fx.Finish(state)]
 
     def _status(self, state: DaemonState, detail: str) -> fx.PublishStatus:
-        if state.phase == "training":
+        if state.phase == "training" and state.secure is not None:  # who the open stage of the protocol waits for
+            sr, session = self._secure_session(state)
+            skipped = frozenset(s for s, u in state.updates.items() if u.no_step_reason)
+            waiting = sec.waiting(session, sr, state.selected, state.offline, skipped)
+        elif state.phase == "training":
             waiting = self._can_answer(state, state.updates)
         elif state.phase == "evaluating":
             waiting = self._can_answer(state, state.final_reports)
@@ -449,6 +611,11 @@ class Machine:
     def _training_on(self, state: DaemonState) -> str:
         return (f"round {state.round}: training on {len(self._can_answer(state, state.updates))} sites"
                 + _offline_note(state, state.updates))
+
+
+def secure_attempt(record: RoundRecord) -> int:
+    attempt = record.secure.get("attempt", 0)
+    return attempt if isinstance(attempt, int) else 0
 
 
 def dropped(state: DaemonState) -> dict[str, str]:

@@ -20,7 +20,7 @@ from ps_daemon.final_outputs import write_final_outputs
 from ps_daemon.monitoring import DurationTally
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState, RoundRecord
-from ps_daemon.status import PS, StatusBoard
+from ps_daemon.status import PS, StatusBoard, secure_note
 from schemas import messages as m
 from schemas.tensors import arrays_to_blobs
 
@@ -117,7 +117,11 @@ class Outbound:
                 model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,
                 accepted_round=effect.accepted_round, tensors=arrays_to_blobs(effect.tensors),
                 upload=effect.upload, best_round=effect.best_round, session=state.session,
-                msg_id=self._msg_id(state, "train", effect.round, effect.site_id, effect.model_hash)))
+                secure_aggregation=effect.secure,
+                msg_id=self._msg_id(state, "train", effect.round, effect.site_id, effect.model_hash,
+                                    *((effect.secure.attempt,) if effect.secure is not None else ()))))
+        elif isinstance(effect, fx.PublishSecAgg):
+            ch.send(topics.ps_task_topic(c.run_id, effect.site_id), effect.message)
         elif isinstance(effect, fx.PublishEvalTask):
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), m.EvalTask(
                 run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
@@ -133,7 +137,8 @@ class Outbound:
             self.status.publish(self.status.message(
                 effect.state, effect.round, session=state.session, waiting_for=effect.waiting_for,
                 deadline=effect.deadline, detail=effect.detail, sites_online=tuple(sorted(state.online)),
-                dropped=dict(effect.dropped)))
+                dropped=dict(effect.dropped), secure_last_round=secure_note(state.history[-1] if state.history
+                                                                           else None)))
         elif isinstance(effect, fx.PublishRoundMetrics):
             metrics = self._round_metrics(effect.record)
             ch.send(topics.ps_metrics_topic(c.run_id), metrics)
@@ -154,4 +159,5 @@ class Outbound:
             per_site={s: dict(metrics) for s, metrics in r.per_site.items()}, mean=dict(r.mean),
             train_loss=r.train_loss, duration_s=r.closed_at - r.started_at,
             usage={s: m.ResourceUsage(**u) for s, u in self.usage.get(r.round, {}).items() if s in r.sites},
-            update_bytes={s: n for s, n in self.update_bytes.pop(r.round, {}).items() if s in r.sites})
+            update_bytes={s: n for s, n in self.update_bytes.pop(r.round, {}).items() if s in r.sites},
+            secure=secure_note(r))

@@ -41,6 +41,8 @@ def run_breaches(config: DaemonConfig, policy: PrivacyPolicy, n_train: int) -> t
     if n_train < policy.min_records_per_update:
         out.append(f"min_records_per_update {policy.min_records_per_update}: the site has {n_train} training "
                    "records")
+    if policy.require_secure_aggregation and not config.secure_aggregation.enabled:
+        out.append("require_secure_aggregation: the run sends updates in the clear (secure_aggregation is off)")
     if dp is None:
         if policy.require_record_dp:
             out.append("require_record_dp: the run has no record-level DP (train.dp)")

@@ -51,6 +51,12 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         # Record-level DP (docs/privacy.md): each site's epsilon as it reported it with its newest accepted update,
         # over everything its records ever served. Participant-level DP is in each round's "server".
         "privacy": {"record_level": dict(sorted((privacy or {}).items()))},
+        # Secure aggregation (docs/secure-aggregation.md): the PS saw only the sums; per round who was in the sum,
+        # who was left out and whose masks were removed with rebuilt keys (each round's "secure" has the names).
+        "secure_aggregation": {"enabled": config.secure_aggregation.enabled, "per_round": [
+            {"round": r.round, "included": len(r.secure.get("included", ())), "dropped": len(r.secure.get(
+                "dropped", ())), "recovered": len(r.secure.get("recovered", ())), "tries": r.secure.get("tries", 1)}
+            for r in state.history if r.secure]},
     }
 
 
@@ -311,6 +317,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         md += ["", f"Cost of local training: {len(totals)} sites, wall time per site mean "
                f"{_fmt(sum(wall) / len(wall) if wall else None)} s, max {_fmt(max(wall) if wall else None)} s "
                "(report.json has every site)."]
+    secure = report.get("secure_aggregation") or {}
+    if secure.get("enabled"):
+        md += ["", "## Secure aggregation", "", "The PS saw only the sum of the updates (SecAgg+).", "",
+               "| round | in the sum | dropped | recovered | tries |", "|---|---|---|---|---|"]
+        md += [f"| {r['round']} | {r['included']} | {r['dropped']} | {r['recovered']} | {r['tries']} |"
+               for r in secure.get("per_round", [])]
     t, traffic = report["timings"], report.get("traffic") or {}
     sent = (f"; bytes sent {traffic.get('bytes_sent')}, received {traffic.get('bytes_received')}"
             if traffic else "; no network traffic (pooled in one process)")

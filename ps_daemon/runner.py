@@ -57,7 +57,8 @@ class DaemonRunner:
         self._transport_factory = transport_factory or (
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
         self.identity = identity if identity is not None else config.identity()
-        self.machine = Machine(config, build_strategy(config.algorithm, config.strategy_params()), hash_weights)
+        self.machine = Machine(config, build_strategy(config.algorithm, config.strategy_params()), hash_weights,
+                               verifier=self.identity.ring)
         private_dir(config.out_dir)  # checkpoints, spooled updates and reports are the PS's alone
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
         self.spool = UpdateSpool(config.out_dir / "spool")
@@ -141,7 +142,7 @@ class DaemonRunner:
         self.channel.connect(timeout_s=None)
         # Statuses first: retained site statuses are replayed before any retained update. These filters
         # do not match `<topic>/chunk/<i>`: chunks are fetched one transfer at a time (transport/bulk.py).
-        for kind in ("status", "update", "report"):
+        for kind in ("status", "update", "report", *(("secagg",) if c.secure_aggregation.enabled else ())):
             self.channel.transport.subscribe([topics.any_site_filter(c.run_id, kind)])
         # A hospital behind its own bridged broker: the bridge's Will "0" says its broker or link is down.
         self.channel.transport.subscribe([topics.any_bridge_filter(c.run_id)])

@@ -11,6 +11,7 @@ from schemas.messages import PrivacyPolicy
 
 if TYPE_CHECKING:
     from ps_daemon.best_file import StoredWeights
+    from ps_daemon.secure_round import SecureRound
 
 # The phases a checkpoint can hold (schemas.checkpoint.Checkpoint.phase): a round or the final evaluation.
 CheckpointPhase = Literal["training", "evaluating"]
@@ -43,6 +44,9 @@ class RoundRecord:
     model_hash: str = ""  # the model version the sites trained from in this round
     skipped: Mapping[str, str] = field(default_factory=dict)  # answered without an update: site -> why
     server: Mapping[str, float] = field(default_factory=dict)  # the rule's diagnostics (DP-FedAvg: epsilon, C)
+    # Under secure aggregation: "included" (in the sum), "dropped" (selected, not in it), "recovered" (dropped
+    # after sharing keys: their masks removed with their rebuilt keys), "tries" (of the round). Empty in the clear.
+    secure: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,3 +99,5 @@ class DaemonState:
     session: str = ""  # this start of the run (kept by --resume): part of every task's and model's identity
     attempt: int = 0  # how often the open round was re-published after a stall (new message ids each time)
     last_progress: float = 0.0  # when the open round last started, got an update or a report
+    # The open round's secure aggregation (None in the clear, and in a checkpoint: a resumed round starts a new try)
+    secure: SecureRound | None = None

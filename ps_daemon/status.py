@@ -11,7 +11,7 @@ from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from ps_daemon.config import DaemonConfig
 from ps_daemon.machine import dropped
-from ps_daemon.state import DaemonState, Phase
+from ps_daemon.state import DaemonState, Phase, RoundRecord
 from ps_daemon.turns import UploadTurns
 from schemas import messages as m
 
@@ -40,7 +40,17 @@ def status_message(config: DaemonConfig, state: StatusState, round_no: int = 0, 
     return m.DaemonStatus(run_id=c.run_id, sender=PS, round=round_no, state=state, algorithm=c.algorithm,
                           rounds_total=c.rounds, sites_expected=c.sorted_sites, session=session,
                           selection_metric=c.selection_metric, quorum=c.quorum, min_sites=c.start_sites,
-                          rejected=rejected, **kw)
+                          rejected=rejected, secure_aggregation=c.secure_aggregation.enabled, **kw)
+
+
+def secure_note(record: RoundRecord | None) -> m.SecureRoundNote | None:
+    """A closed round's secure aggregation in numbers (None in the clear)."""
+    if record is None or not record.secure:
+        return None
+    s = record.secure
+    return m.SecureRoundNote(round=record.round, included=len(s.get("included", ())),
+                             dropped=len(s.get("dropped", ())), recovered=len(s.get("recovered", ())),
+                             tries=int(s.get("tries", 1)))
 
 
 class StatusBoard:

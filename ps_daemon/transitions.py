@@ -11,7 +11,16 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ps_daemon.events import Event, ReportReceived, SiteOffline, SiteOnline, Started, Tick, UpdateReceived
+from ps_daemon.events import (
+    Event,
+    ReportReceived,
+    SecAggReceived,
+    SiteOffline,
+    SiteOnline,
+    Started,
+    Tick,
+    UpdateReceived,
+)
 from ps_daemon.state import Phase
 
 PHASES: tuple[Phase, ...] = typing.get_args(Phase)
@@ -46,6 +55,10 @@ def _refuse_update(phase: Phase) -> Transition:
     return Transition("_refuse_update", "refused with a log: no round is open (stale or future round)", (phase,))
 
 
+def _refuse_secagg(phase: Phase) -> Transition:
+    return Transition("_refuse_secagg", "refused with a log: no round is open for secure aggregation", (phase,))
+
+
 def _ignore_report(phase: Phase) -> Transition:
     return Transition("_ignore", "ignored: only the final evaluation takes reports", (phase,))
 
@@ -62,6 +75,7 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         ("waiting_for_sites", "training")),
     ("waiting_for_sites", SiteOffline): _note_offline("waiting_for_sites"),
     ("waiting_for_sites", UpdateReceived): _refuse_update("waiting_for_sites"),
+    ("waiting_for_sites", SecAggReceived): _refuse_secagg("waiting_for_sites"),
     ("waiting_for_sites", ReportReceived): _ignore_report("waiting_for_sites"),
     ("waiting_for_sites", Tick): Transition("_ignore", "nothing: no deadline runs", ("waiting_for_sites",)),
 
@@ -73,19 +87,30 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "_offline_in_round",
         "records the site; a selected site that had not answered is logged, and the round closes if every other "
         "selected site has answered and the quorum is met, else the status stops waiting for it and names it "
-        "among the dropped sites",
+        "among the dropped sites; under secure aggregation the open stage closes if it waited only for it",
         ("training", "evaluating")),
     ("training", UpdateReceived): Transition(
         "_update_in_round",
         "admits the update (open round, selected site, first one, current model, matching layout) or refuses it "
         "with a log; the round closes once every selected site not seen offline has answered and the quorum is "
-        "met: aggregate, checkpoint, round metrics, then the next round or the final evaluation",
+        "met: aggregate, checkpoint, round metrics, then the next round or the final evaluation; under secure "
+        "aggregation the update carries no tensors (how the site trained, its metrics) and the round closes with "
+        "the secure sum instead",
         ("training", "evaluating")),
     ("training", ReportReceived): _ignore_report("training"),
+    ("training", SecAggReceived): Transition(
+        "_secagg_in_round",
+        "under secure aggregation: the message joins the open stage (keys, shares, masked inputs, answers) or is "
+        "refused with a log; once every site the stage waits for has answered or is seen offline, closes it and "
+        "sends the next stage's rosters, inboxes or unmasking requests; after the answers, unmasks the sum and "
+        "closes the round with it (a failed try: nothing aggregated, a new try with fresh keys)",
+        ("training", "evaluating")),
     ("training", Tick): Transition(
         "_tick_in_round",
         "after `stall_s` without progress re-publishes the round for the sites still missing; at the deadline "
-        "closes the round if the quorum is met, else extends the deadline and names the missing sites",
+        "closes the round if the quorum is met, else extends the deadline and names the missing sites; under "
+        "secure aggregation the open stage's deadline closes the stage with whoever answered (a failed try: "
+        "nothing aggregated, a new try)",
         ("training", "evaluating")),
 
     ("evaluating", Started): Transition(
@@ -96,6 +121,7 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "_offline_in_evaluation", "records the site; finishes if every other selected site has reported, else the "
         "status stops waiting for it and names it among the dropped sites", ("evaluating", "done")),
     ("evaluating", UpdateReceived): _refuse_update("evaluating"),
+    ("evaluating", SecAggReceived): _refuse_secagg("evaluating"),
     ("evaluating", ReportReceived): Transition(
         "_report_in_evaluation",
         "keeps the first `final` report of each selected site on the final model; finishes when every selected "
@@ -112,6 +138,7 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
     ("done", SiteOnline): _note_online("done"),
     ("done", SiteOffline): _note_offline("done"),
     ("done", UpdateReceived): _refuse_update("done"),
+    ("done", SecAggReceived): _refuse_secagg("done"),
     ("done", ReportReceived): _ignore_report("done"),
     ("done", Tick): Transition("_ignore", "nothing: the run is over", ("done",)),
 }

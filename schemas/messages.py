@@ -30,6 +30,16 @@ from schemas.base import (  # noqa: F401
     Timestamp,
 )
 from schemas.chunks import Chunk, ChunkManifest
+from schemas.secagg import (
+    SecAggAdvert,
+    SecAggAnswer,
+    SecAggInbox,
+    SecAggMasked,
+    SecAggRoster,
+    SecAggShares,
+    SecAggTerms,
+    SecAggUnmask,
+)
 from schemas.signed import KeyList
 from schemas.tensors import Tensors
 
@@ -158,6 +168,10 @@ class TrainTask(Header):
     # tensor names to send back (None: all); the rest stays local
     upload: Annotated[tuple[Label, ...], Field(max_length=MAX_TENSORS)] | None = None
     best_round: RoundNo | None = None  # Hwang et al.: the round whose model is best so far (sites keep that model)
+    # Set when the round runs under secure aggregation (docs/secure-aggregation.md): the site then sends its update
+    # masked, in the ring these terms describe; a site whose policy requires secure aggregation refuses a task
+    # without them.
+    secure_aggregation: SecAggTerms | None = None
 
 
 class EvalTask(Header):
@@ -276,6 +290,10 @@ class PrivacyPolicy(Frozen):
                                     "record-level DP (train.dp in the PS config)")
     min_records_per_update: int = Field(default=0, ge=0, le=10**9, description="refuse to send an update computed "
                                         "from fewer labelled training records than this")
+    require_secure_aggregation: bool = Field(default=False, description="refuse every training task that does not "
+                                             "run under secure aggregation (the PS config's secure_aggregation; "
+                                             "docs/secure-aggregation.md), so the PS never sees this site's own "
+                                             "update")
     algorithms: PolicyNames | None = Field(default=None, description="the algorithms this site trains with (unset: "
                                            "any)")
     models: PolicyNames | None = Field(default=None, description="the models of the registry this site trains (unset: "
@@ -309,6 +327,17 @@ class SiteStatus(Header):
     privacy_policy: PrivacyPolicy | None = None
 
 
+class SecureRoundNote(Frozen):
+    """How secure aggregation went in one closed round (docs/secure-aggregation.md): sites in the sum, selected
+    sites left out of it, those among them whose masks were removed with their rebuilt keys, and the tries."""
+
+    round: RoundNo
+    included: Count
+    dropped: Count
+    recovered: Count
+    tries: Count
+
+
 class DaemonStatus(Header):
     """`ps/status` (retained; also the PS Last Will). JSON on the wire."""
 
@@ -339,6 +368,9 @@ class DaemonStatus(Header):
     upload_turns: Annotated[dict[SiteName, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     # Record-level DP: the epsilon each site reported with its newest accepted update (at its delta).
     epsilon: Annotated[dict[SiteName, PrivacySpent], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
+    # Secure aggregation on for this run (the PS sees only sums), and how the last closed round went under it.
+    secure_aggregation: bool = False
+    secure_last_round: SecureRoundNote | None = None
 
 
 class RoundMetrics(Header):
@@ -357,6 +389,7 @@ class RoundMetrics(Header):
     # not read the updates themselves (the dashboard shows them live)
     usage: Annotated[dict[Name, ResourceUsage], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     update_bytes: Annotated[dict[Name, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
+    secure: SecureRoundNote | None = None  # under secure aggregation: how this round's sum went
 
 class UploadTurn(Header):
     """`ps/turn/<site>` (retained): this site may now upload its large update of `round` (docs/protocol.md,
@@ -370,7 +403,9 @@ class UploadTurn(Header):
 
 Message = Annotated[
     GlobalModel | TrainTask | EvalTask | RecruitmentResult | UploadTurn | ClientUpdate | EvalReport | SiteStatus
-    | DaemonStatus | RoundMetrics | ChunkManifest | Chunk | KeyList,
+    | DaemonStatus | RoundMetrics | ChunkManifest | Chunk | KeyList
+    # secure aggregation (docs/secure-aggregation.md), in the order of a round
+    | SecAggAdvert | SecAggRoster | SecAggShares | SecAggInbox | SecAggMasked | SecAggUnmask | SecAggAnswer,
     Field(discriminator="kind"),
 ]
 

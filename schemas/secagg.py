@@ -1,7 +1,7 @@
 """The message kinds of secure aggregation (docs/secure-aggregation.md, "Wire messages"), one per step.
 
-Designed and validated here; not yet part of `schemas.messages.Message` (the union the codec decodes): they join
-it, with their topics, ACL entries and protocol tables, when the PS and the site agent run the protocol. Every
+They are part of `schemas.messages.Message` (the union the codec decodes); the channel's KINDS_BY_TOPIC says on
+which topic each travels (fedmqtt/transport/channel.py), and docs/protocol.md lists them. Every
 field is bounded, like every other kind: ids by pattern, keys and shares by exact length, lists by the most a
 round can hold. A masked vector travels as an int32 or int64 tensor blob: the ring element's bits, read as two's
 complement (so no float checks apply and no bit is lost).
@@ -24,6 +24,7 @@ MAX_NEIGHBOURS = 1024  # far above any degree the graph rule picks (42 at 10 000
 MAX_SHARE_INDEX = 65_535  # two bytes in the sealed share
 
 SiteId = Annotated[str, Field(pattern=ID_PATTERN)]
+Attempt = Annotated[int, Field(ge=0, le=2**53)]
 Key = Annotated[bytes, Field(min_length=KEY_BYTES, max_length=KEY_BYTES, strict=True)]
 SiteIds = Annotated[tuple[SiteId, ...], Field(max_length=MAX_SITES)]
 NeighbourIds = Annotated[tuple[SiteId, ...], Field(max_length=MAX_NEIGHBOURS)]
@@ -32,6 +33,24 @@ NeighbourIds = Annotated[tuple[SiteId, ...], Field(max_length=MAX_NEIGHBOURS)]
 def _sorted_distinct(ids: tuple[str, ...], what: str) -> None:
     if list(ids) != sorted(set(ids)):
         raise ValueError(f"{what} must be sorted and distinct")
+
+
+class SecAggTerms(Frozen):
+    """What a train task under secure aggregation tells its site: the ring it encodes its update into, the most
+    sites the ring was sized for, and the dropout fraction the round's graph is built for (docs/secure-aggregation.md,
+    "Encoding" and "The graph and its parameters"). The site checks the ring again when it builds it."""
+
+    ring_bits: Literal[32, 64] = Field(description="the ring Z_(2^bits) the masked sum lives in")
+    fraction_bits: int = Field(ge=0, le=52, description="scale = 2^fraction_bits")
+    clip: float = Field(gt=0, le=1e15, allow_inf_nan=False, description="every coordinate is clipped to "
+                        "[-clip, clip] before it is encoded")
+    max_sites: int = Field(ge=3, le=MAX_SITES, description="the most encodings the ring may have to sum")
+    dropout: float = Field(ge=0, lt=0.5, allow_inf_nan=False, description="the fraction of sites the round's "
+                           "graph is built to lose")
+    attempt: Attempt = Field(default=0, description="which try of the round: every secure-aggregation message of "
+                             "the round names it, and every secret is bound to it")
+    weight_bound: float = Field(default=1.0, gt=0, le=1e15, allow_inf_nan=False, description="B: a site sends its "
+                                "tensors times p_i = min(n_i / B, 1), then p_i (fedmqtt/secagg/weighted.py)")
 
 
 class KeyAdvertBody(Frozen):
@@ -61,7 +80,7 @@ class ShareAnswer(Frozen):
     """One revealed share: whose secret, the x-coordinate, the 16 bytes."""
 
     owner: SiteId
-    x: int = Field(ge=1, le=MAX_SHARE_INDEX)
+    index: int = Field(ge=1, le=MAX_SHARE_INDEX)  # the share's x-coordinate (the holder's place in the graph)
     share: bytes = Field(min_length=SHARE_BYTES, max_length=SHARE_BYTES, strict=True)
 
 
@@ -74,6 +93,7 @@ class SecAggAdvert(Header):
     """Site -> PS, step 0: this round's keys."""
 
     kind: Literal["secagg_advert"] = "secagg_advert"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     advert: KeyAdvertBody
 
     @model_validator(mode="after")
@@ -87,6 +107,7 @@ class SecAggRoster(Header):
     """PS -> one site, step 1: every site that advertised, and the advertisements of its neighbours and its own."""
 
     kind: Literal["secagg_roster"] = "secagg_roster"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     site_id: SiteId
     sites: SiteIds
     adverts: Annotated[tuple[KeyAdvertBody, ...], Field(max_length=MAX_NEIGHBOURS + 1)]
@@ -105,6 +126,7 @@ class SecAggShares(Header):
     """Site -> PS, step 1: a sealed share for each neighbour (peer = receiver)."""
 
     kind: Literal["secagg_shares"] = "secagg_shares"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     shares: Annotated[tuple[SealedShare, ...], Field(min_length=1, max_length=MAX_NEIGHBOURS)]
 
     @model_validator(mode="after")
@@ -119,6 +141,7 @@ class SecAggInbox(Header):
     """PS -> one site, step 1: the sealed shares its sharing neighbours addressed to it (peer = sender)."""
 
     kind: Literal["secagg_inbox"] = "secagg_inbox"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     site_id: SiteId
     shares: Annotated[tuple[SealedShare, ...], Field(max_length=MAX_NEIGHBOURS)]
 
@@ -132,6 +155,7 @@ class SecAggMasked(Header):
     """Site -> PS, step 2: the masked encoding of the update (chunked like an update) and whom it paired with."""
 
     kind: Literal["secagg_masked"] = "secagg_masked"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     ring_bits: Literal[32, 64]
     fraction_bits: int = Field(ge=0, le=52)
     clip: float = Field(gt=0, le=1e15, allow_inf_nan=False)
@@ -148,9 +172,13 @@ class SecAggMasked(Header):
 
 
 class SecAggUnmask(Header):
-    """PS -> every survivor, step 3: whose seeds (survivors) and whose mask keys (dropped) to reveal."""
+    """PS -> each survivor, step 3: whose seeds (survivors) and whose mask keys (dropped) to reveal.
+
+    It travels on each survivor's own task topic (site_id names it), every survivor receiving the same lists."""
 
     kind: Literal["secagg_unmask"] = "secagg_unmask"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
+    site_id: SiteId
     survivors: SiteIds
     dropped: SiteIds
 
@@ -167,6 +195,7 @@ class SecAggAnswer(Header):
     """Survivor -> PS, step 3: the shares asked of it."""
 
     kind: Literal["secagg_answer"] = "secagg_answer"
+    attempt: Attempt = 0  # the try of the round (SecAggTerms.attempt)
     seed_shares: Annotated[tuple[ShareAnswer, ...], Field(max_length=MAX_NEIGHBOURS)]
     mask_key_shares: Annotated[tuple[ShareAnswer, ...], Field(max_length=MAX_NEIGHBOURS)]
 

@@ -19,20 +19,26 @@ import numpy as np
 from fedmqtt import __version__
 from fedmqtt.atomic import private_dir, write_atomic
 from fedmqtt.errors import BrokerError
+from fedmqtt.faults import crash_point
 from fedmqtt.recruitment import label_histogram
+from fedmqtt.secagg.site import SecAggRefused
+from fedmqtt.secagg.weighted import layout_of, split
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.signing import Identity
 from schemas import messages as m
+from schemas import secagg as sw
 from schemas.base import MAX_DETAIL
-from schemas.codec import encode
+from schemas.codec import decode, encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.policy import epsilon_refusal, task_refusal
 from site_agent.privacy_ledger import LedgerError, PrivacyLedger
+from site_agent.secagg_round import SiteRound
+from site_agent.secagg_store import SecAggRecordError, SecAggStore
 from site_agent.store import UplinkStore
 from site_agent.uplink import Uplink
 
@@ -42,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedmqtt.site")
 Task = m.TrainTask | m.EvalTask
 REMIND_S = 30.0  # a waiting site says what it waits for at least this often
+SECAGG_TO_SITE = (sw.SecAggRoster, sw.SecAggInbox, sw.SecAggUnmask)
+SECAGG_TASK = "secagg-task"  # the uplink store's name for the train task of a round under secure aggregation
 
 
 class SiteAgent:
@@ -67,6 +75,7 @@ class SiteAgent:
         self.ps_state = "not heard from"
         self._reminded_at = time.monotonic()
         self._last_work = "no task yet"
+        self.secagg: SiteRound | None = None  # this site's secure aggregation of the open round, if any
 
     def _load_trainer(self) -> None:
         """Import torch and the training code on a worker thread: the agent is online (and receiving the
@@ -97,6 +106,7 @@ class SiteAgent:
         self.best = BestSlot(c.state_dir / "best")
         # Never cleared with the rest when the PS starts afresh: the records behind it are the same.
         self.ledger = PrivacyLedger(c.state_dir / "privacy")
+        self.secagg_store = SecAggStore(c.state_dir / "secagg")  # round secrets, 0600: see site_agent/secagg_store.py
 
     def _recorded_session(self) -> str:
         path = self.config.state_dir / "session"
@@ -111,7 +121,7 @@ class SiteAgent:
         if self.session:
             log.warning("run %s: the PS started afresh (session %s, was %s): clearing this site's state of the "
                         "earlier start", c.run_id, session, self.session)
-            for sub in ("uplink", "local", "best"):
+            for sub in ("uplink", "local", "best", "secagg"):
                 shutil.rmtree(c.state_dir / sub, ignore_errors=True)
             self._open_state()
         private_dir(c.state_dir)
@@ -182,6 +192,10 @@ class SiteAgent:
             log.info("waiting for the broker at %s:%s (reconnecting by itself)", s.host, s.port)
         elif (note := self.uplink.waiting_note()) is not None:
             log.info("%s", note)
+        elif self.secagg is not None and self.secagg.stage != "answered":
+            log.info("round %d: secure aggregation (try %d): %s; waiting for the PS's %s (PS: %s)",
+                     self.secagg.ctx.round_no, self.secagg.ctx.attempt, self.secagg.stage,
+                     _NEXT_FROM_PS.get(self.secagg.stage, "next message"), self.ps_state)
         elif self.task is not None:
             log.info("round %d %s received; waiting for its model %s from the PS (PS: %s)", self.task.round,
                      self.task.kind, self.task.model_hash[:12], self.ps_state)
@@ -232,6 +246,8 @@ class SiteAgent:
             self.uplink.on_model(msg)
         elif isinstance(msg, m.UploadTurn):
             self.uplink.on_turn(msg)
+        elif isinstance(msg, SECAGG_TO_SITE):
+            self._on_secagg(msg)
         elif isinstance(msg, m.RecruitmentResult):
             log.info("recruitment: %s", msg.detail)
             self.channel.send(self.status_topic, self._status("online", msg.detail))
@@ -301,6 +317,11 @@ class SiteAgent:
     def _train(self, task: m.TrainTask, model: m.GlobalModel) -> None:
         c = self.config
         stored = self.store.load("update", task.round, task.model_hash)
+        if stored is not None and task.secure_aggregation is not None:
+            log.info("round %d: trained before; secure aggregation try %d with the stored update", task.round,
+                     task.secure_aggregation.attempt)
+            self._secure_offer(task, decode(stored, max_bytes=self.channel.max_bytes))
+            return
         if stored is not None:  # trained before a restart: re-send, never train twice
             log.info("round %d: re-publishing the stored update", task.round)
             self._offer_update(task, stored, None)
@@ -340,9 +361,82 @@ class SiteAgent:
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
-        self._offer_update(task, payload, update)
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
+        if task.secure_aggregation is not None:
+            self._secure_offer(task, update)
+            return
+        self._offer_update(task, payload, update)
+
+    # -- secure aggregation (docs/secure-aggregation.md) ----------------------------------------------------
+    def _secure_offer(self, task: m.TrainTask, update: object) -> None:
+        """Trained under secure aggregation: tell the PS how (the update without tensors), advertise this try's
+        keys; the tensors leave only masked, once the PS sends the inbox (`_on_secagg`)."""
+        assert isinstance(update, m.ClientUpdate) and task.secure_aggregation is not None
+        c = self.config
+        self.store.save(SECAGG_TASK, task.round, "", encode(task, max_bytes=self.channel.max_bytes))
+        self.secagg = self._secure_round(task, update)
+        told = update.model_copy(update={"tensors": (), "control_variates": (), "layer_stats": (), "scalars": {}})
+        self.channel.send(topics.site_update_topic(c.run_id, c.site_id), told)
+        self.channel.send(topics.site_secagg_topic(c.run_id, c.site_id), self.secagg.advert())
+        log.info("round %d: secure aggregation try %d: keys advertised; the update leaves only masked",
+                 task.round, task.secure_aggregation.attempt)
+
+    def _secure_round(self, task: m.TrainTask, update: m.ClientUpdate) -> SiteRound:
+        assert task.secure_aggregation is not None
+        floats, _ = split(_arrays(update.tensors))
+        return SiteRound(self.secagg_store, self.identity, run_id=self.config.run_id, session=task.session,
+                         round_no=task.round, terms=task.secure_aggregation, layout=layout_of(floats))
+
+    def _secagg_for(self, msg: sw.SecAggRoster | sw.SecAggInbox | sw.SecAggUnmask
+                    ) -> tuple[SiteRound, m.TrainTask, m.ClientUpdate] | None:
+        """This site's round the PS's message belongs to: the open one, or (after a restart) the one its stored
+        task and update rebuild. None: a round this site did not train under secure aggregation."""
+        raw_task = self.store.load(SECAGG_TASK, msg.round, "")
+        task = decode(raw_task, max_bytes=self.channel.max_bytes) if raw_task is not None else None
+        if not isinstance(task, m.TrainTask) or task.secure_aggregation is None \
+                or task.secure_aggregation.attempt != msg.attempt:
+            return None
+        raw_update = self.store.load("update", task.round, task.model_hash)
+        update = decode(raw_update, max_bytes=self.channel.max_bytes) if raw_update is not None else None
+        if not isinstance(update, m.ClientUpdate):
+            return None
+        sr = self.secagg
+        if sr is None or (sr.ctx.round_no, sr.ctx.attempt, sr.session) != (task.round, msg.attempt, task.session):
+            sr = self.secagg = self._secure_round(task, update)
+        return sr, task, update
+
+    def _on_secagg(self, msg: sw.SecAggRoster | sw.SecAggInbox | sw.SecAggUnmask) -> None:
+        c = self.config
+        try:
+            found = self._secagg_for(msg)
+            if found is None:
+                log.info("round %d: secure aggregation %s for try %d ignored: not a try this site trained for",
+                         msg.round, msg.kind, msg.attempt)
+                return
+            sr, _, update = found
+            if isinstance(msg, sw.SecAggRoster):
+                shares = sr.on_roster(msg)
+                if shares is not None:
+                    self.channel.send(topics.site_secagg_topic(c.run_id, c.site_id), shares)
+                    log.info("round %d: secure aggregation: sealed shares sent to %d neighbours", msg.round,
+                             len(shares.shares))
+            elif isinstance(msg, sw.SecAggInbox):
+                floats, _ = split(_arrays(update.tensors))
+                masked = sr.on_inbox(msg, floats, update.n_samples)
+                self.channel.send(topics.site_update_topic(c.run_id, c.site_id), masked)
+                log.info("round %d: secure aggregation: masked update sent (paired with %d neighbours)", msg.round,
+                         len(masked.paired_with))
+                crash_point("site_after_masked", msg.round)
+            else:
+                answer = sr.on_unmask(msg)
+                self.channel.send(topics.site_secagg_topic(c.run_id, c.site_id), answer)
+                log.info("round %d: secure aggregation: unmasking answer sent (%d seed and %d key shares)",
+                         msg.round, len(answer.seed_shares), len(answer.mask_key_shares))
+        except (SecAggRefused, SecAggRecordError, ValueError) as exc:
+            log.warning("round %d: secure aggregation: refused the PS's %s: %s", msg.round, msg.kind, exc)
+            self.channel.send(self.status_topic, self._status(
+                "online", f"round {msg.round}: secure aggregation: refused the PS's {msg.kind}: {exc}"[:MAX_DETAIL]))
 
     def _refusal(self, task: m.TrainTask, model: m.GlobalModel) -> str | None:
         """Why this site will not train `task`: its privacy policy, or a model or settings record-level DP cannot
@@ -422,6 +516,9 @@ class SiteAgent:
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id),
                           self._status("online", "final model evaluated"))
         log.info("evaluated model %s: test %s", task.model_hash[:8], metrics.get("test"))
+
+
+_NEXT_FROM_PS = {"advertised": "roster", "shared": "inbox of sealed shares", "masked": "unmasking request"}
 
 
 def _build_trainer(config: SiteConfig, data: Any) -> Trainer:

@@ -37,6 +37,9 @@ def task_refusal(policy: PrivacyPolicy, task: TrainTask, model: ModelSpec, n_rec
         why = f"the task trains without record-level DP (its epsilon is unbounded); this site's {rule} needs it"
     elif s.dp is not None and policy.max_delta is not None and s.dp.delta > policy.max_delta:
         why = f"delta {s.dp.delta:g} is above this site's max_delta {policy.max_delta:g}"
+    elif policy.require_secure_aggregation and task.secure_aggregation is None:
+        why = ("the task runs without secure aggregation (the PS would see this site's own update); this site's "
+               "require_secure_aggregation needs it")
     return None if why is None else f"{REFUSED}: {why}"
 
 

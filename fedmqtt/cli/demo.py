@@ -19,6 +19,9 @@ def demo(
                                   "no extra setup (SGD-only rules get SGD; AdaFed needs a pretrained model)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the rounds "
                                   "(with --no-progress, one line per round instead)."),
+    secure_aggregation: bool = typer.Option(False, "--secure-aggregation", help="Run every round under SecAgg+: "
+                                            "the PS sees only the sum of the updates (docs/secure-aggregation.md; "
+                                            "rules that need each update are refused)."),
 ) -> None:
     """Run a real federation on this machine with the bundled data; print per-site test metrics.
 
@@ -29,7 +32,8 @@ def demo(
     from fedmqtt.errors import FedMqttError
 
     try:
-        run_demo(out=out, rounds=rounds, seed=seed, timeout_s=timeout, algorithm=algorithm, progress=progress)
+        run_demo(out=out, rounds=rounds, seed=seed, timeout_s=timeout, algorithm=algorithm, progress=progress,
+                 secure_aggregation=secure_aggregation)
     except FedMqttError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1) from None

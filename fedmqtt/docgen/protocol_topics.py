@@ -64,7 +64,8 @@ CATALOGUE = (
              "PS", "every site"),
     TopicDoc("ps_metrics_topic", "the summary of the last closed round, then of the final evaluation",
              "PS", "observers (dashboard, `fedmqtt topics watch`)"),
-    TopicDoc("ps_task_topic", "this site's work: train, evaluate, or the recruitment result",
+    TopicDoc("ps_task_topic", "this site's work: train, evaluate, or the recruitment result; under "
+             "secure aggregation also its roster, inbox of sealed shares and unmasking request",
              "PS", "the addressed site only"),
     TopicDoc("ps_turn_topic", "this site's turn to upload its large update of the open round",
              "PS", "the addressed site only"),
@@ -74,6 +75,8 @@ CATALOGUE = (
     TopicDoc("site_update_topic", "a site's trained tensors for one round", "site agent", "PS"),
     TopicDoc("site_report_topic", "a site's metrics of the final model on its own splits",
              "site agent", "PS"),
+    TopicDoc("site_secagg_topic", "a site's secure-aggregation messages of the open round: key advertisement, "
+             "sealed shares, unmasking answer (its masked input travels on `update`)", "site agent", "PS"),
     TopicDoc("site_bridge_topic", "a hospital broker's bridge link: `1` up, `0` down",
              "the hospital's Mosquitto (bridge notification, and its Will on the central broker)",
              "PS; observers"),

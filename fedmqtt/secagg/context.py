@@ -28,11 +28,16 @@ class RoundContext:
 
     run_id: str
     round_no: int
+    # Which try of the round (the PS starts a new one after a failed round or a restart, with fresh secrets at
+    # every site): bound in as well when set, so nothing of one try is taken in another.
+    attempt: int = 0
 
     def bind(self, purpose: str, *parts: str | bytes) -> bytes:
         """The protocol label, this context, a purpose and the parts (site ids, keys), as one byte string."""
-        return framed(PROTOCOL_LABEL, purpose, self.run_id, self.round_no, *parts)
+        tried = (self.attempt,) if self.attempt else ()
+        return framed(PROTOCOL_LABEL, purpose, self.run_id, self.round_no, *tried, *parts)
 
     def advert_label(self) -> str:
         """The label an advertisement is signed under (in place of a topic: never a topic of the wire)."""
-        return f"secagg-advert:{self.run_id}:{self.round_no}"
+        tried = f":{self.attempt}" if self.attempt else ""
+        return f"secagg-advert:{self.run_id}:{self.round_no}{tried}"

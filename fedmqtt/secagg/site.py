@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +31,7 @@ from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.sealing import HeldShares, open_sealed, seal
 
 SEED_BYTES = shamir.SECRET_BYTES  # both seeds: 128 bits, X25519's security level
+SECRETS_BYTES = 32 + 2 * SEED_BYTES
 
 
 class SecAggRefused(FedMqttError):
@@ -40,17 +42,43 @@ class SecAggRefused(FedMqttError):
         self.category = category
 
 
+@dataclass(frozen=True)
+class SiteSecrets:
+    """The three secrets of one site's round: its share-encryption private key, its mask seed and its self-mask
+    seed. Everything else a site holds follows from them and the messages it received, so they are what it keeps
+    on disk (site_agent/secagg_store.py) to answer after a restart."""
+
+    cipher_private: bytes  # X25519 private key, raw
+    mask_seed: bytes
+    seed: bytes
+
+    @classmethod
+    def fresh(cls) -> SiteSecrets:
+        return cls(X25519PrivateKey.generate().private_bytes_raw(), os.urandom(SEED_BYTES), os.urandom(SEED_BYTES))
+
+    def to_bytes(self) -> bytes:
+        return self.cipher_private + self.mask_seed + self.seed
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> SiteSecrets:
+        if len(raw) != SECRETS_BYTES:
+            raise ValueError(f"round secrets are {SECRETS_BYTES} bytes, not {len(raw)}")
+        return cls(raw[:32], raw[32:32 + SEED_BYTES], raw[32 + SEED_BYTES:])
+
+
 class SiteSession:
     """A site's secrets and progress in one round."""
 
     def __init__(self, ctx: RoundContext, site: str, signing_key: Ed25519PrivateKey, verifier: Verifier,
-                 fixed: FixedPoint, length: int, *, dropout: float) -> None:
+                 fixed: FixedPoint, length: int, *, dropout: float, secrets: SiteSecrets | None = None) -> None:
+        """`secrets`: the ones this site kept for the round (after a restart); default: fresh ones."""
         self.ctx, self.site, self.verifier, self.fixed, self.length, self.dropout = (
             ctx, site, verifier, fixed, length, dropout)
-        self._cipher_key = X25519PrivateKey.generate()
-        self._mask_seed = os.urandom(SEED_BYTES)
+        self.secrets = secrets or SiteSecrets.fresh()
+        self._cipher_key = X25519PrivateKey.from_private_bytes(self.secrets.cipher_private)
+        self._mask_seed = self.secrets.mask_seed
         self._mask_key = mask_private_key(ctx, self._mask_seed, site)
-        self._seed = os.urandom(SEED_BYTES)
+        self._seed = self.secrets.seed
         self.advert = make_advert(ctx, site, signing_key, public_raw(self._cipher_key), public_raw(self._mask_key),
                                   seed_commitment(ctx, self._seed, site))
         self.stage = "advertised"
@@ -68,6 +96,40 @@ class SiteSession:
     def share(self, roster: msg.Roster) -> msg.ShareBundle:
         """Seal shares of this site's mask key and seed for each of its neighbours in the roster's graph."""
         self._expect("advertised")
+        graph = self._accept_roster(roster)
+        neighbours = graph.neighbours[self.site]
+        t = graph.params.threshold
+        key_shares = shamir.split(self._mask_seed, t, len(neighbours))
+        seed_shares = shamir.split(self._seed, t, len(neighbours))
+        sealed = []
+        for position, neighbour in enumerate(neighbours):
+            try:
+                key = share_key(self.ctx, agree(self._cipher_key, self.roster[neighbour].cipher_public), self.site,
+                                neighbour)
+            except ValueError as exc:  # a small-order public key: no shared secret
+                raise SecAggRefused(msg.MALFORMED, f"{neighbour!r}'s share key: {exc}") from None
+            held = HeldShares(position + 1, key_shares[position], seed_shares[position])
+            sealed.append(msg.EncryptedShare(self.site, neighbour, seal(self.ctx, key, self.site, neighbour, held)))
+        self.stage = "shared"
+        return msg.ShareBundle(self.site, tuple(sealed))
+
+    def resume(self, roster: msg.Roster, inbox: Sequence[msg.EncryptedShare] | None = None,
+               answered: msg.UnmaskRequest | None = None) -> None:
+        """Back where this site was before a restart, from its kept secrets and what it had received: the roster
+        (its shares went out; they are not made again), the inbox (it sent its masked input: the shares it holds
+        are opened again) and the unmasking request it answered (the same request gets the same answer, a
+        different one is refused). Checks everything again, as the first time."""
+        self._expect("advertised")
+        self._accept_roster(roster)
+        self.stage = "shared"
+        if inbox is None:
+            return
+        self._take_inbox(inbox)
+        self.stage = "masked"
+        if answered is not None:
+            self.unmask(answered)
+
+    def _accept_roster(self, roster: msg.Roster) -> Graph:
         if list(roster.sites) != sorted(set(roster.sites)) or self.site not in roster.sites:
             raise SecAggRefused(msg.MALFORMED, "the roster's sites must be sorted, distinct and include this site")
         adverts = {a.site: a for a in roster.adverts}
@@ -86,30 +148,31 @@ class SiteSession:
             if problem is not None:
                 raise SecAggRefused(problem[0], f"the roster's advertisement of {advert.site!r}: {problem[1]}")
         self.graph, self.roster, self.sites = graph, adverts, frozenset(roster.sites)
-        neighbours = graph.neighbours[self.site]
-        t = graph.params.threshold
-        key_shares = shamir.split(self._mask_seed, t, len(neighbours))
-        seed_shares = shamir.split(self._seed, t, len(neighbours))
-        sealed = []
-        for position, neighbour in enumerate(neighbours):
-            try:
-                key = share_key(self.ctx, agree(self._cipher_key, self.roster[neighbour].cipher_public), self.site,
-                                neighbour)
-            except ValueError as exc:  # a small-order public key: no shared secret
-                raise SecAggRefused(msg.MALFORMED, f"{neighbour!r}'s share key: {exc}") from None
-            held = HeldShares(position + 1, key_shares[position], seed_shares[position])
-            sealed.append(msg.EncryptedShare(self.site, neighbour, seal(self.ctx, key, self.site, neighbour, held)))
-        self.stage = "shared"
-        return msg.ShareBundle(self.site, tuple(sealed))
+        return graph
 
     # -- round 2 ------------------------------------------------------------------------------------------
     def mask(self, update: npt.NDArray[np.floating], inbox: Sequence[msg.EncryptedShare]) -> msg.MaskedInput:
         """The masked encoding of `update`, paired with every neighbour whose sealed share opened."""
         self._expect("shared")
-        graph = self._graph()
         values = np.asarray(update)
         if values.shape != (self.length,):
             raise SecAggRefused(msg.MALFORMED, f"the update has shape {values.shape}, not ({self.length},)")
+        paired = self._take_inbox(inbox)
+        dtype = self.fixed.dtype
+        try:
+            total = self.fixed.encode(values)
+        except ValueError as exc:
+            raise SecAggRefused(msg.MALFORMED, str(exc)) from None
+        total = total + self_mask(self.ctx, self._seed, self.site, self.length, dtype)
+        for neighbour in paired:
+            total = total + pair_mask(self.ctx, self._mask_key, self.site, self.roster[neighbour].mask_public,
+                                      neighbour, self.length, dtype)
+        self.stage = "masked"
+        return msg.MaskedInput(self.site, total.astype(dtype, copy=False), paired)
+
+    def _take_inbox(self, inbox: Sequence[msg.EncryptedShare]) -> tuple[str, ...]:
+        """Open the shares addressed to this site; the neighbours it holds shares of (it pairs with those)."""
+        graph = self._graph()
         by_sender: dict[str, list[msg.EncryptedShare]] = {}
         for item in inbox:
             if item.receiver != self.site or not graph.are_neighbours(self.site, item.sender):
@@ -127,17 +190,7 @@ class SiteSession:
         if len(paired) < graph.params.threshold:
             raise SecAggRefused(msg.MALFORMED, f"only {len(paired)} neighbours' shares arrived, "
                                 f"{graph.params.threshold} needed: too few to hide this update among")
-        dtype = self.fixed.dtype
-        try:
-            total = self.fixed.encode(values)
-        except ValueError as exc:
-            raise SecAggRefused(msg.MALFORMED, str(exc)) from None
-        total = total + self_mask(self.ctx, self._seed, self.site, self.length, dtype)
-        for neighbour in paired:
-            total = total + pair_mask(self.ctx, self._mask_key, self.site, self.roster[neighbour].mask_public,
-                                      neighbour, self.length, dtype)
-        self.stage = "masked"
-        return msg.MaskedInput(self.site, total.astype(dtype, copy=False), paired)
+        return paired
 
     def _take_share(self, graph: Graph, item: msg.EncryptedShare) -> None:
         try:

@@ -29,7 +29,8 @@ def _from_advert(body: wire.KeyAdvertBody) -> msg.KeyAdvert:
 
 
 def advert_to_wire(ctx: RoundContext, advert: msg.KeyAdvert) -> wire.SecAggAdvert:
-    return wire.SecAggAdvert(run_id=ctx.run_id, round=ctx.round_no, sender=advert.site, advert=_advert(advert))
+    return wire.SecAggAdvert(run_id=ctx.run_id, round=ctx.round_no, attempt=ctx.attempt, sender=advert.site,
+                             advert=_advert(advert))
 
 
 def advert_from_wire(message: wire.SecAggAdvert) -> msg.KeyAdvert:
@@ -37,7 +38,8 @@ def advert_from_wire(message: wire.SecAggAdvert) -> msg.KeyAdvert:
 
 
 def roster_to_wire(ctx: RoundContext, site: str, roster: msg.Roster) -> wire.SecAggRoster:
-    return wire.SecAggRoster(run_id=ctx.run_id, round=ctx.round_no, sender=PS, site_id=site, sites=roster.sites,
+    return wire.SecAggRoster(run_id=ctx.run_id, round=ctx.round_no, attempt=ctx.attempt, sender=PS, site_id=site,
+                             sites=roster.sites,
                              adverts=tuple(_advert(a) for a in sorted(roster.adverts, key=lambda a: a.site)))
 
 
@@ -46,7 +48,7 @@ def roster_from_wire(message: wire.SecAggRoster) -> msg.Roster:
 
 
 def shares_to_wire(ctx: RoundContext, bundle: msg.ShareBundle) -> wire.SecAggShares:
-    return wire.SecAggShares(run_id=ctx.run_id, round=ctx.round_no, sender=bundle.sender,
+    return wire.SecAggShares(run_id=ctx.run_id, round=ctx.round_no, attempt=ctx.attempt, sender=bundle.sender,
                              shares=tuple(wire.SealedShare(peer=s.receiver, sealed=s.ciphertext)
                                           for s in sorted(bundle.shares, key=lambda s: s.receiver)))
 
@@ -57,7 +59,7 @@ def shares_from_wire(message: wire.SecAggShares) -> msg.ShareBundle:
 
 
 def inbox_to_wire(ctx: RoundContext, site: str, inbox: list[msg.EncryptedShare]) -> wire.SecAggInbox:
-    return wire.SecAggInbox(run_id=ctx.run_id, round=ctx.round_no, sender=PS, site_id=site,
+    return wire.SecAggInbox(run_id=ctx.run_id, round=ctx.round_no, attempt=ctx.attempt, sender=PS, site_id=site,
                             shares=tuple(wire.SealedShare(peer=s.sender, sealed=s.ciphertext)
                                          for s in sorted(inbox, key=lambda s: s.sender)))
 
@@ -68,7 +70,8 @@ def inbox_from_wire(message: wire.SecAggInbox) -> list[msg.EncryptedShare]:
 
 def masked_to_wire(ctx: RoundContext, masked: msg.MaskedInput, fixed: FixedPoint) -> wire.SecAggMasked:
     signed = masked.masked.view(np.int32 if fixed.bits == 32 else np.int64)  # the same bits, a wire dtype
-    return wire.SecAggMasked(run_id=ctx.run_id, round=ctx.round_no, sender=masked.sender, ring_bits=fixed.bits,
+    return wire.SecAggMasked(run_id=ctx.run_id, round=ctx.round_no, attempt=ctx.attempt, sender=masked.sender,
+                             ring_bits=fixed.bits,
                              fraction_bits=fixed.fraction_bits, clip=fixed.clip,
                              masked=TensorBlob.from_numpy(MASKED_TENSOR, signed), paired_with=masked.paired_with)
 
@@ -82,8 +85,9 @@ def masked_from_wire(message: wire.SecAggMasked, fixed: FixedPoint) -> msg.Maske
     return msg.MaskedInput(message.sender, vector, message.paired_with)
 
 
-def unmask_to_wire(ctx: RoundContext, request: msg.UnmaskRequest) -> wire.SecAggUnmask:
-    return wire.SecAggUnmask(run_id=ctx.run_id, round=ctx.round_no, sender=PS, survivors=request.survivors,
+def unmask_to_wire(ctx: RoundContext, site: str, request: msg.UnmaskRequest) -> wire.SecAggUnmask:
+    return wire.SecAggUnmask(run_id=ctx.run_id, round=ctx.round_no, attempt=ctx.attempt, sender=PS, site_id=site,
+                             survivors=request.survivors,
                              dropped=request.dropped)
 
 
@@ -92,15 +96,15 @@ def unmask_from_wire(message: wire.SecAggUnmask) -> msg.UnmaskRequest:
 
 
 def _answers(shares: dict[str, tuple[int, bytes]]) -> tuple[wire.ShareAnswer, ...]:
-    return tuple(wire.ShareAnswer(owner=o, x=x, share=s) for o, (x, s) in sorted(shares.items()))
+    return tuple(wire.ShareAnswer(owner=o, index=x, share=s) for o, (x, s) in sorted(shares.items()))
 
 
 def answer_to_wire(ctx: RoundContext, answer: msg.UnmaskAnswer) -> wire.SecAggAnswer:
-    return wire.SecAggAnswer(run_id=ctx.run_id, round=ctx.round_no, sender=answer.sender,
+    return wire.SecAggAnswer(run_id=ctx.run_id, round=ctx.round_no, attempt=ctx.attempt, sender=answer.sender,
                              seed_shares=_answers(answer.seed_shares),
                              mask_key_shares=_answers(answer.mask_key_shares))
 
 
 def answer_from_wire(message: wire.SecAggAnswer) -> msg.UnmaskAnswer:
-    return msg.UnmaskAnswer(message.sender, {a.owner: (a.x, a.share) for a in message.seed_shares},
-                            {a.owner: (a.x, a.share) for a in message.mask_key_shares})
+    return msg.UnmaskAnswer(message.sender, {a.owner: (a.index, a.share) for a in message.seed_shares},
+                            {a.owner: (a.index, a.share) for a in message.mask_key_shares})

@@ -58,6 +58,13 @@ class DPFedAvg(ServerRule):
     z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2) so the two releases together cost what one Gaussian of multiplier z costs.
     """
 
+    needs_only_sums = False
+    sums_note = (
+        "the server clips each site's model change to C before summing, and adaptive clipping counts the sites "
+        "under C: both need each site's own change (under secure aggregation the clipping would move to the sites, "
+        "not done)"
+    )
+
     name = "dp-fedavg"
     summary = "DP-FedAvg: clipped site changes, Gaussian noise on the sum, adaptive clip (McMahan 2018, Andrew 2021)"
     Params = DPFedAvgParams

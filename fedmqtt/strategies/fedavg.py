@@ -17,6 +17,7 @@ class FedAvg(ServerRule):
     name = "fedavg"
     summary = "FedAvg: sample-weighted mean of the site models (McMahan et al. 2017)"
     needs_only_sums = True
+    from_weighted_mean = True
     sums_note = (
         "sum n_i w_i and sum n_i (each site sends its weighted model and its weight); integer buffers take "
         "the maximum, which a sum cannot give: they travel next to the masked sum"

@@ -18,6 +18,7 @@ class FedPer(ServerRule):
     name = "fedper"
     summary = "FedPer: personal HEAD layers stay local; base layers are averaged (Arivazhagan et al. 2019)"
     needs_only_sums = True
+    from_weighted_mean = True
     sums_note = (
         "the weighted sum of the base layers; the personal head stays on the sites"
     )

@@ -59,6 +59,10 @@ class ServerRule:
     # not. A rule that does not declare it is not run under secure aggregation.
     needs_only_sums: ClassVar[bool] = False
     sums_note: ClassVar[str] = "not declared: the rule has not been checked for secure aggregation"
+    # Whether the server step depends on the updates only through their sample-weighted mean (FedAvg, FedProx,
+    # FedPer): then the securely summed mean stands in for the updates (fedmqtt/strategies/sums.py). Rules that
+    # need only sums but other sums (SCAFFOLD's variates, FedNova's scalars) need their own path, not wired yet.
+    from_weighted_mean: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         self.params = parse_params(self.name, self.Params, params)

@@ -52,7 +52,12 @@ class BulkLink(Protocol):
 
 
 def tensor_index(message: Any) -> tuple[TensorEntry, ...]:
-    blobs = getattr(message, "tensors", ()) or ()
+    """The tensors a chunked message declares in its manifest: its `tensors`, or a masked input's one ring vector
+    (secure aggregation), so the receiver can refuse a wrong layout before fetching a chunk."""
+    blobs = tuple(getattr(message, "tensors", ()) or ())
+    masked = getattr(message, "masked", None)
+    if masked is not None and hasattr(masked, "dtype"):
+        blobs = (*blobs, masked)
     return tuple(TensorEntry(name=b.name, dtype=b.dtype, shape=b.shape) for b in blobs)
 
 

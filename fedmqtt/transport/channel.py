@@ -44,10 +44,14 @@ KINDS_BY_TOPIC = {
     ("ps", "status"): {"daemon_status"},
     ("ps", "model"): {"global_model"},
     ("ps", "metrics"): {"round_metrics"},
-    ("ps", "task"): {"train_task", "eval_task", "recruitment_result"},
+    # Secure aggregation's PS messages are addressed to one site each (the unmasking request too: on ps/model it
+    # would replace the retained model a restarting site needs).
+    ("ps", "task"): {"train_task", "eval_task", "recruitment_result", "secagg_roster", "secagg_inbox",
+                     "secagg_unmask"},
     ("ps", "turn"): {"upload_turn"},
     ("site", "status"): {"site_status"},
-    ("site", "update"): {"client_update"},
+    ("site", "update"): {"client_update", "secagg_masked"},
+    ("site", "secagg"): {"secagg_advert", "secagg_shares", "secagg_answer"},
     ("site", "report"): {"eval_report"},
     ("federation", "keys"): {"key_list"},
 }

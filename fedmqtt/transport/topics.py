@@ -21,7 +21,9 @@ PS_STATUS = "ps/status"
 PS_MODEL = "ps/model"
 PS_METRICS = "ps/metrics"
 FEDERATION_KEYS = "federation/keys"
-SITE_KINDS = ("status", "update", "report")
+# secagg: a site's small secure-aggregation messages (keys, sealed shares, unmasking answers); its masked input
+# travels on `update`, chunked like an update (docs/secure-aggregation.md, "Wire messages").
+SITE_KINDS = ("status", "update", "report", "secagg")
 BRIDGE = "bridge"  # site/<id>/bridge: a hospital broker's bridge notification, "1" or "0" (not a schema message)
 # Payloads that may be too big for one MQTT message travel as chunks under `<topic>/chunk/<index>`
 # (docs/protocol.md, "Chunked transfer"); the small manifest stays on `<topic>` itself.
@@ -92,6 +94,11 @@ def site_report_topic(run_id: str, site_id: str) -> str:
     return site_topic(run_id, site_id, "report")
 
 
+def site_secagg_topic(run_id: str, site_id: str) -> str:
+    """`site/<id>/secagg`: this site's key advertisement, sealed shares and unmasking answers of the open round."""
+    return site_topic(run_id, site_id, "secagg")
+
+
 def site_bridge_topic(run_id: str, site_id: str) -> str:
     """`site/<id>/bridge`: a hospital broker's bridge state, retained "1" (up) or "0" (down, its Will on the
     central broker). Outside SITE_KINDS on purpose: Mosquitto writes it, not the site agent, and its payload is
@@ -136,7 +143,7 @@ class ParsedTopic:
 
     run_id: str
     role: str  # "ps", "site" or "federation"
-    kind: str  # status | model | metrics | task | turn | update | report | keys
+    kind: str  # status | model | metrics | task | turn | update | report | secagg | keys
     site_id: str | None = None
     chunk: int | None = None  # set on `<topic>/chunk/<index>`
 

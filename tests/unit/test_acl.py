@@ -85,7 +85,8 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
 def test_no_party_may_write_a_wildcard_and_a_site_only_protocol_topics() -> None:
     """Retained messages are what a party makes the broker keep: no write right ends in `#` (a subtree of made-up
     topics), a site's has no wildcard at all (`+` matches any name, so chunk indices are listed), and every topic
-    a site may write parses as a topic of the protocol: 4 topics and 2 x MAX_CHUNKS chunks."""
+    a site may write parses as a topic of the protocol: 5 topics (status, update, report, secagg, bridge) and
+    2 x MAX_CHUNKS chunks."""
     # Execute
     rules = _rules(render_acl(RUN, ["site-a", "site-b"]))
 
@@ -97,7 +98,7 @@ def test_no_party_may_write_a_wildcard_and_a_site_only_protocol_topics() -> None
     for topic in site_writes:
         if not topic.endswith("/" + topics.BRIDGE):
             assert topics.parse_topic(topic).site_id in ("site-a", "site-b")
-    assert len(site_write_topics(RUN, "site-a")) == 4 + 2 * MAX_CHUNKS == 260
+    assert len(site_write_topics(RUN, "site-a")) == 5 + 2 * MAX_CHUNKS == 261
     assert {("site-a", "write", t) for t in site_write_topics(RUN, "site-a")} == _site_writes("site-a")
 
 

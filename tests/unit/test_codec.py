@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 from pydantic import BaseModel, ValidationError
+from secagg_examples import secagg_examples
 
 from fedmqtt.errors import SchemaError
 from schemas import messages as m
@@ -123,6 +124,7 @@ def _all_messages() -> list[BaseModel]:
         Chunk(run_id=RUN, sender="ps", round=1, transfer_id="t" * 32, index=0, data=b"\x01" * 2048),
         KeyList(run_id=RUN, sender="coordinator", round=0, version=3,
                 keys={"ps": PartyKey(ed25519="A" * 43), "site-a": PartyKey(ed25519="b-_" * 14 + "c")}),
+        *secagg_examples(RUN),
     ]
 
 

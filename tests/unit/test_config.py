@@ -9,7 +9,12 @@ import pytest
 
 from fedmqtt.config_io import dump_toml
 from fedmqtt.errors import ConfigError
-from ps_daemon.config import DaemonConfig, load_daemon_config
+from ps_daemon.config import (
+    DaemonConfig,
+    SecureAggregationConfig,
+    load_daemon_config,
+    secure_aggregation_problem,
+)
 from site_agent.config import load_site_config
 
 DAEMON_TOML = """\
@@ -143,6 +148,14 @@ DAEMON_ERRORS = [
     pytest.param(_daemon_dict(selection="fraction", fraction=0.2, quorum=2),
                  "fewer than quorum 2: no round could close", id="fraction-below-quorum"),
     pytest.param(_daemon_dict(stall_s=-1), "stall_s:", id="negative-stall"),
+    pytest.param(_daemon_dict(algorithm="fedadp", sites=["a", "b", "c"], secure_aggregation={"enabled": True}),
+                 "fedadp cannot run under secure aggregation", id="secagg-rule-needs-each-update"),
+    pytest.param(_daemon_dict(secure_aggregation={"enabled": True}), "at least 3 sites (got 2)",
+                 id="secagg-two-sites"),
+    pytest.param(_daemon_dict(sites=["a", "b", "c"], secure_aggregation={"enabled": True, "clip": 1e6}),
+                 "beyond the", id="secagg-ring-too-small"),
+    pytest.param(_daemon_dict(secure_aggregation={"enabled": True, "dropout": 0.5}), "secure_aggregation.dropout",
+                 id="secagg-dropout-range"),
 ]
 
 
@@ -154,6 +167,29 @@ def test_daemon_config_errors_name_the_field(tmp_path: Path, data: dict[str, Any
         load_daemon_config(path)
     assert needle in str(info.value)
     assert str(path) in str(info.value)
+
+
+def test_secure_aggregation_is_off_by_default_and_enters_the_resume_hash() -> None:
+    """A config without the table runs in the clear; turning it on (or changing its ring) changes what --resume
+    checks, so a run cannot switch halfway."""
+    clear = DaemonConfig.model_validate(_daemon_dict(sites=["a", "b", "c"]))
+    assert not clear.secure_aggregation.enabled
+    assert secure_aggregation_problem("fedavg", SecureAggregationConfig(enabled=True, clip=4.0), 3) is None
+    wider = clear.model_copy(update={"secure_aggregation": SecureAggregationConfig(ring_bits=64)})
+    assert wider.config_hash() != clear.config_hash()
+    terms = SecureAggregationConfig(enabled=True).terms(3)
+    assert (terms.ring_bits, terms.fraction_bits, terms.clip, terms.max_sites) == (32, 16, 8.0, 3)
+
+
+def test_secure_aggregation_accepts_the_rules_that_need_only_sums() -> None:
+    """FedAvg and FedProx need only sums and are accepted; FedAdp needs each site's update and is refused."""
+    on = SecureAggregationConfig(enabled=True)
+    for rule in ("fedavg", "fedprox"):
+        assert secure_aggregation_problem(rule, on, 4) is None
+    fedadp = secure_aggregation_problem("fedadp", on, 4)
+    assert fedadp is not None and "cannot run under secure aggregation" in fedadp
+    scaffold = secure_aggregation_problem("scaffold", on, 4)  # needs only sums, but other sums than the mean
+    assert scaffold is not None and "only the sample-weighted mean of the updates is wired" in scaffold
 
 
 def test_site_id_with_a_trailing_newline_is_refused() -> None:

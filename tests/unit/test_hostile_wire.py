@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from secagg_examples import secagg_examples
 from signed_wire import identity, ring, signed
 
 from fedmqtt.errors import SchemaError, TopicError
@@ -96,6 +97,7 @@ def _examples() -> list[BaseModel]:
         _manifest(),
         Chunk(run_id=RUN, sender="ps", round=1, transfer_id="t" * 32, index=0, data=b"\x01" * 2048),
         KeyList(run_id=RUN, sender="coordinator", round=0, version=2, keys={"ps": PartyKey(ed25519="A" * 43)}),
+        *secagg_examples(RUN),
     ]
 
 

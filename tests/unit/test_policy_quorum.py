@@ -149,3 +149,14 @@ def test_with_recruitment_the_warning_about_refusing_sites_is_kept_beside_recrui
     assert any(isinstance(e, fx.PublishRecruitment) for e in effects)
     warnings = [e.text for e in effects if isinstance(e, fx.Log) and "refuse this run" in e.text]
     assert len(warnings) == 1 and "site-c (require_record_dp" in warnings[0] and "site-a" not in warnings[0]
+
+
+def test_a_site_that_requires_secure_aggregation_refuses_a_run_in_the_clear() -> None:
+    from ps_daemon.policy_quorum import run_breaches
+    from schemas.messages import PrivacyPolicy
+
+    policy = PrivacyPolicy(require_secure_aggregation=True)
+    clear = _config()
+    secure = _config(secure_aggregation={"enabled": True})
+    assert any("require_secure_aggregation" in why for why in run_breaches(clear, policy, 100))
+    assert not any("require_secure_aggregation" in why for why in run_breaches(secure, policy, 100))

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.messages import ModelSpec, RecordDP, TrainSettings, TrainTask
+from schemas.secagg import SecAggTerms
 from site_agent.policy import REFUSED, PrivacyPolicy, epsilon_refusal, task_refusal
 from site_agent.privacy_ledger import MAX_LEDGER_BYTES, LedgerError, PrivacyLedger
 
@@ -72,6 +73,18 @@ def test_require_record_dp_rule() -> None:
     why = _refusal(policy)
     assert why is not None and "without record-level DP" in why and "require_record_dp" in why
     assert _refusal(policy, _task(dp=DP)) is None
+
+
+def test_require_secure_aggregation_rule() -> None:
+    """A site that requires secure aggregation refuses a task in the clear, with the reason, and accepts one that
+    carries the ring's terms."""
+    policy = PrivacyPolicy(require_secure_aggregation=True)
+    why = _refusal(policy)
+    assert why is not None and why.startswith(REFUSED) and "without secure aggregation" in why
+    assert "require_secure_aggregation" in why
+    terms = SecAggTerms(ring_bits=32, fraction_bits=16, clip=8.0, max_sites=4, dropout=0.1)
+    assert _refusal(policy, _task().model_copy(update={"secure_aggregation": terms})) is None
+    assert _refusal(PrivacyPolicy()) is None  # off by default
 
 
 def test_a_budget_also_refuses_a_task_without_dp() -> None:

@@ -16,7 +16,8 @@ from fedmqtt.strategies import STRATEGIES
 from fedmqtt.strategies.rule import ServerRule
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "secure-aggregation.md"
-PER_SITE = {"fedadp", "feddkw", "adafed", "d-adafed", "f-adafed"}  # rules that need each site's own data
+# rules that need each site's own data (DP-FedAvg: its server clips each site's change)
+PER_SITE = {"fedadp", "feddkw", "adafed", "d-adafed", "f-adafed", "dp-fedavg"}
 
 
 def doc_table(header: str) -> list[list[str]]:

@@ -11,12 +11,17 @@ import msgpack
 import numpy as np
 import pytest
 from pydantic import BaseModel, ValidationError
+from secagg_examples import secagg_examples
 from secagg_round import Inbox, Losses, play, site_ids
+from signed_wire import ring, signed
 
+from fedmqtt.errors import SchemaError
 from fedmqtt.secagg import messages as msg
 from fedmqtt.secagg import wire as conv
 from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.ring import FixedPoint
+from fedmqtt.transport import topics
+from fedmqtt.transport.channel import check_message
 from schemas import secagg as wire
 from schemas.codec import encode
 
@@ -42,7 +47,7 @@ def test_a_whole_round_travels_through_the_wire_kinds() -> None:
         return back
 
     def request_trip(site: str, request: msg.UnmaskRequest) -> msg.UnmaskRequest:
-        return conv.unmask_from_wire(through_wire(conv.unmask_to_wire(CTX, request)))
+        return conv.unmask_from_wire(through_wire(conv.unmask_to_wire(CTX, site, request)))
 
     def answer_trip(answer: msg.UnmaskAnswer) -> msg.UnmaskAnswer:
         return conv.answer_from_wire(through_wire(conv.answer_to_wire(CTX, answer)))
@@ -76,7 +81,7 @@ def round_messages() -> dict[str, BaseModel]:
             played.sites[s].advert for s in sorted(played.sites)))),
         "shares": conv.shares_to_wire(CTX, bundle),
         "masked": conv.masked_to_wire(CTX, masked, played.server.fixed),
-        "unmask": conv.unmask_to_wire(CTX, request),
+        "unmask": conv.unmask_to_wire(CTX, "site-000", request),
         "answer": conv.answer_to_wire(CTX, played.server.answers["site-000"]),
     }
 
@@ -142,7 +147,53 @@ def test_an_answer_never_holds_both_shares_of_a_site(round_messages: dict[str, B
     answer = round_messages["answer"]
     seeds = answer.model_dump(mode="python")["seed_shares"]
     assert "never both" in refused(answer, mask_key_shares=seeds[:1])
-    assert "greater than or equal to 1" in refused(answer, seed_shares=({**seeds[0], "x": 0}, *seeds[1:]))
+    assert "greater than or equal to 1" in refused(answer, seed_shares=({**seeds[0], "index": 0}, *seeds[1:]))
     assert "at least 16" in refused(answer, seed_shares=({**seeds[0], "share": b""}, *seeds[1:]))
     assert isinstance(answer, wire.SecAggAnswer)
     assert dataclasses.asdict(conv.answer_from_wire(answer))["sender"] == "site-000"
+
+
+# -- on the wire: topics and signatures ---------------------------------------------------------------------------
+SIGNED_RUN = "secagg-signed"
+
+
+def _home(message: BaseModel) -> str:
+    """The topic each kind travels on (fedmqtt/transport/channel.py, KINDS_BY_TOPIC)."""
+    kind, sender = message.kind, message.sender  # type: ignore[attr-defined]
+    if sender == "ps":
+        return topics.ps_task_topic(SIGNED_RUN, message.site_id)  # type: ignore[attr-defined]
+    return (topics.site_update_topic if kind == "secagg_masked" else topics.site_secagg_topic)(SIGNED_RUN, sender)
+
+
+@pytest.mark.parametrize("message", secagg_examples(SIGNED_RUN), ids=lambda m: m.kind)
+def test_each_kind_is_accepted_on_its_topic_signed_by_its_owner(message: BaseModel) -> None:
+    """Every kind passes the channel's checks on its own topic, signed by the topic's owner, and comes back equal."""
+    topic = _home(message)
+    _, back = check_message(topic, signed(SIGNED_RUN, topic, encode(message)), run_id=SIGNED_RUN, max_bytes=1 << 20,
+                            keys=ring(SIGNED_RUN))
+    assert back == message
+
+
+@pytest.mark.parametrize("message", secagg_examples(SIGNED_RUN), ids=lambda m: m.kind)
+def test_each_kind_is_refused_off_its_topic_or_signed_by_another_party(message: BaseModel) -> None:
+    """The same bytes signed by another party, or put on a topic the kind does not belong to, are refused."""
+    topic = _home(message)
+    wrong_signer = "site-c" if message.sender == "ps" else "ps"  # type: ignore[attr-defined]
+    with pytest.raises(SchemaError):
+        check_message(topic, signed(SIGNED_RUN, topic, encode(message), signer=wrong_signer), run_id=SIGNED_RUN,
+                      max_bytes=1 << 20, keys=ring(SIGNED_RUN))
+    elsewhere = (topics.ps_model_topic(SIGNED_RUN) if message.sender == "ps"  # type: ignore[attr-defined]
+                 else topics.site_report_topic(SIGNED_RUN, message.sender))  # type: ignore[attr-defined]
+    with pytest.raises(SchemaError) as info:
+        check_message(elsewhere, signed(SIGNED_RUN, elsewhere, encode(message)), run_id=SIGNED_RUN,
+                      max_bytes=1 << 20, keys=ring(SIGNED_RUN))
+    assert "does not belong on this topic" in str(info.value)
+
+
+def test_a_site_cannot_publish_secure_aggregation_messages_as_another_site() -> None:
+    """site-b's advert on site-a's topic, even signed with site-b's own key, is another identity than the topic's."""
+    advert = next(m for m in secagg_examples(SIGNED_RUN, "site-b", "site-c") if m.kind == "secagg_advert")
+    topic = topics.site_secagg_topic(SIGNED_RUN, "site-a")
+    with pytest.raises(SchemaError):
+        check_message(topic, signed(SIGNED_RUN, topic, encode(advert), signer="site-a"), run_id=SIGNED_RUN,
+                      max_bytes=1 << 20, keys=ring(SIGNED_RUN))

@@ -1,0 +1,103 @@
+"""A sample-weighted mean as one masked sum: what a site puts into the ring, and how the PS reads the mean back.
+
+FedAvg's w = sum_i n_i w_i / sum_i n_i needs two sums. Each site sends one vector: its float tensors, in sorted
+name order and flattened, times p_i = n_i / weight_bound, followed by p_i itself. The PS removes the masks from
+the sum of those vectors and divides the first part by the last coordinate. `weight_bound` is public (the PS
+sends it with the task: the sum of the selected sites' enrolled sample counts), so p_i <= 1 for an honest count
+and the products stay within the ring's clip whenever the tensors do; a site whose count exceeds the bound sends
+p_i = 1 (its weight is capped, not wrapped).
+
+Integer tensors (BatchNorm's num_batches_tracked) are not averaged by any rule (the maximum is taken) and a sum
+cannot give a maximum: they stay out of the masked vector (`split`), and the caller decides how they travel.
+
+Error bound (docs/secure-aggregation.md, "Encoding"): with e = n / (2 scale) the rounding error of one coordinate
+of the sum of n sites, and P = sum p_i the decoded total weight, each coordinate of the mean is off by at most
+(e + |mean| e) / (P - e) against the mean of the clipped products.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from fedmqtt.secagg.ring import FixedPoint
+
+FloatVector = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each float tensor sits in the flat vector (sorted by name), with its shape and dtype."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+
+    @property
+    def length(self) -> int:
+        """Coordinates of the masked vector: every float tensor's, plus one for the weight."""
+        return sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes) + 1
+
+
+def float_names(tensors: Mapping[str, np.ndarray]) -> list[str]:
+    return sorted(n for n, v in tensors.items() if np.asarray(v).dtype.kind == "f")
+
+
+def layout_of(tensors: Mapping[str, np.ndarray]) -> Layout:
+    """The layout of `tensors`' float part (the model the PS sent: every site derives the same one)."""
+    names = float_names(tensors)
+    return Layout(tuple(names), tuple(tuple(np.shape(tensors[n])) for n in names),
+                  tuple(str(np.asarray(tensors[n]).dtype) for n in names))
+
+
+def split(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(float tensors, the rest): what is masked and summed, and what is not."""
+    floats = set(float_names(tensors))
+    return ({n: v for n, v in tensors.items() if n in floats}, {n: v for n, v in tensors.items() if n not in floats})
+
+
+def site_weight(n_samples: int, weight_bound: float) -> float:
+    """p_i = n_i / weight_bound, capped at 1."""
+    if not (np.isfinite(weight_bound) and weight_bound > 0):
+        raise ValueError(f"the weight bound must be a positive number, not {weight_bound}")
+    return min(max(n_samples, 0) / weight_bound, 1.0)
+
+
+def weighted_vector(tensors: Mapping[str, np.ndarray], layout: Layout, n_samples: int,
+                    weight_bound: float) -> FloatVector:
+    """What a site encodes and masks: p_i times its float tensors (in `layout`'s order), then p_i."""
+    if layout_of(tensors) != layout:
+        raise ValueError("the update's float tensors do not match the round's layout (names, shapes or dtypes)")
+    p = site_weight(n_samples, weight_bound)
+    parts = [np.asarray(tensors[n], dtype=np.float64).ravel() * p for n in layout.names]
+    return np.concatenate([*parts, np.array([p])])
+
+
+def mean_from_sum(total: FloatVector, layout: Layout, weight_bound: float) -> tuple[dict[str, np.ndarray], int]:
+    """The weighted mean of the float tensors (each back in its shape and dtype) and the total sample count the
+    weights stand for, from the decoded sum of the sites' `weighted_vector`s. Raises ValueError when the total
+    weight is not positive (no site with a sample survived)."""
+    if total.shape != (layout.length,):
+        raise ValueError(f"the sum has {total.shape} coordinates, the layout {layout.length}")
+    weight = float(total[-1])
+    if not weight > 0:
+        raise ValueError(f"the surviving sites' total weight is {weight}: nothing to average")
+    mean: dict[str, np.ndarray] = {}
+    at = 0
+    for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
+        size = int(np.prod(shape, dtype=np.int64))
+        mean[name] = (total[at:at + size] / weight).reshape(shape).astype(dtype)
+        at += size
+    return mean, int(round(weight * weight_bound))
+
+
+def mean_error_bound(fixed: FixedPoint, n_sites: int, total_weight: float, largest: float) -> float:
+    """The most a coordinate of the decoded mean can be off (see the module text), for `n_sites` summed inputs,
+    decoded total weight `total_weight` and the largest |coordinate| of the mean `largest`."""
+    e = fixed.sum_error_bound(n_sites)
+    if total_weight <= e:
+        return float("inf")
+    return (e + largest * e) / (total_weight - e)
