@@ -18,10 +18,8 @@ import numpy as np
 from fedmqtt.means import direction_of, mean_defined
 from fedmqtt.secagg import messages as smsg
 from fedmqtt.secagg.adverts import Verifier
-from fedmqtt.secagg.weighted import layout_of, mean_from_sum, split
 from fedmqtt.strategies.aggregate import check_update_shapes
-from fedmqtt.strategies.base import AggregateResult, Manifest, RoundInput, Strategy, Weights
-from fedmqtt.strategies.sums import aggregate_from_mean
+from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
 from ps_daemon import effects as fx
 from ps_daemon import policy_quorum, selection
 from ps_daemon import secure_round as sec
@@ -29,24 +27,24 @@ from ps_daemon.config import DaemonConfig
 from ps_daemon.events import (
     Event,
     ReportReceived,
-    SecAggReceived,
     SiteOffline,
     SiteOnline,
     Started,
     Tick,
     UpdateReceived,
 )
+from ps_daemon.machine_secagg import Result, SecureSteps, secure_attempt
+from ps_daemon.naming import named
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
 from ps_daemon.transitions import TRANSITIONS
 
-Result = tuple[DaemonState, list[fx.Effect]]
 MAX_DROPPED_SHOWN = 64  # sites named with a reason in one status: it reaches every site and observer
 MAX_REASON_CHARS = 200
-NAMES_SHOWN = 8  # site names in one line of text (hundreds may be missing)
 
 
-class Machine:
-    """Binds the configuration and the strategy; `step` is the only entry point."""
+class Machine(SecureSteps):
+    """Binds the configuration and the strategy; `step` is the only entry point. The secure-aggregation handlers
+    are inherited from `SecureSteps` (ps_daemon/machine_secagg.py)."""
 
     def __init__(self, config: DaemonConfig, strategy: Strategy, hash_weights: Callable[[Weights], str], *,
                  verifier: Verifier | None = None) -> None:
@@ -244,9 +242,9 @@ class Machine:
         away = [s for s in state.selected if s not in state.updates and s in state.offline]
         state = replace(state, deadline=ev.now + self.config.round_timeout_s)
         text = (f"round {state.round}: deadline passed with {len(state.updates)} updates, quorum "
-                f"{self.config.quorum}; still waiting for {_named(waiting) or 'no site that is online'}")
+                f"{self.config.quorum}; still waiting for {named(waiting) or 'no site that is online'}")
         if away:
-            text += f"; offline: {_named(away)}"
+            text += f"; offline: {named(away)}"
         reachable = len(state.updates) + len(waiting)
         if reachable < self.config.quorum:
             text += f" (only {reachable} can still answer: the quorum needs offline sites back)"
@@ -385,116 +383,6 @@ class Machine:
             return state, [fx.SaveCheckpoint(state), *head, *self._eval_effects(state)]
         return state, [fx.SaveCheckpoint(state), *head, *self._round_effects(state)]
 
-    # -- secure aggregation (ps_daemon/secure_round.py) -----------------------------------------------------
-    def _secure_start(self, state: DaemonState, now: float, *, previous_attempt: int = 0,
-                      failures: tuple[str, ...] = ()) -> DaemonState:
-        """A new try of secure aggregation for the open round (nothing in the clear)."""
-        if not self.secure_on:
-            return state
-        attempt = sec.new_attempt(now, previous_attempt)
-        return replace(state, secure=sec.SecureRound(
-            attempt=attempt, stage="keys", deadline=now + self.config.round_timeout_s,
-            weight_bound=sec.weight_bound(state.enrolled, state.selected), failures=failures))
-
-    def _secure_session(self, state: DaemonState) -> tuple[sec.SecureRound, sec.ServerSession]:
-        sr = state.secure
-        assert sr is not None
-        layout = layout_of(split(self.shared_model(state))[0])
-        return sr, self.sessions.of(state.session, state.round, state.selected, layout, sr)
-
-    def _refuse_secagg(self, state: DaemonState, ev: SecAggReceived) -> Result:
-        return state, [fx.Log("warning", f"secure aggregation message from {ev.site_id} for round {ev.round} "
-                                         f"ignored: no round is open (PS is in {state.phase} round {state.round})")]
-
-    def _secagg_in_round(self, state: DaemonState, ev: SecAggReceived) -> Result:
-        if state.secure is None:
-            return state, [fx.Log("warning", f"secure aggregation message from {ev.site_id} ignored: this run "
-                                             "aggregates in the clear")]
-        sr, session = self._secure_session(state)
-        attempt = getattr(ev.message, "attempt", None)
-        if ev.round != state.round or attempt != sr.attempt:
-            return state, [fx.Log("warning", f"{ev.message.__class__.__name__} from {ev.site_id} ignored: it is for "
-                                             f"round {ev.round} try {attempt}, the open one is round {state.round} "
-                                             f"try {sr.attempt}")]
-        stage, record = sec.record_of(ev.message, session)
-        refusal, sr = self.sessions.feed(session, sr, (stage, record))
-        state = replace(state, secure=sr)
-        effects: list[fx.Effect] = []
-        if isinstance(refusal, smsg.Refusal) and refusal.category != smsg.REPLAY:
-            effects.append(fx.Log("warning", f"secure aggregation, round {state.round}: {refusal.party}: "
-                                             f"{refusal.category}: {refusal.reason}"))
-        if refusal is None:
-            state = replace(state, last_progress=ev.now)
-        state, more = self._secure_progress(state, ev.now)
-        return state, [*effects, *more]
-
-    def _secure_progress(self, state: DaemonState, now: float, *, deadline_passed: bool = False) -> Result:
-        """Close the open stage once nobody it waits for can still answer (or at its deadline), then the next."""
-        effects: list[fx.Effect] = []
-        for _ in sec.STAGES:  # a stage closed with nobody left to wait for may let the next one close at once
-            sr, session = self._secure_session(state)
-            skipped = frozenset(s for s, u in state.updates.items() if u.no_step_reason)
-            missing = sec.waiting(session, sr, state.selected, state.offline, skipped)
-            head = f"round {state.round}: secure aggregation (try {sr.attempt})"
-            if missing and not deadline_passed:
-                return state, [*effects, self._status(state, f"{head}: waiting for {sec.WAITS_FOR[sr.stage]} from "
-                                                             f"{_named(missing)}")]
-            if missing:
-                effects.append(fx.Log("warning", f"{head}: deadline passed; going on without the "
-                                                 f"{sec.WAITS_FOR[sr.stage]} of {_named(missing)}"))
-            deadline_passed = False
-            if sr.stage == "unmask":
-                outcome = session.finish()
-                if isinstance(outcome, smsg.RoundFailed):
-                    state, more = self._secure_failed(state, now, outcome.reason)
-                    return state, [*effects, *more]
-                state, more = self._close_round(state, now, secure_sum=outcome)
-                return state, [*effects, *more]
-            produced, sr = self.sessions.feed(session, sr, ("close", sr.stage))
-            if isinstance(produced, smsg.RoundFailed):
-                state, more = self._secure_failed(state, now, produced.reason)
-                return state, [*effects, *more]
-            nxt = sec.STAGES[sec.STAGES.index(sr.stage) + 1]
-            sent = tuple(sec.out_messages(self.config, state.round, sr, state.session, produced, now))
-            sr = replace(sr, stage=nxt, deadline=now + self.config.secure_aggregation.stage_timeout_s, sent=sent)
-            state = replace(state, secure=sr, last_progress=now)
-            effects.append(fx.Log("info", f"{head}: {sec.WAITS_FOR[sec.STAGES[sec.STAGES.index(nxt) - 1]]} closed; "
-                                          f"sent {len(sent)} site(s) what the {nxt} stage needs"))
-            effects.extend(fx.PublishSecAgg(site, message) for site, message in sent)
-        return state, effects
-
-    def _secure_failed(self, state: DaemonState, now: float, reason: str) -> Result:
-        """Fail safe: nothing of this try is aggregated; a new try with fresh keys at every site."""
-        sr = state.secure
-        assert sr is not None
-        why = (f"round {state.round}: secure aggregation try {sr.attempt} failed ({reason}); nothing aggregated; "
-               "starting a new try with fresh keys")
-        state = self._secure_start(state, now, previous_attempt=sr.attempt, failures=(*sr.failures, reason))
-        state = replace(state, last_progress=now)
-        return state, [fx.Log("warning", why), *self._round_effects(state, why)]
-
-    def _aggregate_secure(self, state: DaemonState, total: smsg.RoundSum) -> AggregateResult:
-        """The rule's aggregate from the unmasked sum: the weighted mean of the float tensors; integer buffers
-        (BatchNorm's step counters, which a sum cannot give as a maximum) keep the server's value."""
-        sr = state.secure
-        assert sr is not None
-        shared = self.shared_model(state)
-        floats, rest = split(shared)
-        mean, n_total = mean_from_sum(total.total, layout_of(floats), sr.weight_bound)
-        mean.update(rest)
-        return aggregate_from_mean(self.strategy, RoundInput(
-            round_no=state.round, current=dict(state.weights), updates=[], enrolled=dict(state.enrolled),
-            manifest=state.manifest), mean, n_total)
-
-    @staticmethod
-    def _secure_note(state: DaemonState, total: smsg.RoundSum | None) -> dict[str, object]:
-        if total is None or state.secure is None:
-            return {}
-        return {"included": list(total.included),
-                "dropped": sorted(set(state.selected) - set(total.included)),
-                "recovered": list(total.dropped_recovered), "attempt": state.secure.attempt,
-                "tries": len(state.secure.failures) + 1}
-
     def _refuse_aggregate(self, state: DaemonState, now: float, problem: str) -> Result:
         """Valid-looking updates (finite, in range) can still combine into Inf/NaN, e.g. huge values under an
         adaptive server rule. Publishing or checkpointing that would fail and crash-loop the PS on every resume;
@@ -584,9 +472,7 @@ class Machine:
 
     def _status(self, state: DaemonState, detail: str) -> fx.PublishStatus:
         if state.phase == "training" and state.secure is not None:  # who the open stage of the protocol waits for
-            sr, session = self._secure_session(state)
-            skipped = frozenset(s for s, u in state.updates.items() if u.no_step_reason)
-            waiting = sec.waiting(session, sr, state.selected, state.offline, skipped)
+            waiting = self._secure_waiting(state)
         elif state.phase == "training":
             waiting = self._can_answer(state, state.updates)
         elif state.phase == "evaluating":
@@ -611,11 +497,6 @@ class Machine:
     def _training_on(self, state: DaemonState) -> str:
         return (f"round {state.round}: training on {len(self._can_answer(state, state.updates))} sites"
                 + _offline_note(state, state.updates))
-
-
-def secure_attempt(record: RoundRecord) -> int:
-    attempt = record.secure.get("attempt", 0)
-    return attempt if isinstance(attempt, int) else 0
 
 
 def dropped(state: DaemonState) -> dict[str, str]:
@@ -646,11 +527,6 @@ def _shown(why: Mapping[str, str]) -> dict[str, str]:
 def _offline_note(state: DaemonState, answered: Mapping[str, object]) -> str:
     away = sum(1 for s in state.selected if s not in answered and s in state.offline)
     return f" ({away} offline, not waited for)" if away else ""
-
-
-def _named(sites: list[str] | tuple[str, ...]) -> str:
-    more = f" and {len(sites) - NAMES_SHOWN} more" if len(sites) > NAMES_SHOWN else ""
-    return ", ".join(sites[:NAMES_SHOWN]) + more
 
 
 def _utc(t: float) -> str:

@@ -19,8 +19,10 @@ INTRO = """### Phases and events
 
 What each event does in each phase of the PS (`ps/status` `state`), and the phases it can leave the PS in.
 This is the table `ps_daemon.transitions.TRANSITIONS`, through which `Machine.step` dispatches: the handler
-named in a row is the `Machine` method that runs. A run goes `waiting_for_sites` -> `training` (rounds 1 to R)
--> `evaluating` (the final model) -> `done`; `offline` and `error` are published by the runner, not the machine.
+named in a row is the `Machine` method that runs (the secure-aggregation ones, `_secagg_in_round` and
+`_refuse_secagg`, come from `ps_daemon.machine_secagg`). A run goes `waiting_for_sites` -> `training` (rounds 1
+to R) -> `evaluating` (the final model) -> `done`; `offline` and `error` are published by the runner, not the
+machine.
 """
 
 
