@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,6 +17,7 @@ from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.server import MIN_SITES
 from fedmqtt.strategies import STRATEGIES, build_strategy
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
+from fedmqtt.strategies.sums import weighted_mean_refusal
 from fedmqtt.training.client_rules import optimiser_problem, record_dp_problem
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
@@ -99,9 +101,11 @@ class SecureAggregationConfig(BaseModel):
         return FixedPoint(self.clip, self.fraction_bits, self.ring_bits, max_sites=n_sites)
 
 
-def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_sites: int) -> str | None:
-    """Why this run cannot aggregate securely (None when it can): a rule that needs each site's own update, fewer
-    than three sites, or a ring too small for the sum."""
+def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_sites: int,
+                               params: Mapping[str, Any] | None = None) -> str | None:
+    """Why this run cannot aggregate securely (None when it can): a rule that needs each site's own update, or
+    sums the PS does not unmask (for the rule's `params`), fewer than three sites, or a ring too small for the
+    sum."""
     if not sa.enabled:
         return None
     rule = STRATEGIES[algorithm]
@@ -109,8 +113,11 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
         return (f"secure_aggregation: {algorithm} cannot run under secure aggregation, the PS would see only the "
                 f"sum of the updates and {algorithm} needs more: {rule.sums_note}")
     if not getattr(rule, "from_weighted_mean", False):
+        wired = ", ".join(sorted(n for n, r in STRATEGIES.items() if getattr(r, "from_weighted_mean", False)))
         return (f"secure_aggregation: {algorithm} needs only sums, but sums the PS does not unmask yet (only the "
-                "sample-weighted mean of the updates is wired: fedavg, fedprox, fedper); docs/secure-aggregation.md")
+                f"sample-weighted mean of the updates is wired: {wired}); docs/secure-aggregation.md")
+    if refusal := weighted_mean_refusal(build_strategy(algorithm, dict(params or {}))):
+        return f"secure_aggregation: {refusal}"
     if n_sites < MIN_SITES:
         return (f"secure_aggregation needs at least {MIN_SITES} sites (got {n_sites}): with two, each learns the "
                 "other's update from the sum")
@@ -201,7 +208,8 @@ class DaemonConfig(BaseModel):
             raise ValueError(problem)
         if self.train.dp is not None and (problem := record_dp_problem(self.algorithm, local)):
             raise ValueError(f"train.dp: {problem}")
-        if problem := secure_aggregation_problem(self.algorithm, self.secure_aggregation, len(self.sites)):
+        if problem := secure_aggregation_problem(self.algorithm, self.secure_aggregation, len(self.sites),
+                                                 self.strategy_params()):
             raise ValueError(problem)
         if self.selection == "fraction" and self.fraction is not None:
             drawn = min_drawn(len(self.sites), self.fraction)

@@ -32,9 +32,10 @@ class FedBN(ServerRule):
     )
     Params = FedBNParams
     needs_only_sums = True
+    from_weighted_mean = True
     sums_note = (
-        "the weighted sum of the shared (non-normalization) tensors; the normalization layers stay on the "
-        "sites"
+        "the weighted sum of the shared (non-normalization) tensors, the only ones masked; the normalization "
+        "layers stay on the sites (weighting = \"samples\" under secure aggregation; \"uniform\" is refused there)"
     )
     params: FedBNParams
 

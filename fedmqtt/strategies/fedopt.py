@@ -42,8 +42,11 @@ class FedOpt(ServerRule):
 
     Params = FedAdagradParams
     needs_only_sums = True
+    from_weighted_mean = True
     sums_note = (
-        "the server step needs only the mean client delta, a weighted sum"
+        "the server step needs only the mean client delta, a weighted sum: under secure aggregation the PS "
+        "takes it as the unmasked sample-weighted mean minus the current model (weighting = \"samples\"; "
+        "\"uniform\" is refused there)"
     )
     params: FedAdagradParams
 

@@ -60,12 +60,24 @@ class ServerRule:
     needs_only_sums: ClassVar[bool] = False
     sums_note: ClassVar[str] = "not declared: the rule has not been checked for secure aggregation"
     # Whether the server step depends on the updates only through their sample-weighted mean (FedAvg, FedProx,
-    # FedPer): then the securely summed mean stands in for the updates (fedmqtt/strategies/sums.py). Rules that
-    # need only sums but other sums (SCAFFOLD's variates, FedNova's scalars) need their own path, not wired yet.
+    # FedPer, FedBN, the FedOpt family): then the securely summed mean stands in for the updates
+    # (fedmqtt/strategies/sums.py). Rules that need only sums but other sums (SCAFFOLD's variates, FedNova's
+    # scalars) need their own path, not wired yet.
     from_weighted_mean: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         self.params = parse_params(self.name, self.Params, params)
+
+    def weighted_mean_refusal(self) -> str | None:
+        """Why this rule, with its parameters, cannot aggregate from the sample-weighted mean alone (None: it can).
+        Each site weighs its masked vector by its own sample count, so a rule set to `weighting = "uniform"` would
+        need another sum (a count of 1 per site) that is not wired."""
+        if not self.from_weighted_mean:
+            return f"{self.name} does not aggregate from the weighted mean of the updates alone"
+        if getattr(self.params, "weighting", "samples") != "samples":
+            return (f"{self.name} with weighting = \"uniform\" needs the plain mean of the updates; under secure "
+                    "aggregation the PS unmasks only the sample-weighted mean (weighting = \"samples\")")
+        return None
 
     def keeps_local(self, spec: TensorSpec) -> bool:
         """Whether the tensor stays on the site (never sent, never aggregated)."""

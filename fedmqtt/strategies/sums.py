@@ -1,7 +1,9 @@
 """The smallest path for rules that need only the sample-weighted mean of the updates (`from_weighted_mean`):
 under secure aggregation the PS holds that mean (fedmqtt/secagg/weighted.py), never an update, and hands it to the
 rule as the one update of the round, weighing the total sample count. The weighted mean of one update is that
-update, so FedAvg, FedProx and FedPer give what they give on the sites' own updates (up to the ring's rounding)."""
+update, so FedAvg, FedProx, FedPer, FedBN and (with sample weighting) FedAdam, FedAdagrad and FedYogi give what they
+give on the sites' own updates, up to the ring's rounding: FedBN averages only the shared tensors, which are all
+that is masked, and the FedOpt family's pseudo-gradient is the weighted mean minus the current model."""
 
 from __future__ import annotations
 
@@ -19,7 +21,16 @@ def aggregate_from_mean(strategy: Strategy, inp: RoundInput, mean: Mapping[str, 
                         ) -> AggregateResult:
     """The rule's aggregate of a round whose updates' weighted mean is `mean` (over `n_samples` samples).
     `inp.updates` is ignored. Raises ValueError for a rule whose server step needs more than that mean."""
-    if not getattr(strategy, "from_weighted_mean", False):
-        raise ValueError(f"{strategy.name} does not aggregate from the weighted mean of the updates alone")
+    if refusal := weighted_mean_refusal(strategy):
+        raise ValueError(refusal)
     one = SiteUpdate(site_id=SECURE_SUM, tensors=dict(mean), n_samples=max(int(n_samples), 1), local_steps=0)
     return strategy.aggregate_train(replace(inp, updates=[one]))
+
+
+def weighted_mean_refusal(strategy: object) -> str | None:
+    """Why `strategy` (configured) cannot aggregate from the weighted mean alone; None when it can."""
+    check = getattr(strategy, "weighted_mean_refusal", None)
+    if check is None:
+        return f"{getattr(strategy, 'name', strategy)} does not aggregate from the weighted mean of the updates alone"
+    refusal = check()
+    return refusal if isinstance(refusal, str) else None

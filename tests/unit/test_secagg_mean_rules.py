@@ -1,0 +1,107 @@
+"""FedBN (and FedPxN, its server) and the FedOpt family (FedAdam, FedAdagrad, FedYogi) from a secure sum: their
+server step reads the updates only through the sample-weighted mean (fedmqtt/strategies/sums.py), so a round of
+masked weighted vectors gives the rule's own in-the-clear result within the ring's stated bound; with
+`weighting = "uniform"` (a plain mean the ring does not carry) they are refused, by the rule and at config load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from secagg_round import play, site_ids
+
+from fedmqtt.secagg import messages as msg
+from fedmqtt.secagg.ring import FixedPoint
+from fedmqtt.secagg.weighted import layout_of, mean_error_bound, mean_from_sum, site_weight, split, weighted_vector
+from fedmqtt.strategies import build_strategy
+from fedmqtt.strategies.base import Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
+from fedmqtt.strategies.sums import aggregate_from_mean
+from ps_daemon.config import SecureAggregationConfig, secure_aggregation_problem
+
+FIXED = FixedPoint(clip=4.0, fraction_bits=20, bits=64, max_sites=8)
+TRAIN = frozenset({"TRAIN"})
+BN = frozenset({"TRAIN", "NORM:BatchNorm2d"})
+BN_STAT = frozenset({"NORM:BatchNorm2d"})
+
+
+def _model(rng: np.random.Generator) -> tuple[Weights, Manifest]:
+    model = {"fc.weight": rng.normal(size=(3, 4)).astype(np.float32), "fc.bias": rng.normal(size=3).astype(np.float32),
+             "bn.weight": rng.normal(size=3).astype(np.float32), "bn.running_mean": np.zeros(3, np.float32),
+             "bn.num_batches_tracked": np.array(5, dtype=np.int64)}
+    tags = {"fc.weight": TRAIN, "fc.bias": TRAIN, "bn.weight": BN, "bn.running_mean": BN_STAT,
+            "bn.num_batches_tracked": BN_STAT}
+    return model, {n: TensorSpec(n, tuple(np.shape(v)), str(v.dtype), tags[n]) for n, v in model.items()}
+
+
+def _both_ways(rule: str, params: dict[str, object], n: int = 5, seed: int = 3) -> tuple[Weights, Weights, float]:
+    """(secure result, clear result, the bound on |mean error|) of one round of `rule`: the sites mask only the
+    float tensors the rule shares, as the site agent does."""
+    rng = np.random.default_rng(seed)
+    current, manifest = _model(rng)
+    strategy = build_strategy(rule, params)
+    shared = {k: current[k] for k in strategy.shared_names(manifest)}
+    names = site_ids(n)
+    trained = {s: {k: (v + rng.normal(scale=0.3, size=np.shape(v)).astype(v.dtype) if v.dtype.kind == "f" else v + 3)
+                   for k, v in current.items()} for s in names}
+    counts = {s: int(rng.integers(20, 200)) for s in names}
+    bound = float(sum(counts.values()))
+    layout = layout_of(split(shared)[0])
+    vectors = {s: weighted_vector({k: trained[s][k] for k in layout.names}, layout, counts[s], bound) for s in names}
+    played = play(n, layout.length, fixed=FIXED, updates=vectors)
+    assert isinstance(played.outcome, msg.RoundSum), played.outcome
+    mean, total_n = mean_from_sum(played.outcome.total, layout, bound)
+    mean.update(split(shared)[1])  # integer buffers keep the server's value (as the PS does)
+    inp = RoundInput(round_no=1, current=current, updates=[], enrolled=counts, manifest=manifest)
+    secure = aggregate_from_mean(strategy, inp, mean, total_n).weights
+    clear_updates = [SiteUpdate(s, {k: trained[s][k] for k in shared}, counts[s], 1) for s in names]
+    clear = build_strategy(rule, params).aggregate_train(
+        RoundInput(round_no=1, current=current, updates=clear_updates, enrolled=counts, manifest=manifest)).weights
+    weight = sum(site_weight(counts[s], bound) for s in names)
+    largest = max(float(np.max(np.abs(trained[s][k]))) for s in names for k in layout.names)
+    # + the float32 cast of the mean (relative 2^-24, twice for safety)
+    return secure, clear, mean_error_bound(FIXED, n, weight, largest) + largest * 2.0**-23
+
+
+def test_fedbn_gives_its_own_result_and_never_touches_the_local_layers() -> None:
+    for rule in ("fedbn", "fedpxn"):
+        secure, clear, bound = _both_ways(rule, {})
+        assert set(secure) == set(clear) and bound < 1e-4
+        for name in ("fc.weight", "fc.bias"):
+            assert np.max(np.abs(secure[name].astype(np.float64) - clear[name])) <= bound, (rule, name)
+        for name in ("bn.weight", "bn.running_mean", "bn.num_batches_tracked"):  # local: the server's own copy
+            assert np.array_equal(secure[name], clear[name]), (rule, name)
+
+
+@pytest.mark.parametrize("rule", ["fedadam", "fedadagrad", "fedyogi"])
+def test_the_fedopt_family_gives_its_own_step_within_the_bound(rule: str) -> None:
+    """In round 1 the server step eta_g m / (sqrt(v) + tau) moves by at most eta_g (1 - b1) / tau times the change
+    of the mean delta (FedAdam and FedAdagrad everywhere; FedYogi away from |Delta| = tau, where its
+    sign(v - Delta^2) switches: a coordinate that close would take the other branch and fail this test)."""
+    eta_g, tau, b1 = 0.01, 1e-3, 0.9
+    secure, clear, bound = _both_ways(rule, {"eta_g": eta_g, "tau": tau, "b1": b1})
+    lipschitz = eta_g * (1 - b1) / tau
+    for name in clear:
+        got, want = secure[name].astype(np.float64), clear[name].astype(np.float64)
+        assert secure[name].dtype == clear[name].dtype, name
+        if name == "bn.num_batches_tracked":  # an integer buffer: the server's value (a sum gives no maximum)
+            continue
+        # float32 results: their own rounding (relative 2^-24 of each) on top
+        slack = lipschitz * bound + (np.max(np.abs(want)) + 1.0) * 2.0**-23
+        assert np.max(np.abs(got - want)) <= slack, name
+    assert lipschitz * bound < 1e-4
+
+
+def test_the_fedopt_check_is_not_vacuous() -> None:
+    """A pseudo-gradient off by 1 % moves FedAdam's result beyond the allowance: the comparison can fail."""
+    secure, clear, bound = _both_ways("fedadam", {})
+    assert any(np.max(np.abs(secure[k].astype(np.float64) - clear[k] * 1.01)) > bound for k in ("fc.weight", "fc.bias"))
+
+
+@pytest.mark.parametrize("rule", ["fedbn", "fedpxn", "fedadam", "fedadagrad", "fedyogi"])
+def test_uniform_weighting_is_refused_by_the_rule_and_at_config_load(rule: str) -> None:
+    inp = RoundInput(round_no=1, current={"w": np.zeros(2)}, updates=[], enrolled={}, manifest={})
+    with pytest.raises(ValueError, match="uniform"):
+        aggregate_from_mean(build_strategy(rule, {"weighting": "uniform"}), inp, {"w": np.zeros(2)}, 10)
+    on = SecureAggregationConfig(enabled=True)
+    assert secure_aggregation_problem(rule, on, 4) is None
+    problem = secure_aggregation_problem(rule, on, 4, {"weighting": "uniform"})
+    assert problem is not None and "uniform" in problem
