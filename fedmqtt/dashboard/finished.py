@@ -44,7 +44,7 @@ def fill_from_report(view: RunView, report: dict[str, Any], audit: list[dict[str
                           "stragglers": list(r.get("stragglers", [])),
                           "per_site": {s: dict(v) for s, v in (r.get("per_site") or {}).items()},
                           "mean": dict(r.get("mean") or {}), "train_loss": r.get("train_loss"),
-                          "duration_s": r.get("duration_s"), "closed_at": r.get("closed_at")}
+                          "duration_s": r.get("duration_s"), "closed_at": r.get("closed_at"), "secure": None}
         view.round_changes += 1
         view.round_changed[n] = view.round_changes
         for name in r.get("sites", []):
@@ -53,6 +53,12 @@ def fill_from_report(view: RunView, report: dict[str, Any], audit: list[dict[str
                 site.rounds.add(n)
                 if isinstance(count := (r.get("n_samples") or {}).get(name), int):
                     site.n_train = count  # the training rows it weighed in with (its last round's)
+    secure = report.get("secure_aggregation") or {}
+    view.secure_aggregation = bool(secure.get("enabled", False))
+    for entry in secure.get("per_round") or []:
+        note = {k: entry.get(k) for k in ("round", "included", "dropped", "recovered", "tries")}
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in note.values()):
+            view._note_secure({k: int(v) for k, v in note.items()})
     view.round = max(view.rounds, default=0)
     view.first_metrics_round = min(view.rounds, default=None)
     final = report.get("final") or {}

@@ -106,6 +106,10 @@ class RunView:
     first_metrics_round: int | None = None
     best_round: dict[str, Any] | None = None  # a finished run: the report's own; live: derived (see snapshot)
     recruitment: Any = None
+    # Secure aggregation (docs/secure-aggregation.md): on for the run (the PS saw only sums), and how the last
+    # closed round's sum went (each round's own is in its entry of `rounds`, "secure").
+    secure_aggregation: bool = False
+    secure_last_round: dict[str, int] | None = None
     results: dict[str, Any] | None = None  # a finished run's results panel (results.py)
     files: list[dict[str, Any]] = field(default_factory=list)  # its downloads (rundir.py)
     timeline: Timeline = field(default_factory=Timeline)
@@ -185,6 +189,9 @@ class RunView:
         self.quorum, self.min_sites = msg.quorum, msg.min_sites
         self.rejected = {s: dict(r) for s, r in msg.rejected.items()}
         self.ps_last_seen, self.ps_seen = now, True
+        self.secure_aggregation = msg.secure_aggregation
+        if msg.secure_last_round is not None:
+            self._note_secure(secure_view(msg.secure_last_round))
         for name in msg.sites_expected:
             self._site(name)
         for name, spent in msg.epsilon.items():
@@ -222,9 +229,12 @@ class RunView:
         known = msg.round in self.rounds
         self.rounds[msg.round] = {"round": msg.round, "sites": list(msg.sites), "stragglers": list(msg.stragglers),
                                   "per_site": _metrics(msg.per_site), "mean": dict(msg.mean),
-                                  "train_loss": msg.train_loss, "duration_s": msg.duration_s, "closed_at": now}
+                                  "train_loss": msg.train_loss, "duration_s": msg.duration_s, "closed_at": now,
+                                  "secure": None}
         self.round_changes += 1
         self.round_changed[msg.round] = self.round_changes
+        if msg.secure is not None:
+            self._note_secure(secure_view(msg.secure))
         if not known:  # the retained metrics again (a reconnect) is the same round, not a new event
             self.timeline.add(now, "round", f"round {msg.round} closed in {msg.duration_s:.1f} s: "
                               f"{len(msg.sites)} update{'s' * (len(msg.sites) != 1)}", round_no=msg.round,
@@ -245,6 +255,16 @@ class RunView:
                                          if (v := getattr(usage, k)) is not None}
                 if name in msg.update_bytes:
                     site.last_update_bytes = msg.update_bytes[name]
+
+    def _note_secure(self, note: dict[str, int]) -> None:
+        """A closed round's secure sum (from ps/metrics or ps/status): on its round, and the latest shown apart."""
+        if self.secure_last_round is None or note["round"] >= self.secure_last_round["round"]:
+            self.secure_last_round = note
+        entry = self.rounds.get(note["round"])
+        if entry is not None and entry.get("secure") != note:
+            entry["secure"] = note
+            self.round_changes += 1
+            self.round_changed[note["round"]] = self.round_changes
 
     def _on_site_status(self, msg: m.SiteStatus, now: float) -> None:
         site = self._site(msg.sender)
@@ -325,10 +345,18 @@ class RunView:
             "timeline_note": self.timeline_note,
             "final": self.final, "best_round": best, "results": self.results, "files": self.files,
             "recruitment": self.recruitment, "invalid": self.invalid,
+            "secure_aggregation": self.secure_aggregation, "secure_last_round": self.secure_last_round,
             "dropped": [{"sender": d.sender, "topic": d.topic, "reason": d.reason, "count": d.count, "last": d.last}
                         for d in self.dropped.values()],
             "now": now,
         }
+
+
+def secure_view(note: m.SecureRoundNote) -> dict[str, int]:
+    """What the page shows of one round's secure sum: sites in it, selected sites left out, those among them
+    whose masks were removed with rebuilt keys, and the tries the round took."""
+    return {"round": note.round, "included": note.included, "dropped": note.dropped, "recovered": note.recovered,
+            "tries": note.tries}
 
 
 def privacy_spent_view(spent: m.PrivacySpent) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedmqtt.dashboard.finished import run_view_from_report
 from fedmqtt.dashboard.server import CSP, check_exposure
 from fedmqtt.dashboard.state import RunView
 from fedmqtt.errors import FedMqttError
@@ -135,6 +136,42 @@ def test_each_sites_last_update_size_and_compute_time_come_live_from_ps_metrics(
     assert sites["a"]["last_compute"] == {"wall_s": 1.5, "cpu_s": 1.25}
     assert sites["a"]["last_update_bytes"] == 4096 and sites["b"]["last_update_bytes"] == 10
     assert sites["b"]["last_compute"] == {}
+
+
+def test_secure_aggregation_and_each_rounds_dropped_and_recovered_are_shown() -> None:
+    """ps/status says the run aggregates securely and how the last round's sum went; ps/metrics carries each
+    round's own; a run in the clear says so; a finished run's report gives the same view."""
+    # Prepare
+    view = _live()
+    _feed(view, topics.ps_status_topic(RUN), _status("training"))
+    assert view.snapshot(now=1.0)["secure_aggregation"] is False  # the clear run (the default)
+    note1 = m.SecureRoundNote(round=1, included=3, dropped=0, recovered=0, tries=1)
+    note2 = m.SecureRoundNote(round=2, included=2, dropped=1, recovered=1, tries=2)
+    # Execute
+    _feed(view, topics.ps_metrics_topic(RUN), _metrics(1, ("a", "b", "c"), 0.7).model_copy(update={"secure": note1}))
+    _feed(view, topics.ps_metrics_topic(RUN), _metrics(2, ("a", "b"), 0.6).model_copy(update={"secure": note2}))
+    _feed(view, topics.ps_status_topic(RUN), _status("training", secure_aggregation=True, secure_last_round=note2))
+    snap = view.snapshot(now=2.0)
+    # Assert
+    assert snap["secure_aggregation"] is True
+    assert snap["secure_last_round"] == {"round": 2, "included": 2, "dropped": 1, "recovered": 1, "tries": 2}
+    per_round = {r["round"]: r["secure"] for r in snap["rounds"]}
+    assert per_round[1] == {"round": 1, "included": 3, "dropped": 0, "recovered": 0, "tries": 1}
+    assert per_round[2] == snap["secure_last_round"]
+    # An older round's note (a retained message again) does not replace the latest
+    _feed(view, topics.ps_metrics_topic(RUN), _metrics(1, ("a", "b", "c"), 0.7).model_copy(update={"secure": note1}))
+    assert view.snapshot(now=3.0)["secure_last_round"]["round"] == 2
+    # A finished run: the report's per-round counts (a malformed entry is skipped)
+    report = {"run_id": RUN, "algorithm": "fedavg", "rounds": [{"round": 1, "sites": ["a", "b"]}],
+              "final": {"mean": {}},
+              "secure_aggregation": {"enabled": True, "per_round": [
+                  {"round": 1, "included": 2, "dropped": 1, "recovered": 1, "tries": 1},
+                  {"round": "x", "included": 2, "dropped": 0, "recovered": 0, "tries": 1}]}}
+    finished = run_view_from_report(report, label="done").snapshot(now=4.0)
+    assert finished["secure_aggregation"] is True
+    assert finished["rounds"][0]["secure"] == {"round": 1, "included": 2, "dropped": 1, "recovered": 1, "tries": 1}
+    assert finished["secure_last_round"] == finished["rounds"][0]["secure"]
+    json.dumps(snap)
 
 
 def test_status_says_live_finished_or_offline() -> None:

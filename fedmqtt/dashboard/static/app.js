@@ -137,6 +137,15 @@ function dropped(run) {
   });
   return box;
 }
+// Secure aggregation: on or off, and how the last closed round's sum went (the PS saw only sums).
+function secureText(run) {
+  if (!run.secure_aggregation) return "off (the PS sees each site's update)";
+  const last = run.secure_last_round;
+  if (!last) return "on (the PS sees only sums); no round closed yet";
+  return `on (the PS sees only sums); round ${last.round}: ${last.included} site(s) in the sum, ${last.dropped} dropped, ` +
+    `${last.recovered} recovered` + (last.tries > 1 ? `, after ${last.tries} tries` : "");
+}
+
 function runFacts(run, now) {
   const pairs = [
     ["status", STATUS_TEXT[run.status] || run.status],
@@ -149,6 +158,7 @@ function runFacts(run, now) {
   if (run.source === "live") pairs.push(["time to finish", run.eta_s == null ? "–" : fmtDur(run.eta_s) + " at the current pace"]);
   pairs.push(["quorum", run.quorum ? `${run.quorum} of ${run.sites_expected.length} (updates that close a round at its deadline)` : "–"]);
   pairs.push(["min sites", run.min_sites ? `${run.min_sites} of ${run.sites_expected.length} online before round 1` : "–"]);
+  pairs.push(["secure aggregation", secureText(run)]);
   if (run.source === "live") {
     pairs.push(["sites online", `${run.sites_online.length} of ${run.sites_expected.length}`]);
     pairs.push(["waiting for", partyList(run.waiting_for)]);
