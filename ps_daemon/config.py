@@ -91,10 +91,13 @@ class SecureAggregationConfig(BaseModel):
                                    "unmasking answers) before it goes on without the missing ones; the keys stage "
                                    "includes local training and waits round_timeout_s")
 
-    def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0) -> SecAggTerms:
-        """What each train task carries, for a run of `n_sites` sites."""
+    def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0,
+              variates: bool = False) -> SecAggTerms:
+        """What each train task carries, for a run of `n_sites` sites (`variates`: the rule sums SCAFFOLD's
+        control-variate deltas too)."""
         return SecAggTerms(ring_bits=self.ring_bits, fraction_bits=self.fraction_bits, clip=self.clip,
-                           max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound)
+                           max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound,
+                           variates=variates)
 
     def fixed_point(self, n_sites: int) -> FixedPoint:
         """The ring, checked so that the sum of `n_sites` encodings cannot wrap (ConfigError otherwise)."""

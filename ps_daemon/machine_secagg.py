@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fedmqtt.secagg import messages as smsg
-from fedmqtt.secagg.weighted import layout_of, mean_from_sum, split
+from fedmqtt.secagg.weighted import layout_of, mean_from_sum, split, variates_from_sum
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Strategy, Weights
 from fedmqtt.strategies.sums import aggregate_from_mean
 from ps_daemon import effects as fx
@@ -55,7 +55,7 @@ class SecureSteps:
     def _secure_session(self, state: DaemonState) -> tuple[sec.SecureRound, sec.ServerSession]:
         sr = state.secure
         assert sr is not None
-        layout = layout_of(split(self.shared_model(state))[0])
+        layout = layout_of(split(self.shared_model(state))[0], variates=sec.with_variates(self.config))
         return sr, self.sessions.of(state.session, state.round, state.selected, layout, sr)
 
     def _secure_waiting(self, state: DaemonState) -> tuple[str, ...]:
@@ -141,11 +141,13 @@ class SecureSteps:
         assert sr is not None
         shared = self.shared_model(state)
         floats, rest = split(shared)
-        mean, n_total = mean_from_sum(total.total, layout_of(floats), sr.weight_bound)
+        layout = layout_of(floats, variates=sec.with_variates(self.config))
+        mean, n_total = mean_from_sum(total.total, layout, sr.weight_bound)
         mean.update(rest)
+        variates = variates_from_sum(total.total, layout, sr.weight_bound) if layout.variates else None
         return aggregate_from_mean(self.strategy, RoundInput(
             round_no=state.round, current=dict(state.weights), updates=[], enrolled=dict(state.enrolled),
-            manifest=state.manifest), mean, n_total)
+            manifest=state.manifest), mean, n_total, variates, total.included)
 
     @staticmethod
     def _secure_note(state: DaemonState, total: smsg.RoundSum | None) -> dict[str, object]:

@@ -29,6 +29,7 @@ from fedmqtt.secagg.adverts import Verifier
 from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.server import ServerSession
 from fedmqtt.secagg.weighted import Layout, layout_of
+from fedmqtt.strategies import STRATEGIES
 from ps_daemon.config import DaemonConfig
 from schemas import secagg as wire
 
@@ -71,7 +72,13 @@ def context(config: DaemonConfig, round_no: int, sr: SecureRound) -> RoundContex
 
 
 def terms(config: DaemonConfig, sr: SecureRound) -> wire.SecAggTerms:
-    return config.secure_aggregation.terms(len(config.sites), attempt=sr.attempt, weight_bound=sr.weight_bound)
+    return config.secure_aggregation.terms(len(config.sites), attempt=sr.attempt, weight_bound=sr.weight_bound,
+                                           variates=with_variates(config))
+
+
+def with_variates(config: DaemonConfig) -> bool:
+    """Whether the run's rule sums control-variate deltas next to the weighted model (SCAFFOLD)."""
+    return bool(getattr(STRATEGIES[config.algorithm], "sums_variates", False))
 
 
 def msg_id(*parts: object) -> str:

@@ -51,6 +51,8 @@ class SecAggTerms(Frozen):
                              "the round names it, and every secret is bound to it")
     weight_bound: float = Field(default=1.0, gt=0, le=1e15, allow_inf_nan=False, description="B: a site sends its "
                                 "tensors times p_i = min(n_i / B, 1), then p_i (fedmqtt/secagg/weighted.py)")
+    variates: bool = Field(default=False, description="the rule also sums control-variate deltas (SCAFFOLD): after "
+                           "p_i the site appends p_i times its delta_c for every float tensor, zeros where it has none")
 
 
 class KeyAdvertBody(Frozen):

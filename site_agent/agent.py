@@ -386,7 +386,8 @@ class SiteAgent:
         assert task.secure_aggregation is not None
         floats, _ = split(_arrays(update.tensors))
         return SiteRound(self.secagg_store, self.identity, run_id=self.config.run_id, session=task.session,
-                         round_no=task.round, terms=task.secure_aggregation, layout=layout_of(floats))
+                         round_no=task.round, terms=task.secure_aggregation,
+                         layout=layout_of(floats, variates=task.secure_aggregation.variates))
 
     def _secagg_for(self, msg: sw.SecAggRoster | sw.SecAggInbox | sw.SecAggUnmask
                     ) -> tuple[SiteRound, m.TrainTask, m.ClientUpdate] | None:
@@ -423,7 +424,8 @@ class SiteAgent:
                              len(shares.shares))
             elif isinstance(msg, sw.SecAggInbox):
                 floats, _ = split(_arrays(update.tensors))
-                masked = sr.on_inbox(msg, floats, update.n_samples)
+                variates = _arrays(update.control_variates) if sr.layout.variates else None  # SCAFFOLD's delta_c
+                masked = sr.on_inbox(msg, floats, update.n_samples, variates)
                 self.channel.send(topics.site_update_topic(c.run_id, c.site_id), masked)
                 log.info("round %d: secure aggregation: masked update sent (paired with %d neighbours)", msg.round,
                          len(masked.paired_with))

@@ -75,10 +75,11 @@ class SiteRound:
         return conv.shares_to_wire(self.ctx, self.session_state.share(conv.roster_from_wire(roster)))
 
     def on_inbox(self, inbox: wire.SecAggInbox, tensors: Mapping[str, np.ndarray],
-                 n_samples: int) -> wire.SecAggMasked:
-        """Step 2: the masked weighted vector of this site's trained tensors. Deterministic given the inbox and the
-        tensors, so after a restart the same input gives the same bits (the PS ignores the copy)."""
-        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound)
+                 n_samples: int, variates: Mapping[str, np.ndarray] | None = None) -> wire.SecAggMasked:
+        """Step 2: the masked weighted vector of this site's trained tensors (and, when the layout has them, its
+        control-variate deltas). Deterministic given the inbox and the tensors, so after a restart the same input
+        gives the same bits (the PS ignores the copy)."""
+        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates)
         packed = pack_message(inbox)
         if self.record.inbox is None:
             self._keep(inbox=packed)

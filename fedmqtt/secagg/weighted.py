@@ -7,6 +7,10 @@ sends it with the task: the sum of the selected sites' enrolled sample counts), 
 and the products stay within the ring's clip whenever the tensors do; a site whose count exceeds the bound sends
 p_i = 1 (its weight is capped, not wrapped).
 
+A rule that also needs the sum of the sites' control-variate deltas (SCAFFOLD: c moves by sum_i n_i Delta_c_i / n)
+gets them in the same vector (`Layout.variates`): after p_i, p_i times Delta_c_i for every float tensor in the same
+order (zeros for a tensor without one), so B times that part of the sum is sum_i n_i Delta_c_i (`variates_from_sum`).
+
 Integer tensors (BatchNorm's num_batches_tracked) are not averaged by any rule (the maximum is taken) and a sum
 cannot give a maximum: they stay out of the masked vector (`split`), and the caller decides how they travel.
 
@@ -35,22 +39,28 @@ class Layout:
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
+    variates: bool = False  # the weighted control-variate deltas follow the weight (SCAFFOLD)
+
+    @property
+    def floats(self) -> int:
+        """Coordinates of the float tensors together (where the weight sits)."""
+        return sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 
     @property
     def length(self) -> int:
-        """Coordinates of the masked vector: every float tensor's, plus one for the weight."""
-        return sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes) + 1
+        """Coordinates of the masked vector: every float tensor's, one for the weight, then the variates' if any."""
+        return self.floats * (2 if self.variates else 1) + 1
 
 
 def float_names(tensors: Mapping[str, np.ndarray]) -> list[str]:
     return sorted(n for n, v in tensors.items() if np.asarray(v).dtype.kind == "f")
 
 
-def layout_of(tensors: Mapping[str, np.ndarray]) -> Layout:
+def layout_of(tensors: Mapping[str, np.ndarray], *, variates: bool = False) -> Layout:
     """The layout of `tensors`' float part (the model the PS sent: every site derives the same one)."""
     names = float_names(tensors)
     return Layout(tuple(names), tuple(tuple(np.shape(tensors[n])) for n in names),
-                  tuple(str(np.asarray(tensors[n]).dtype) for n in names))
+                  tuple(str(np.asarray(tensors[n]).dtype) for n in names), variates)
 
 
 def split(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -67,13 +77,22 @@ def site_weight(n_samples: int, weight_bound: float) -> float:
 
 
 def weighted_vector(tensors: Mapping[str, np.ndarray], layout: Layout, n_samples: int,
-                    weight_bound: float) -> FloatVector:
-    """What a site encodes and masks: p_i times its float tensors (in `layout`'s order), then p_i."""
-    if layout_of(tensors) != layout:
+                    weight_bound: float, variates: Mapping[str, np.ndarray] | None = None) -> FloatVector:
+    """What a site encodes and masks: p_i times its float tensors (in `layout`'s order), then p_i, then (when the
+    layout has them) p_i times its control-variate deltas `variates` (zeros for a tensor without one)."""
+    if layout_of(tensors, variates=layout.variates) != layout:
         raise ValueError("the update's float tensors do not match the round's layout (names, shapes or dtypes)")
     p = site_weight(n_samples, weight_bound)
     parts = [np.asarray(tensors[n], dtype=np.float64).ravel() * p for n in layout.names]
-    return np.concatenate([*parts, np.array([p])])
+    parts.append(np.array([p]))
+    if layout.variates:
+        given = variates or {}
+        for name, shape in zip(layout.names, layout.shapes, strict=True):
+            delta = np.asarray(given.get(name, np.zeros(shape)), dtype=np.float64)
+            if delta.shape != shape or not np.isfinite(delta).all():
+                raise ValueError(f"the control-variate delta of {name} is not a finite array of shape {shape}")
+            parts.append(delta.ravel() * p)
+    return np.concatenate(parts)
 
 
 def mean_from_sum(total: FloatVector, layout: Layout, weight_bound: float) -> tuple[dict[str, np.ndarray], int]:
@@ -82,7 +101,7 @@ def mean_from_sum(total: FloatVector, layout: Layout, weight_bound: float) -> tu
     weight is not positive (no site with a sample survived)."""
     if total.shape != (layout.length,):
         raise ValueError(f"the sum has {total.shape} coordinates, the layout {layout.length}")
-    weight = float(total[-1])
+    weight = float(total[layout.floats])
     if not weight > 0:
         raise ValueError(f"the surviving sites' total weight is {weight}: nothing to average")
     mean: dict[str, np.ndarray] = {}
@@ -92,6 +111,21 @@ def mean_from_sum(total: FloatVector, layout: Layout, weight_bound: float) -> tu
         mean[name] = (total[at:at + size] / weight).reshape(shape).astype(dtype)
         at += size
     return mean, int(round(weight * weight_bound))
+
+
+def variates_from_sum(total: FloatVector, layout: Layout, weight_bound: float) -> dict[str, np.ndarray]:
+    """sum_i n_i Delta_c_i per float tensor (float64, in its shape) from the decoded sum of a layout with
+    variates: B times the part after the weight. Each coordinate is off by at most B times the sum's rounding
+    error (`FixedPoint.sum_error_bound`)."""
+    if not layout.variates or total.shape != (layout.length,):
+        raise ValueError("the sum carries no control-variate deltas (or has another length than the layout)")
+    out: dict[str, np.ndarray] = {}
+    at = layout.floats + 1
+    for name, shape in zip(layout.names, layout.shapes, strict=True):
+        size = int(np.prod(shape, dtype=np.int64))
+        out[name] = (total[at:at + size] * weight_bound).reshape(shape)
+        at += size
+    return out
 
 
 def mean_error_bound(fixed: FixedPoint, n_sites: int, total_weight: float, largest: float) -> float:

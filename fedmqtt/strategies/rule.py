@@ -64,6 +64,9 @@ class ServerRule:
     # (fedmqtt/strategies/sums.py). Rules that need only sums but other sums (SCAFFOLD's variates, FedNova's
     # scalars) need their own path, not wired yet.
     from_weighted_mean: ClassVar[bool] = False
+    # Whether, under secure aggregation, the sites also mask p_i times their control-variate deltas into the same
+    # vector (SCAFFOLD): the PS then hands the rule their sum next to the mean (fedmqtt/secagg/weighted.py).
+    sums_variates: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         self.params = parse_params(self.name, self.Params, params)

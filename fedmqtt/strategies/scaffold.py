@@ -43,8 +43,12 @@ class Scaffold(ServerRule):
     params: ScaffoldParams
     uplink_extras = ("delta_c",)
     needs_only_sums = True
+    from_weighted_mean = True
+    sums_variates = True
     sums_note = (
-        "the weighted mean of the models and the sum of the control-variate deltas delta_c"
+        "the weighted mean of the models and the sum of the control-variate deltas delta_c: under secure "
+        "aggregation each site appends p_i delta_c_i to its masked vector and the PS moves c by B times that "
+        "part of the sum over n (weighting = \"samples\"; \"uniform\" is refused there)"
     )
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:

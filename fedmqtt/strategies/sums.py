@@ -7,7 +7,7 @@ that is masked, and the FedOpt family's pseudo-gradient is the weighted mean min
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -18,13 +18,28 @@ SECURE_SUM = "secure-sum"  # the site id the mean travels under: the rule sees n
 
 
 def aggregate_from_mean(strategy: Strategy, inp: RoundInput, mean: Mapping[str, np.ndarray], n_samples: int,
+                        variates: Mapping[str, np.ndarray] | None = None, included: Iterable[str] = (),
                         ) -> AggregateResult:
     """The rule's aggregate of a round whose updates' weighted mean is `mean` (over `n_samples` samples).
-    `inp.updates` is ignored. Raises ValueError for a rule whose server step needs more than that mean."""
+    `inp.updates` is ignored. Raises ValueError for a rule whose server step needs more than that mean.
+
+    A rule that sums control-variate deltas (`sums_variates`, SCAFFOLD) also needs `variates`, sum_i n_i Delta_c_i
+    over the sites in the sum, and `included`, those sites: the one update carries Delta_c = variates / n_samples,
+    and the enrolled counts stand it in for the included sites, so that its population weight n_samples / n times
+    that Delta_c is sum_i n_i Delta_c_i / n, the rule's own sum_i pi_i Delta_c_i."""
     if refusal := weighted_mean_refusal(strategy):
         raise ValueError(refusal)
-    one = SiteUpdate(site_id=SECURE_SUM, tensors=dict(mean), n_samples=max(int(n_samples), 1), local_steps=0)
-    return strategy.aggregate_train(replace(inp, updates=[one]))
+    n = max(int(n_samples), 1)
+    extras: dict[str, object] = {}
+    enrolled = dict(inp.enrolled)
+    if getattr(strategy, "sums_variates", False):
+        if variates is None:
+            raise ValueError(f"{strategy.name} needs the sum of the control-variate deltas next to the mean")
+        extras["delta_c"] = {name: np.asarray(v, dtype=np.float64) / n for name, v in variates.items()}
+        gone = set(included)
+        enrolled = {s: c for s, c in enrolled.items() if s not in gone} | {SECURE_SUM: n}
+    one = SiteUpdate(site_id=SECURE_SUM, tensors=dict(mean), n_samples=n, local_steps=0, extras=extras)
+    return strategy.aggregate_train(replace(inp, updates=[one], enrolled=enrolled))
 
 
 def weighted_mean_refusal(strategy: object) -> str | None:

@@ -15,7 +15,8 @@ from secagg_round import federation, site_ids
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.weighted import layout_of, mean_error_bound, site_weight, split
 from fedmqtt.strategies import FedAvg, SiteUpdate
-from fedmqtt.strategies.base import RoundInput
+from fedmqtt.strategies.base import RoundInput, Strategy
+from fedmqtt.strategies.scaffold import Scaffold
 from fedmqtt.transport.bulk import split as split_payload
 from ps_daemon import effects as fx
 from ps_daemon.admission import masked_manifest_rejection
@@ -37,13 +38,13 @@ SITES = tuple(site_ids(N))
 TIMEOUT, STAGE = 100.0, 10.0
 
 
-def _machine(**overrides: Any) -> Machine:
+def _machine(strategy: Strategy | None = None, **overrides: Any) -> Machine:
     raw = {"run_id": RUN, "sites": list(SITES), "rounds": 2, "quorum": 1, "round_timeout_s": TIMEOUT,
            "model": {"name": "mlp", "args": {}}, "credentials": "creds.toml",
            "secure_aggregation": {"enabled": True, "stage_timeout_s": STAGE, "fraction_bits": 20, "clip": 4.0},
            **overrides}
     config = DaemonConfig.model_validate(raw)
-    return Machine(config, FedAvg(), hash_weights, verifier=federation(RUN, N).identity("observer").ring)
+    return Machine(config, strategy or FedAvg(), hash_weights, verifier=federation(RUN, N).identity("observer").ring)
 
 
 def _weights() -> dict[str, np.ndarray]:
@@ -62,12 +63,14 @@ class Sites:
                             "fc.bias": rng.normal(size=2).astype(np.float32)} for s in SITES}
         self.rounds: dict[str, SiteRound] = {}
         self.keys = federation(RUN, N)
+        self.delta_c: dict[str, dict[str, np.ndarray]] = {}  # SCAFFOLD's control-variate deltas, when it runs
 
     def driver(self, site: str, state: DaemonState, task: fx.PublishTrainTask) -> SiteRound:
         assert task.secure is not None
         floats, _ = split(self.machine.shared_model(state))
         return SiteRound(SecAggStore(self.tmp / site), self.keys.identity(site), run_id=RUN, session=state.session,
-                         round_no=state.round, terms=task.secure, layout=layout_of(floats))
+                         round_no=state.round, terms=task.secure,
+                         layout=layout_of(floats, variates=task.secure.variates))
 
 
 def _trip(message: object) -> Any:
@@ -109,7 +112,8 @@ def _answer(machine: Machine, sites: Sites, state: DaemonState, effects: list[fx
         if isinstance(message, wire.SecAggRoster):
             reply: Any = site.on_roster(message)
         elif isinstance(message, wire.SecAggInbox):
-            reply = site.on_inbox(message, sites.trained[e.site_id], sites.counts[e.site_id])
+            reply = site.on_inbox(message, sites.trained[e.site_id], sites.counts[e.site_id],
+                                  sites.delta_c.get(e.site_id))
         else:
             reply = site.on_unmask(message)
         state, out = machine.step(state, SecAggReceived(e.site_id, 2.0, state.round, _trip(reply)))
@@ -131,9 +135,11 @@ def _bound(machine: Machine, sites: Sites, included: tuple[str, ...], clear: dic
     return mean_error_bound(fixed, len(included), weight, largest) + largest * 2.0**-23
 
 
-def _run_round(tmp: Path, *, silent_at_unmask: tuple[str, ...] = ()) -> tuple[Machine, Sites, DaemonState, list]:
-    machine = _machine()
+def _run_round(tmp: Path, *, silent_at_unmask: tuple[str, ...] = (), machine: Machine | None = None,
+               delta_c: dict[str, dict[str, np.ndarray]] | None = None) -> tuple[Machine, Sites, DaemonState, list]:
+    machine = machine or _machine()
     sites = Sites(tmp, machine)
+    sites.delta_c = delta_c or {}
     state, effects = _start(machine)
     state, effects = _train_and_advertise(machine, sites, state, effects)
     assert state.secure is not None and state.secure.stage == "shares"  # every advert in: rosters went out
@@ -162,6 +168,32 @@ def test_a_round_closes_with_fedavg_of_the_secure_sum(tmp_path: Path) -> None:
     assert any(isinstance(e, fx.SaveCheckpoint) for e in effects)
     assert all(t.secure is not None and t.secure.attempt == state.secure.attempt
                for t in effects if isinstance(t, fx.PublishTrainTask))
+
+
+def test_scaffold_round_moves_the_model_and_c_as_in_the_clear(tmp_path: Path) -> None:
+    """SCAFFOLD through the PS: the tasks ask for the variates, each site masks p_i delta_c_i after its weighted
+    model, and the round's model and server control variate c equal SCAFFOLD in the clear within the ring's
+    bound (c: B / n times the sum's rounding, B = n here since every enrolled site is selected)."""
+    rng = np.random.default_rng(5)
+    delta_c = {s: {"fc.weight": rng.normal(size=(2, 3)).astype(np.float32),
+                   "fc.bias": rng.normal(size=2).astype(np.float32)} for s in SITES}
+    machine = _machine(Scaffold(), algorithm="scaffold", train={"optimizer": "sgd"})
+    machine, sites, state, _ = _run_round(tmp_path, machine=machine, delta_c=delta_c)
+    assert state.round == 2 and state.history[-1].sites == SITES
+    updates = [SiteUpdate(s, {**sites.trained[s], "bn.num_batches_tracked": np.array(0, np.int64)},
+                          sites.counts[s], 3, extras={"delta_c": delta_c[s]}) for s in SITES]
+    clear_rule = Scaffold()
+    # The PS weighs c by the enrolled counts (n_train = 50 each): the sites' own counts stand in for them here.
+    clear = clear_rule.aggregate_train(RoundInput(1, _weights(), updates, dict(sites.counts), {}))
+    bound = _bound(machine, sites, SITES, clear.weights)
+    for name in ("fc.weight", "fc.bias"):
+        assert np.max(np.abs(state.weights[name].astype(np.float64) - clear.weights[name])) <= bound, name
+    sa = machine.config.secure_aggregation
+    c_error = FixedPoint(sa.clip, sa.fraction_bits, sa.ring_bits, max_sites=N).sum_error_bound(N)
+    secure_c = state.strategy_state["c"]
+    for name in ("fc.weight", "fc.bias"):
+        assert np.max(np.abs(secure_c[name] - clear_rule.c[name])) <= c_error, name
+        assert np.max(np.abs(clear_rule.c[name])) > 100 * c_error  # the comparison can fail
 
 
 def test_a_site_silent_after_its_masked_input_is_still_in_the_sum(tmp_path: Path) -> None:

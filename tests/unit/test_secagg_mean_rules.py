@@ -11,7 +11,15 @@ from secagg_round import play, site_ids
 
 from fedmqtt.secagg import messages as msg
 from fedmqtt.secagg.ring import FixedPoint
-from fedmqtt.secagg.weighted import layout_of, mean_error_bound, mean_from_sum, site_weight, split, weighted_vector
+from fedmqtt.secagg.weighted import (
+    layout_of,
+    mean_error_bound,
+    mean_from_sum,
+    site_weight,
+    split,
+    variates_from_sum,
+    weighted_vector,
+)
 from fedmqtt.strategies import build_strategy
 from fedmqtt.strategies.base import Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
 from fedmqtt.strategies.sums import aggregate_from_mean
@@ -96,7 +104,7 @@ def test_the_fedopt_check_is_not_vacuous() -> None:
     assert any(np.max(np.abs(secure[k].astype(np.float64) - clear[k] * 1.01)) > bound for k in ("fc.weight", "fc.bias"))
 
 
-@pytest.mark.parametrize("rule", ["fedbn", "fedpxn", "fedadam", "fedadagrad", "fedyogi"])
+@pytest.mark.parametrize("rule", ["fedbn", "fedpxn", "fedadam", "fedadagrad", "fedyogi", "scaffold"])
 def test_uniform_weighting_is_refused_by_the_rule_and_at_config_load(rule: str) -> None:
     inp = RoundInput(round_no=1, current={"w": np.zeros(2)}, updates=[], enrolled={}, manifest={})
     with pytest.raises(ValueError, match="uniform"):
@@ -105,3 +113,63 @@ def test_uniform_weighting_is_refused_by_the_rule_and_at_config_load(rule: str) 
     assert secure_aggregation_problem(rule, on, 4) is None
     problem = secure_aggregation_problem(rule, on, 4, {"weighting": "uniform"})
     assert problem is not None and "uniform" in problem
+
+
+def test_scaffold_moves_the_model_and_its_control_variate_as_in_the_clear() -> None:
+    """SCAFFOLD under partial participation (a sixth enrolled site not selected): each site masks p_i delta_c_i
+    after its weighted model; the PS's model step and new c equal the rule's own on the sites' updates within the
+    ring's bound (c's coordinates: B / n times the sum's rounding error, plus float32's own)."""
+    # Prepare
+    rng = np.random.default_rng(11)
+    current, manifest = _model(rng)
+    n, names = 5, site_ids(5)
+    shared = {k: current[k] for k in build_strategy("scaffold", {}).shared_names(manifest)}
+    layout = layout_of(split(shared)[0], variates=True)
+    train = [k for k in layout.names if "TRAIN" in manifest[k].tags]
+    trained = {s: {k: (v + rng.normal(scale=0.3, size=np.shape(v)).astype(v.dtype) if v.dtype.kind == "f" else v + 3)
+                   for k, v in current.items()} for s in names}
+    delta_c = {s: {k: rng.normal(scale=0.5, size=np.shape(current[k])).astype(np.float32) for k in train}
+               for s in names}
+    counts = {s: int(rng.integers(20, 200)) for s in names}
+    enrolled = {**counts, "site-absent": 300}  # enrolled, not selected: c moves by n_i / n over all of them
+    bound = float(sum(counts.values()))
+    vectors = {s: weighted_vector({k: trained[s][k] for k in layout.names}, layout, counts[s], bound, delta_c[s])
+               for s in names}
+    # Execute
+    played = play(n, layout.length, fixed=FIXED, updates=vectors)
+    assert isinstance(played.outcome, msg.RoundSum), played.outcome
+    mean, total_n = mean_from_sum(played.outcome.total, layout, bound)
+    mean.update(split(shared)[1])
+    sums = variates_from_sum(played.outcome.total, layout, bound)
+    secure_rule = build_strategy("scaffold", {})
+    inp = RoundInput(round_no=1, current=current, updates=[], enrolled=enrolled, manifest=manifest)
+    secure = aggregate_from_mean(secure_rule, inp, mean, total_n, sums, played.outcome.included)
+    clear_rule = build_strategy("scaffold", {})
+    clear = clear_rule.aggregate_train(RoundInput(round_no=1, current=current, enrolled=enrolled, manifest=manifest,
+                                                  updates=[SiteUpdate(s, {k: trained[s][k] for k in shared},
+                                                                      counts[s], 1, extras={"delta_c": delta_c[s]})
+                                                           for s in names]))
+    # Assert
+    weight = sum(site_weight(counts[s], bound) for s in names)
+    largest = max(float(np.max(np.abs(trained[s][k]))) for s in names for k in layout.names)
+    model_bound = mean_error_bound(FIXED, n, weight, largest) + largest * 2.0**-23
+    for name in ("fc.weight", "fc.bias", "bn.weight", "bn.running_mean"):
+        assert np.max(np.abs(secure.weights[name].astype(np.float64) - clear.weights[name])) <= model_bound, name
+    c_bound = bound / sum(enrolled.values()) * FIXED.sum_error_bound(n)
+    for name in train:
+        got, want = secure_rule.c[name], clear_rule.c[name]
+        assert 0 < np.max(np.abs(want)) and np.max(np.abs(got - want)) <= c_bound, name
+        assert np.max(np.abs(secure.extras["c"][name].astype(np.float64) - want)) <= c_bound + np.max(
+            np.abs(want)) * 2.0**-23, name
+    # Not vacuous: without the absent site's count, c would move n / n_S times as far
+    assert any(np.max(np.abs(secure_rule.c[k] * sum(enrolled.values()) / bound - clear_rule.c[k])) > c_bound
+               for k in train)
+
+
+def test_scaffold_without_the_variates_sum_is_refused() -> None:
+    inp = RoundInput(round_no=1, current={"w": np.zeros(2)}, updates=[], enrolled={}, manifest={})
+    with pytest.raises(ValueError, match="control-variate"):
+        aggregate_from_mean(build_strategy("scaffold", {}), inp, {"w": np.zeros(2)}, 10)
+    with pytest.raises(ValueError, match="control-variate delta"):
+        weighted_vector({"w": np.zeros(2, np.float32)}, layout_of({"w": np.zeros(2, np.float32)}, variates=True),
+                        1, 10.0, {"w": np.array([np.nan, 0.0])})
