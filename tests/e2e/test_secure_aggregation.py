@@ -1,5 +1,6 @@
 """Secure aggregation with real processes (broker, PS and four heart-disease sites through the CLI): the final
-model of a FedAvg round under SecAgg+ equals the clear run's within the ring's stated bound, and a site killed
+model of a FedAvg round (and of a SCAFFOLD round, whose sites also mask their control-variate deltas) under SecAgg+
+equals the clear run's within the ring's stated bound, and a site killed
 right after sending its masked input is still in the sum (its self-mask seed rebuilt from its neighbours)."""
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ SITES = ("cleveland", "hungary", "switzerland", "va")
 SECURE = {"enabled": True, "ring_bits": 64, "fraction_bits": 30, "clip": 8.0, "stage_timeout_s": 8.0}
 
 
-def _clear(tmp_path, run_id: str, rounds: int, sites: tuple[str, ...]) -> dict[str, np.ndarray]:  # noqa: ANN001
-    sim = SimulationConfig(run_id=run_id, algorithm="fedavg", rounds=rounds, seed=0, out_dir=tmp_path / "sim",
-                           model=DEMO_MODEL, train=FAST_TRAIN,
+def _clear(tmp_path, run_id: str, rounds: int, sites: tuple[str, ...], algorithm: str = "fedavg",  # noqa: ANN001
+           train: dict | None = None) -> dict[str, np.ndarray]:
+    sim = SimulationConfig(run_id=run_id, algorithm=algorithm, rounds=rounds, seed=0, out_dir=tmp_path / "sim",
+                           model=DEMO_MODEL, train=train or FAST_TRAIN,
                            sites={s: d for s, d in bundled_sites().items() if s in sites})
     run_simulation(sim, progress=False)
     return load_file(str(tmp_path / "sim" / "final_model.safetensors"))
@@ -55,6 +57,27 @@ def test_a_secure_fedavg_round_equals_the_clear_one_within_the_bound(cli_federat
     for site in SITES:
         assert "Traceback" not in fed.tail(site, 2000)
         assert "the update leaves only masked" in fed.tail(site, 2000)
+
+
+def test_a_secure_scaffold_round_masks_the_variates_and_equals_the_clear_one(cli_federation, tmp_path) -> None:  # noqa: ANN001
+    """SCAFFOLD: each site masks p_i delta_c_i after its weighted model (a vector twice as long, which the PS's
+    session must expect, else the round fails); the round's model equals SCAFFOLD's in the clear within the
+    bound. (c itself is compared with the clear rule's in tests/unit/test_machine_secagg.py.)"""
+    sgd = {**FAST_TRAIN, "optimizer": "sgd", "lr": 0.05}
+    fed = cli_federation("secure-scaffold", run_id="e2e-secure-scaffold", rounds=1, sites=SITES, algorithm="scaffold",
+                         train=sgd, ps_extra={"secure_aggregation": SECURE})
+    fed.run_to_completion(300)
+    expected, got = _clear(tmp_path, "e2e-secure-scaffold", 1, SITES, "scaffold", sgd), fed.final_weights()
+    assert sorted(got) == sorted(expected)
+    bound = _bound(expected)
+    for name, value in expected.items():
+        diff = np.abs(got[name].astype(np.float64) - value.astype(np.float64))
+        assert float(np.max(diff)) <= bound, (name, float(np.max(diff)), bound)
+    report = json.loads((fed.work / "ps" / "report.json").read_text())
+    assert report["rounds"][0]["secure"]["included"] == sorted(SITES)
+    for site in SITES:
+        assert "Traceback" not in fed.tail(site, 2000)
+        assert "refused" not in fed.tail(site, 2000)
 
 
 def test_a_site_killed_after_its_masked_input_is_recovered(cli_federation, tmp_path) -> None:  # noqa: ANN001
