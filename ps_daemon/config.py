@@ -92,12 +92,12 @@ class SecureAggregationConfig(BaseModel):
                                    "includes local training and waits round_timeout_s")
 
     def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0,
-              variates: bool = False) -> SecAggTerms:
+              variates: bool = False, normalised: bool = False, work_bound: float = 1.0) -> SecAggTerms:
         """What each train task carries, for a run of `n_sites` sites (`variates`: the rule sums SCAFFOLD's
         control-variate deltas too)."""
         return SecAggTerms(ring_bits=self.ring_bits, fraction_bits=self.fraction_bits, clip=self.clip,
                            max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound,
-                           variates=variates)
+                           variates=variates, normalised=normalised, work_bound=work_bound)
 
     def fixed_point(self, n_sites: int) -> FixedPoint:
         """The ring, checked so that the sum of `n_sites` encodings cannot wrap (ConfigError otherwise)."""
@@ -115,11 +115,14 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
     if not rule.needs_only_sums:
         return (f"secure_aggregation: {algorithm} cannot run under secure aggregation, the PS would see only the "
                 f"sum of the updates and {algorithm} needs more: {rule.sums_note}")
-    if not getattr(rule, "from_weighted_mean", False):
-        wired = ", ".join(sorted(n for n, r in STRATEGIES.items() if getattr(r, "from_weighted_mean", False)))
+    if not getattr(rule, "from_weighted_mean", False) and not getattr(rule, "sums_normalised", False):
+        wired = ", ".join(sorted(n for n, r in STRATEGIES.items()
+                                 if getattr(r, "from_weighted_mean", False) or getattr(r, "sums_normalised", False)))
         return (f"secure_aggregation: {algorithm} needs only sums, but sums the PS does not unmask yet (only the "
-                f"sample-weighted mean of the updates is wired: {wired}); docs/secure-aggregation.md")
-    if refusal := weighted_mean_refusal(build_strategy(algorithm, dict(params or {}))):
+                f"sample-weighted mean of the updates is wired, with the sums of {wired}); "
+                "docs/secure-aggregation.md")
+    if getattr(rule, "from_weighted_mean", False) and (
+            refusal := weighted_mean_refusal(build_strategy(algorithm, dict(params or {})))):
         return f"secure_aggregation: {refusal}"
     if n_sites < MIN_SITES:
         return (f"secure_aggregation needs at least {MIN_SITES} sites (got {n_sites}): with two, each learns the "

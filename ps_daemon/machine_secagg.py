@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fedmqtt.secagg import messages as smsg
-from fedmqtt.secagg.weighted import layout_of, mean_from_sum, split, variates_from_sum
+from fedmqtt.secagg.weighted import mean_from_sum, normalised_from_sum, split, variates_from_sum
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Strategy, Weights
-from fedmqtt.strategies.sums import aggregate_from_mean
+from fedmqtt.strategies.sums import NormalisedSums, aggregate_from_mean, aggregate_from_sums
 from ps_daemon import effects as fx
 from ps_daemon import secure_round as sec
 from ps_daemon.config import DaemonConfig
@@ -50,12 +50,13 @@ class SecureSteps:
         attempt = sec.new_attempt(now, previous_attempt)
         return replace(state, secure=sec.SecureRound(
             attempt=attempt, stage="keys", deadline=now + self.config.round_timeout_s,
-            weight_bound=sec.weight_bound(state.enrolled, state.selected), failures=failures))
+            weight_bound=sec.weight_bound(state.enrolled, state.selected), failures=failures,
+            work_bound=sec.work_bound(self.config, state.enrolled, state.selected)))
 
     def _secure_session(self, state: DaemonState) -> tuple[sec.SecureRound, sec.ServerSession]:
         sr = state.secure
         assert sr is not None
-        layout = layout_of(split(self.shared_model(state))[0], variates=sec.with_variates(self.config))
+        layout = sec.layout_of_run(self.config, split(self.shared_model(state))[0])
         return sr, self.sessions.of(state.session, state.round, state.selected, layout, sr)
 
     def _secure_waiting(self, state: DaemonState) -> tuple[str, ...]:
@@ -141,13 +142,16 @@ class SecureSteps:
         assert sr is not None
         shared = self.shared_model(state)
         floats, rest = split(shared)
-        layout = layout_of(floats, variates=sec.with_variates(self.config))
+        layout = sec.layout_of_run(self.config, floats)
         mean, n_total = mean_from_sum(total.total, layout, sr.weight_bound)
         mean.update(rest)
+        inp = RoundInput(round_no=state.round, current=dict(state.weights), updates=[], enrolled=dict(state.enrolled),
+                         manifest=state.manifest)
+        if layout.normalised:
+            return aggregate_from_sums(self.strategy, inp, mean, NormalisedSums(*normalised_from_sum(
+                total.total, layout, sr.work_bound)))
         variates = variates_from_sum(total.total, layout, sr.weight_bound) if layout.variates else None
-        return aggregate_from_mean(self.strategy, RoundInput(
-            round_no=state.round, current=dict(state.weights), updates=[], enrolled=dict(state.enrolled),
-            manifest=state.manifest), mean, n_total, variates, total.included)
+        return aggregate_from_mean(self.strategy, inp, mean, n_total, variates, total.included)
 
     @staticmethod
     def _secure_note(state: DaemonState, total: smsg.RoundSum | None) -> dict[str, object]:

@@ -51,6 +51,7 @@ class SecureRound:
     stage: Stage
     deadline: float
     weight_bound: float
+    work_bound: float = 1.0  # W: the most local work a selected site can report (FedNova's scalars are over it)
     log: tuple[Entry, ...] = ()
     sent: tuple[tuple[str, BaseModel], ...] = ()  # the open stage's messages to the sites (re-sent with the round)
     failures: tuple[str, ...] = ()  # why earlier tries of this round failed
@@ -67,18 +68,42 @@ def weight_bound(enrolled: Mapping[str, int], selected: tuple[str, ...]) -> floa
     return float(max(sum(max(enrolled.get(s, 0), 0) for s in selected), 1))
 
 
+def work_bound(config: DaemonConfig, enrolled: Mapping[str, int], selected: tuple[str, ...]) -> float:
+    """W, public to every site: the most local work ||a_i||_1 a selected site can do this round, from the train
+    settings and its enrolled rows (epochs x batches, each batch adding at most 1 / (1 - momentum) to ||a_i||_1),
+    so that FedNova's scalars p_i a_i / W stay within [0, 1] (a site whose work exceeds it refuses to mask)."""
+    train = config.train
+    rho = float({**train.hyper, **config.hyper}.get("momentum", 0.0))
+    most = max((max(enrolled.get(s, 0), 1) for s in selected), default=1)
+    batches = -(-most // train.batch_size)
+    if train.steps_per_epoch is not None:
+        batches = min(batches, train.steps_per_epoch)
+    return float(max(train.epochs * batches, 1)) / (1.0 - min(max(rho, 0.0), 0.999))
+
+
 def context(config: DaemonConfig, round_no: int, sr: SecureRound) -> RoundContext:
     return RoundContext(config.run_id, round_no, sr.attempt)
 
 
 def terms(config: DaemonConfig, sr: SecureRound) -> wire.SecAggTerms:
     return config.secure_aggregation.terms(len(config.sites), attempt=sr.attempt, weight_bound=sr.weight_bound,
-                                           variates=with_variates(config))
+                                           variates=with_variates(config), normalised=with_normalised(config),
+                                           work_bound=sr.work_bound)
 
 
 def with_variates(config: DaemonConfig) -> bool:
     """Whether the run's rule sums control-variate deltas next to the weighted model (SCAFFOLD)."""
     return bool(getattr(STRATEGIES[config.algorithm], "sums_variates", False))
+
+
+def with_normalised(config: DaemonConfig) -> bool:
+    """Whether the run's rule needs the updates over the sites' local work and its sums (FedNova)."""
+    return bool(getattr(STRATEGIES[config.algorithm], "sums_normalised", False))
+
+
+def layout_of_run(config: DaemonConfig, floats: Mapping[str, np.ndarray]) -> Layout:
+    """The masked vector's layout for this run's rule: the shared float tensors, and what the rule sums besides."""
+    return layout_of(floats, variates=with_variates(config), normalised=with_normalised(config))
 
 
 def msg_id(*parts: object) -> str:

@@ -53,6 +53,11 @@ class SecAggTerms(Frozen):
                                 "tensors times p_i = min(n_i / B, 1), then p_i (fedmqtt/secagg/weighted.py)")
     variates: bool = Field(default=False, description="the rule also sums control-variate deltas (SCAFFOLD): after "
                            "p_i the site appends p_i times its delta_c for every float tensor, zeros where it has none")
+    normalised: bool = Field(default=False, description="the rule needs the updates over the local work (FedNova): "
+                             "after p_i the site appends its float tensors times p_i / a_i, then p_i a_i, p_i tau_i "
+                             "and p_i / a_i (fedmqtt/secagg/weighted.py)")
+    work_bound: float = Field(default=1.0, gt=0, le=1e15, allow_inf_nan=False, description="W: with `normalised`, "
+                              "the most local work a_i a site may report; it sends p_i a_i / W and p_i tau_i / W")
 
 
 class KeyAdvertBody(Frozen):

@@ -387,7 +387,8 @@ class SiteAgent:
         floats, _ = split(_arrays(update.tensors))
         return SiteRound(self.secagg_store, self.identity, run_id=self.config.run_id, session=task.session,
                          round_no=task.round, terms=task.secure_aggregation,
-                         layout=layout_of(floats, variates=task.secure_aggregation.variates))
+                         layout=layout_of(floats, variates=task.secure_aggregation.variates,
+                                          normalised=task.secure_aggregation.normalised))
 
     def _secagg_for(self, msg: sw.SecAggRoster | sw.SecAggInbox | sw.SecAggUnmask
                     ) -> tuple[SiteRound, m.TrainTask, m.ClientUpdate] | None:
@@ -425,7 +426,10 @@ class SiteAgent:
             elif isinstance(msg, sw.SecAggInbox):
                 floats, _ = split(_arrays(update.tensors))
                 variates = _arrays(update.control_variates) if sr.layout.variates else None  # SCAFFOLD's delta_c
-                masked = sr.on_inbox(msg, floats, update.n_samples, variates)
+                # FedNova's local work: ||a_i||_1 as the update reports it (plain SGD: its steps), and its steps
+                work = (float(update.scalars.get("a_norm", update.local_steps)), float(update.local_steps),
+                        sr.work_bound)
+                masked = sr.on_inbox(msg, floats, update.n_samples, variates, work if sr.layout.normalised else None)
                 self.channel.send(topics.site_update_topic(c.run_id, c.site_id), masked)
                 log.info("round %d: secure aggregation: masked update sent (paired with %d neighbours)", msg.round,
                          len(masked.paired_with))

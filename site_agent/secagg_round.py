@@ -33,7 +33,7 @@ class SiteRound:
             raise ValueError(f"{identity.party!r} holds no signing key: it cannot advertise keys")
         self.store, self.site, self.session = store, identity.party, session
         self.ctx = RoundContext(run_id, round_no, terms.attempt)
-        self.layout, self.weight_bound = layout, terms.weight_bound
+        self.layout, self.weight_bound, self.work_bound = layout, terms.weight_bound, terms.work_bound
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
         record = store.load(session, round_no, terms.attempt)
         secrets = SiteSecrets.from_bytes(record.secrets) if record is not None else SiteSecrets.fresh()
@@ -75,11 +75,12 @@ class SiteRound:
         return conv.shares_to_wire(self.ctx, self.session_state.share(conv.roster_from_wire(roster)))
 
     def on_inbox(self, inbox: wire.SecAggInbox, tensors: Mapping[str, np.ndarray],
-                 n_samples: int, variates: Mapping[str, np.ndarray] | None = None) -> wire.SecAggMasked:
+                 n_samples: int, variates: Mapping[str, np.ndarray] | None = None,
+                 work: tuple[float, float, float] | None = None) -> wire.SecAggMasked:
         """Step 2: the masked weighted vector of this site's trained tensors (and, when the layout has them, its
         control-variate deltas). Deterministic given the inbox and the tensors, so after a restart the same input
         gives the same bits (the PS ignores the copy)."""
-        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates)
+        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates, work)
         packed = pack_message(inbox)
         if self.record.inbox is None:
             self._keep(inbox=packed)

@@ -40,6 +40,7 @@ class Layout:
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
     variates: bool = False  # the weighted control-variate deltas follow the weight (SCAFFOLD)
+    normalised: bool = False  # the tensors over the site's local work, then three scalars, follow (FedNova)
 
     @property
     def floats(self) -> int:
@@ -49,18 +50,20 @@ class Layout:
     @property
     def length(self) -> int:
         """Coordinates of the masked vector: every float tensor's, one for the weight, then the variates' if any."""
-        return self.floats * (2 if self.variates else 1) + 1
+        return self.floats * (1 + self.variates + self.normalised) + 1 + 3 * self.normalised
 
 
 def float_names(tensors: Mapping[str, np.ndarray]) -> list[str]:
     return sorted(n for n, v in tensors.items() if np.asarray(v).dtype.kind == "f")
 
 
-def layout_of(tensors: Mapping[str, np.ndarray], *, variates: bool = False) -> Layout:
+def layout_of(tensors: Mapping[str, np.ndarray], *, variates: bool = False, normalised: bool = False) -> Layout:
     """The layout of `tensors`' float part (the model the PS sent: every site derives the same one)."""
+    if variates and normalised:
+        raise ValueError("one rule sums either control-variate deltas or normalised updates, not both")
     names = float_names(tensors)
     return Layout(tuple(names), tuple(tuple(np.shape(tensors[n])) for n in names),
-                  tuple(str(np.asarray(tensors[n]).dtype) for n in names), variates)
+                  tuple(str(np.asarray(tensors[n]).dtype) for n in names), variates, normalised)
 
 
 def split(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -77,10 +80,15 @@ def site_weight(n_samples: int, weight_bound: float) -> float:
 
 
 def weighted_vector(tensors: Mapping[str, np.ndarray], layout: Layout, n_samples: int,
-                    weight_bound: float, variates: Mapping[str, np.ndarray] | None = None) -> FloatVector:
+                    weight_bound: float, variates: Mapping[str, np.ndarray] | None = None,
+                    work: tuple[float, float, float] | None = None) -> FloatVector:
     """What a site encodes and masks: p_i times its float tensors (in `layout`'s order), then p_i, then (when the
-    layout has them) p_i times its control-variate deltas `variates` (zeros for a tensor without one)."""
-    if layout_of(tensors, variates=layout.variates) != layout:
+    layout has them) p_i times its control-variate deltas `variates` (zeros for a tensor without one), or, for a
+    normalised layout with `work` = (a_i, tau_i, W), p_i / a_i times its float tensors, p_i a_i / W, p_i tau_i / W and
+    p_i / a_i (the tensor and last parts 0 when a_i = 0: a site that took no step adds nothing to FedNova's
+    direction). W is public (the PS's bound on local work): a site whose a_i or tau_i exceeds it is refused here,
+    never clipped in silence."""
+    if layout_of(tensors, variates=layout.variates, normalised=layout.normalised) != layout:
         raise ValueError("the update's float tensors do not match the round's layout (names, shapes or dtypes)")
     p = site_weight(n_samples, weight_bound)
     parts = [np.asarray(tensors[n], dtype=np.float64).ravel() * p for n in layout.names]
@@ -92,6 +100,17 @@ def weighted_vector(tensors: Mapping[str, np.ndarray], layout: Layout, n_samples
             if delta.shape != shape or not np.isfinite(delta).all():
                 raise ValueError(f"the control-variate delta of {name} is not a finite array of shape {shape}")
             parts.append(delta.ravel() * p)
+    if layout.normalised:
+        if work is None or not all(np.isfinite(w) and w >= 0 for w in work) or not work[2] > 0:
+            raise ValueError(f"a normalised layout needs the local work (a_i, tau_i, W), finite and >= 0, not {work}")
+        a, steps, bound = work
+        if max(a, steps) > bound:
+            raise ValueError(f"the local work ({a:g}, {steps:g} steps) exceeds the round's bound W = {bound:g}")
+        if 0 < a < 1:  # FedNova's forms give a_i >= 1 for any step taken: p_i / a_i must stay within the clip
+            raise ValueError(f"the local work a_i = {a:g} is below 1, which no step of FedNova's forms gives")
+        over = p / a if a > 0 else 0.0
+        parts.extend(np.asarray(tensors[n], dtype=np.float64).ravel() * over for n in layout.names)
+        parts.append(np.array([p * a / bound, p * steps / bound, over]))
     return np.concatenate(parts)
 
 
@@ -126,6 +145,22 @@ def variates_from_sum(total: FloatVector, layout: Layout, weight_bound: float) -
         out[name] = (total[at:at + size] * weight_bound).reshape(shape)
         at += size
     return out
+
+
+def normalised_from_sum(total: FloatVector, layout: Layout, work_bound: float
+                        ) -> tuple[float, dict[str, np.ndarray], float, float, float]:
+    """From the decoded sum of a normalised layout: (sum p_i, sum p_i y_i / a_i per float tensor (float64, in its
+    shape), sum p_i a_i, sum p_i tau_i, sum p_i / a_i); the two work sums are W times what the ring holds."""
+    if not layout.normalised or total.shape != (layout.length,):
+        raise ValueError("the sum carries no normalised updates (or has another length than the layout)")
+    scaled: dict[str, np.ndarray] = {}
+    at = layout.floats + 1
+    for name, shape in zip(layout.names, layout.shapes, strict=True):
+        size = int(np.prod(shape, dtype=np.int64))
+        scaled[name] = total[at:at + size].reshape(shape)
+        at += size
+    return (float(total[layout.floats]), scaled, float(total[at]) * work_bound, float(total[at + 1]) * work_bound,
+            float(total[at + 2]))
 
 
 def mean_error_bound(fixed: FixedPoint, n_sites: int, total_weight: float, largest: float) -> float:

@@ -13,6 +13,7 @@ from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, float_state
 from fedmqtt.strategies.strategy_doc import StrategyDoc
+from fedmqtt.strategies.sums import NormalisedSums
 
 
 class FedNovaParams(StrategyParams):
@@ -64,9 +65,11 @@ class FedNova(ServerRule):
     params: FedNovaParams
     uplink_extras = ("a_norm",)
     needs_only_sums = True
+    sums_normalised = True
     sums_note = (
-        "each site sends n_i (w_t - w_i) / a_i with the scalars n_i and n_i a_i (or n_i tau_i) appended: every "
-        "term of the server rule is then a sum, divided by the sum of the n_i"
+        "under secure aggregation each site masks p_i w_i, p_i, p_i w_i / a_i, p_i a_i, p_i tau_i and p_i / a_i "
+        "(p_i = n_i / B): sum p_i (w_t - w_i) / a_i = w_t sum p_i / a_i - sum p_i w_i / a_i, and every other "
+        "term of the server rule is a sum, divided by sum p_i"
     )
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
@@ -82,13 +85,35 @@ class FedNova(ServerRule):
         tau_eff = float(sum(w * a for w, a in zip(p, work, strict=True)))
         g = self.groups(inp)
         out = combine(inp.updates, p, g.floatbuf + g.intbuf, inp.current)
+        directions: dict[str, np.ndarray] = {}
         for name in g.train:
-            ref = inp.current[name]
-            x = np.asarray(ref, dtype=np.float64)
+            x = np.asarray(inp.current[name], dtype=np.float64)
             d = np.zeros(x.shape)
             for w, a, u in zip(p, norms, inp.updates, strict=True):
                 if a > 0:  # a site that took no step moved nowhere and contributes nothing
                     d += w * (x - np.asarray(u.tensors[name], dtype=np.float64)) / a
+            directions[name] = d
+        return self._step(inp, out, directions, tau_eff)
+
+    def aggregate_from_sums(self, inp: RoundInput, mean: Mapping[str, np.ndarray], sums: NormalisedSums,
+                            ) -> AggregateResult:
+        """The same step from sums alone (secure aggregation, fedmqtt/secagg/weighted.py): with P = sum p_i,
+        sum_{a_i > 0} p_i (x - y_i) / a_i = x sum p_i / a_i - sum p_i y_i / a_i, all over P; float buffers are
+        the weighted `mean`, integer buffers as `mean` gives them."""
+        if not sums.weight > 0:
+            raise ValueError(f"the surviving sites' total weight is {sums.weight}: nothing to average")
+        g = self.groups(inp)
+        out = {name: np.asarray(mean[name]) for name in g.floatbuf + g.intbuf}
+        directions = {name: (np.asarray(inp.current[name], dtype=np.float64) * sums.inverse_work
+                             - sums.scaled[name]) / sums.weight for name in g.train}
+        work = sums.work if self.params.tau_eff == "norm" else sums.steps
+        return self._step(inp, out, directions, work / sums.weight)
+
+    def _step(self, inp: RoundInput, out: dict[str, np.ndarray], directions: Mapping[str, np.ndarray],
+              tau_eff: float) -> AggregateResult:
+        for name, d in directions.items():
+            ref = inp.current[name]
+            x = np.asarray(ref, dtype=np.float64)
             update = self.params.eta_g * tau_eff * d
             if self.params.gmf > 0:
                 update = self.params.gmf * self.momentum.get(name, np.zeros(x.shape)) + update

@@ -67,6 +67,9 @@ class ServerRule:
     # Whether, under secure aggregation, the sites also mask p_i times their control-variate deltas into the same
     # vector (SCAFFOLD): the PS then hands the rule their sum next to the mean (fedmqtt/secagg/weighted.py).
     sums_variates: ClassVar[bool] = False
+    # Whether the server step needs, instead of the mean, the sites' updates over their local work and its sums
+    # (FedNova): the PS then hands the rule those sums (`aggregate_from_sums`, fedmqtt/strategies/sums.py).
+    sums_normalised: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         self.params = parse_params(self.name, self.Params, params)

@@ -8,7 +8,7 @@ that is masked, and the FedOpt family's pseudo-gradient is the weighted mean min
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,3 +49,28 @@ def weighted_mean_refusal(strategy: object) -> str | None:
         return f"{getattr(strategy, 'name', strategy)} does not aggregate from the weighted mean of the updates alone"
     refusal = check()
     return refusal if isinstance(refusal, str) else None
+
+
+@dataclass(frozen=True)
+class NormalisedSums:
+    """FedNova's sums over the sites in a secure sum (sites with a_i = 0 add 0 to `scaled` and `inverse_work`):
+    `weight` P = sum p_i, `scaled` sum p_i y_i / a_i per TRAIN tensor, `work` sum p_i a_i, `steps` sum p_i tau_i,
+    `inverse_work` sum p_i / a_i."""
+
+    weight: float
+    scaled: Mapping[str, np.ndarray]
+    work: float
+    steps: float
+    inverse_work: float
+
+
+def aggregate_from_sums(strategy: Strategy, inp: RoundInput, mean: Mapping[str, np.ndarray],
+                        sums: NormalisedSums) -> AggregateResult:
+    """The aggregate of a rule that steps from FedNova's sums (`sums_normalised`); `mean` is the weighted mean
+    of the float tensors (float buffers take it) with the server's integer buffers. ValueError for another rule."""
+    step = getattr(strategy, "aggregate_from_sums", None)
+    if not getattr(strategy, "sums_normalised", False) or step is None:
+        raise ValueError(f"{strategy.name} does not aggregate from normalised sums")
+    result = step(inp, mean, sums)
+    assert isinstance(result, AggregateResult)
+    return result

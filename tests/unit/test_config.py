@@ -188,8 +188,8 @@ def test_secure_aggregation_accepts_the_rules_that_need_only_sums() -> None:
         assert secure_aggregation_problem(rule, on, 4) is None
     fedadp = secure_aggregation_problem("fedadp", on, 4)
     assert fedadp is not None and "cannot run under secure aggregation" in fedadp
-    fednova = secure_aggregation_problem("fednova", on, 4)  # needs only sums, but other sums than the mean
-    assert fednova is not None and "only the sample-weighted mean of the updates is wired" in fednova
+    fedfbn = secure_aggregation_problem("fedfbn", on, 4)  # needs only sums, but other sums than the mean
+    assert fedfbn is not None and "only the sample-weighted mean of the updates is wired" in fedfbn
 
 
 def test_site_id_with_a_trailing_newline_is_refused() -> None:

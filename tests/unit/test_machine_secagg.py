@@ -16,6 +16,7 @@ from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.weighted import layout_of, mean_error_bound, site_weight, split
 from fedmqtt.strategies import FedAvg, SiteUpdate
 from fedmqtt.strategies.base import RoundInput, Strategy
+from fedmqtt.strategies.fednova import FedNova
 from fedmqtt.strategies.scaffold import Scaffold
 from fedmqtt.transport.bulk import split as split_payload
 from ps_daemon import effects as fx
@@ -64,13 +65,14 @@ class Sites:
         self.rounds: dict[str, SiteRound] = {}
         self.keys = federation(RUN, N)
         self.delta_c: dict[str, dict[str, np.ndarray]] = {}  # SCAFFOLD's control-variate deltas, when it runs
+        self.work: dict[str, tuple[float, float]] = {}  # FedNova's (a_i, tau_i), when it runs
 
     def driver(self, site: str, state: DaemonState, task: fx.PublishTrainTask) -> SiteRound:
         assert task.secure is not None
         floats, _ = split(self.machine.shared_model(state))
         return SiteRound(SecAggStore(self.tmp / site), self.keys.identity(site), run_id=RUN, session=state.session,
                          round_no=state.round, terms=task.secure,
-                         layout=layout_of(floats, variates=task.secure.variates))
+                         layout=layout_of(floats, variates=task.secure.variates, normalised=task.secure.normalised))
 
 
 def _trip(message: object) -> Any:
@@ -112,8 +114,9 @@ def _answer(machine: Machine, sites: Sites, state: DaemonState, effects: list[fx
         if isinstance(message, wire.SecAggRoster):
             reply: Any = site.on_roster(message)
         elif isinstance(message, wire.SecAggInbox):
+            work = sites.work.get(e.site_id)
             reply = site.on_inbox(message, sites.trained[e.site_id], sites.counts[e.site_id],
-                                  sites.delta_c.get(e.site_id))
+                                  sites.delta_c.get(e.site_id), (*work, site.work_bound) if work else None)
         else:
             reply = site.on_unmask(message)
         state, out = machine.step(state, SecAggReceived(e.site_id, 2.0, state.round, _trip(reply)))
@@ -136,10 +139,11 @@ def _bound(machine: Machine, sites: Sites, included: tuple[str, ...], clear: dic
 
 
 def _run_round(tmp: Path, *, silent_at_unmask: tuple[str, ...] = (), machine: Machine | None = None,
-               delta_c: dict[str, dict[str, np.ndarray]] | None = None) -> tuple[Machine, Sites, DaemonState, list]:
+               delta_c: dict[str, dict[str, np.ndarray]] | None = None,
+               work: dict[str, tuple[float, float]] | None = None) -> tuple[Machine, Sites, DaemonState, list]:
     machine = machine or _machine()
     sites = Sites(tmp, machine)
-    sites.delta_c = delta_c or {}
+    sites.delta_c, sites.work = delta_c or {}, work or {}
     state, effects = _start(machine)
     state, effects = _train_and_advertise(machine, sites, state, effects)
     assert state.secure is not None and state.secure.stage == "shares"  # every advert in: rosters went out
@@ -194,6 +198,25 @@ def test_scaffold_round_moves_the_model_and_c_as_in_the_clear(tmp_path: Path) ->
     for name in ("fc.weight", "fc.bias"):
         assert np.max(np.abs(secure_c[name] - clear_rule.c[name])) <= c_error, name
         assert np.max(np.abs(clear_rule.c[name])) > 100 * c_error  # the comparison can fail
+
+
+def test_fednova_round_steps_as_in_the_clear(tmp_path: Path) -> None:
+    """FedNova through the PS: the tasks ask for normalised sums with a work bound W from the train settings, each
+    site masks them with its (a_i, tau_i), and the round's model equals FedNova in the clear within 1e-4 (the
+    unit test of the sums, tests/unit/test_secagg_mean_rules.py, states the bound; 20 fraction bits here)."""
+    work = dict(zip(SITES, ((3.4, 2.0), (5.1, 3.0), (1.7, 1.0), (6.8, 4.0)), strict=True))
+    machine = _machine(FedNova(), algorithm="fednova", train={"optimizer": "sgd", "epochs": 2, "batch_size": 16})
+    machine, sites, state, effects = _run_round(tmp_path, machine=machine, work=work)
+    assert state.round == 2 and state.history[-1].sites == SITES
+    # the tasks say how much work a site may report: 2 epochs of ceil(50 / 16) batches
+    told = [e.secure for e in effects if isinstance(e, fx.PublishTrainTask)]
+    assert told and all(t is not None and t.normalised and t.work_bound == 8.0 for t in told)
+    updates = [SiteUpdate(s, {**sites.trained[s], "bn.num_batches_tracked": np.array(0, np.int64)},
+                          sites.counts[s], int(work[s][1]), extras={"a_norm": work[s][0]}) for s in SITES]
+    clear = FedNova().aggregate_train(RoundInput(1, _weights(), updates, dict(sites.counts), {})).weights
+    for name in ("fc.weight", "fc.bias"):
+        assert np.max(np.abs(state.weights[name].astype(np.float64) - clear[name])) <= 1e-4, name
+        assert np.max(np.abs(clear[name])) > 0.1  # the step is far larger than the allowance
 
 
 def test_a_site_silent_after_its_masked_input_is_still_in_the_sum(tmp_path: Path) -> None:

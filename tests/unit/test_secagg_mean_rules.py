@@ -15,6 +15,7 @@ from fedmqtt.secagg.weighted import (
     layout_of,
     mean_error_bound,
     mean_from_sum,
+    normalised_from_sum,
     site_weight,
     split,
     variates_from_sum,
@@ -22,7 +23,7 @@ from fedmqtt.secagg.weighted import (
 )
 from fedmqtt.strategies import build_strategy
 from fedmqtt.strategies.base import Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
-from fedmqtt.strategies.sums import aggregate_from_mean
+from fedmqtt.strategies.sums import NormalisedSums, aggregate_from_mean, aggregate_from_sums
 from ps_daemon.config import SecureAggregationConfig, secure_aggregation_problem
 
 FIXED = FixedPoint(clip=4.0, fraction_bits=20, bits=64, max_sites=8)
@@ -173,3 +174,66 @@ def test_scaffold_without_the_variates_sum_is_refused() -> None:
     with pytest.raises(ValueError, match="control-variate delta"):
         weighted_vector({"w": np.zeros(2, np.float32)}, layout_of({"w": np.zeros(2, np.float32)}, variates=True),
                         1, 10.0, {"w": np.array([np.nan, 0.0])})
+
+
+@pytest.mark.parametrize("tau_eff", ["norm", "steps"])
+def test_fednova_steps_from_its_sums_as_in_the_clear(tau_eff: str) -> None:
+    """FedNova: each site masks p_i y_i, p_i, p_i y_i / a_i, p_i a_i / W, p_i tau_i / W and p_i / a_i; the PS's
+    step x - eta_g tau_eff (x S - T) / P equals the rule's own on the sites' updates (one site took no step:
+    a_i = 0, it adds to the weights only) within the bound that the sums' rounding gives."""
+    # Prepare
+    rng = np.random.default_rng(7)
+    current, manifest = _model(rng)
+    n, names = 5, site_ids(5)
+    strategy = build_strategy("fednova", {"tau_eff": tau_eff})
+    shared = {k: current[k] for k in strategy.shared_names(manifest)}
+    layout = layout_of(split(shared)[0], normalised=True)
+    trained = {s: {k: (v + rng.normal(scale=0.3, size=np.shape(v)).astype(v.dtype) if v.dtype.kind == "f" else v + 3)
+                   for k, v in current.items()} for s in names}
+    counts = {s: int(rng.integers(20, 200)) for s in names}
+    steps = dict(zip(names, (5, 12, 30, 0, 8), strict=True))
+    a_norm = {s: 0.0 if steps[s] == 0 else steps[s] * 1.7 for s in names}  # as heavy-ball momentum would give
+    bound, work_bound = float(sum(counts.values())), 60.0
+    vectors = {s: weighted_vector({k: trained[s][k] for k in layout.names}, layout, counts[s], bound,
+                                  work=(a_norm[s], steps[s], work_bound)) for s in names}
+    # Execute
+    played = play(n, layout.length, fixed=FIXED, updates=vectors)
+    assert isinstance(played.outcome, msg.RoundSum), played.outcome
+    mean, _ = mean_from_sum(played.outcome.total, layout, bound)
+    mean.update(split(shared)[1])
+    sums = NormalisedSums(*normalised_from_sum(played.outcome.total, layout, work_bound))
+    inp = RoundInput(round_no=1, current=current, updates=[], enrolled=counts, manifest=manifest)
+    secure = aggregate_from_sums(strategy, inp, mean, sums).weights
+    clear = build_strategy("fednova", {"tau_eff": tau_eff}).aggregate_train(RoundInput(
+        round_no=1, current=current, enrolled=counts, manifest=manifest,
+        updates=[SiteUpdate(s, {k: trained[s][k] for k in shared}, counts[s], steps[s],
+                            extras={"a_norm": a_norm[s]}) for s in names])).weights
+    # Assert: d = (x S - T) / P and tau_eff = A / P, each sum off by at most e (A and the steps by W e)
+    e = FIXED.sum_error_bound(n)
+    p_total = sum(site_weight(counts[s], bound) for s in names)
+    work = [a_norm[s] if tau_eff == "norm" else steps[s] for s in names]
+    tau = sum(site_weight(counts[s], bound) * w for s, w in zip(names, work, strict=True)) / p_total
+    for name in ("fc.weight", "fc.bias", "bn.weight"):  # TRAIN tensors
+        x = np.abs(current[name].astype(np.float64))
+        d = np.abs(current[name].astype(np.float64) - clear[name]) / tau  # |d| of the clear step (eta_g = 1)
+        d_err = (x * e + e + d * e) / (p_total - e)
+        tau_err = (work_bound * e + tau * e) / (p_total - e)
+        allowed = tau * d_err + d * tau_err + d_err * tau_err + (np.abs(clear[name]) + 1.0) * 2.0**-23
+        diff = np.abs(secure[name].astype(np.float64) - clear[name])
+        assert (diff <= allowed).all(), (name, float(np.max(diff - allowed)))
+        assert float(np.max(d * tau)) > 1000 * float(np.max(allowed))  # the step is far larger: this can fail
+    largest = max(float(np.max(np.abs(trained[s]["bn.running_mean"]))) for s in names)
+    buffer_bound = mean_error_bound(FIXED, n, p_total, largest) + largest * 2.0**-23
+    diff = np.abs(secure["bn.running_mean"].astype(np.float64) - clear["bn.running_mean"])
+    assert float(np.max(diff)) <= buffer_bound  # a float buffer: the weighted mean
+    assert np.array_equal(secure["bn.num_batches_tracked"], current["bn.num_batches_tracked"])  # the server's
+
+
+def test_fednova_work_beyond_the_bound_is_refused_not_clipped() -> None:
+    layout = layout_of({"w": np.zeros(2, np.float32)}, normalised=True)
+    with pytest.raises(ValueError, match="exceeds the round's bound"):
+        weighted_vector({"w": np.ones(2, np.float32)}, layout, 10, 100.0, work=(61.0, 30, 60.0))
+    with pytest.raises(ValueError, match="below 1"):
+        weighted_vector({"w": np.ones(2, np.float32)}, layout, 10, 100.0, work=(0.5, 1, 60.0))
+    with pytest.raises(ValueError, match="local work"):
+        weighted_vector({"w": np.ones(2, np.float32)}, layout, 10, 100.0)
