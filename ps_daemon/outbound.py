@@ -22,6 +22,7 @@ from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState, RoundRecord
 from ps_daemon.status import PS, StatusBoard, secure_note
 from schemas import messages as m
+from schemas.secagg import SecAggInbox
 from schemas.tensors import arrays_to_blobs
 
 log = logging.getLogger("fedmqtt.ps")
@@ -121,6 +122,8 @@ class Outbound:
                 msg_id=self._msg_id(state, "train", effect.round, effect.site_id, effect.model_hash,
                                     *((effect.secure.attempt,) if effect.secure is not None else ()))))
         elif isinstance(effect, fx.PublishSecAgg):
+            if isinstance(effect.message, SecAggInbox):  # the shares are in, no masked input yet
+                crash_point("ps_before_inbox", effect.message.round)
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), effect.message)
         elif isinstance(effect, fx.PublishEvalTask):
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), m.EvalTask(

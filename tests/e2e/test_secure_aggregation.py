@@ -7,6 +7,7 @@ neighbours)."""
 from __future__ import annotations
 
 import json
+import signal
 
 import numpy as np
 import pytest
@@ -131,13 +132,10 @@ def test_a_ps_killed_mid_round_resumes_with_a_new_try(cli_federation, tmp_path) 
     fed = cli_federation("ps-killed", run_id="e2e-secure-ps", rounds=2, sites=SITES,
                          ps_extra={"secure_aggregation": SECURE})
     fed.start_broker()
-    fed.start_ps()
+    fed.start_ps(fault="ps_before_inbox:2")  # SIGKILLed once round 2's shares are in, before any is routed
     for site in SITES:
         fed.start_site(site)
-    wait_until(lambda: "round 2: secure aggregation" in fed.tail("ps", 400)
-               and "sealed shares closed" in fed.tail("ps", 400).split("round 2:", 1)[-1], 240,
-               "round 2's shares closed")
-    fed.kill("ps")
+    assert fed.procs["ps"].wait(240) == -signal.SIGKILL, fed.tail("ps")
     fed.start_ps(resume=True)
     fed.wait_ps_done(240)
     expected, got = _clear(tmp_path, "e2e-secure-ps", 2, SITES), fed.final_weights()
