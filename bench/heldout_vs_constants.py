@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedmqtt.experiments.heldout import held_out_sites, report_constants  # noqa: E402
-from fedmqtt.experiments.runs import RunRecord, group_by, load_runs  # noqa: E402
+from fedmqtt.experiments.runs import RunRecord, Which, group_by, load_runs  # noqa: E402
 from fedmqtt.experiments.stats import CONFIDENCE, holm, mean_interval, paired  # noqa: E402
 from fedmqtt.training.holdout import load_test_splits, predict_test_splits  # noqa: E402
 
@@ -73,13 +73,14 @@ def stay_interval(diff: np.ndarray, rng: np.random.Generator) -> tuple[float, fl
 WEIGHTS = {"final": "final_model.safetensors", "best": "best_model.safetensors"}
 
 
-def compare(records: list[RunRecord], metrics: list[str], which: str = "final") -> dict[str, Any]:
+def compare(records: list[RunRecord], metrics: list[str], which: Which = "final") -> dict[str, Any]:
     sites = held_out_sites(records)
     splits = load_test_splits(sites)
     preds = {}
     for rec in records:
         report = json.loads((rec.path / "report.json").read_text())
-        preds[rec.path] = predict_test_splits(report["config"]["model"], rec.path / WEIGHTS[which], splits)
+        if (rec.path / WEIGHTS[which]).is_file():  # central runs keep no weights: their own per-site metrics
+            preds[rec.path] = predict_test_splits(report["config"]["model"], rec.path / WEIGHTS[which], splits)
     first = json.loads((records[0].path / "report.json").read_text())
     task = splits[next(iter(splits))].task
     constants = {c.label: c.constant for c in report_constants(first, task)}
@@ -94,6 +95,9 @@ def compare(records: list[RunRecord], metrics: list[str], which: str = "final") 
         const_sites = site_matrix(const_err, splits)
         rows = []
         for name, recs in methods.items():
+            if any(r.path not in preds for r in recs):
+                rows.append(own_sites_row(name, recs, metric, which, list(splits), seeds, const_sites))
+                continue
             err = stay_errors(recs, metric, splits, preds, seeds)
             diff = err - const_err
             per_site = site_matrix(err, splits)
@@ -119,6 +123,30 @@ def compare(records: list[RunRecord], metrics: list[str], which: str = "final") 
     return out
 
 
+def own_sites_row(name: str, recs: list[RunRecord], metric: str, which: Which, sites: list[str], seeds: list[int],
+                  const_sites: np.ndarray) -> dict[str, Any]:
+    """A method whose runs kept no weights (central): the site comparisons from each run's own per-site test
+    metrics (every site, since it trained on all), no pooled-over-stays value."""
+    per_site = np.full((len(sites), len(seeds)), np.nan)
+    for rec in recs:
+        for i, site in enumerate(sites):
+            value = rec.value(which, site, metric)
+            per_site[i, seeds.index(rec.seed)] = np.nan if value is None else value
+    pair = paired(per_site, const_sites)
+    site_diff = per_site - const_sites
+    return {"method": name, "seeds": sorted(r.seed for r in recs), "pooled": None, "pooled_per_seed": [],
+            "pooled_diff": None, "pooled_diff_ci": None,
+            "site_mean": float(np.nanmean(np.nanmean(per_site, axis=0))),
+            "site_mean_diff": float(np.nanmean(np.nanmean(site_diff, axis=0))),
+            "site_mean_diff_ci": mean_interval(site_diff), "pairs": pair.n, "median_diff": pair.median,
+            "median_diff_ci": pair.interval, "wilcoxon_p": pair.p, "rank_biserial": pair.rank_biserial,
+            "note": "no weights kept: its own per-site test metrics"}
+
+
+def num(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
 def fmt_ci(ci: Any) -> str:
     return "n/a" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
@@ -138,7 +166,7 @@ def markdown(partition: str, result: dict[str, Any]) -> str:
             def p(v: float | None) -> str:
                 return "n/a" if v is None else f"{v:.3g}"
             lines.append(
-                f"| {r['method']} | {len(r['seeds'])} | {r['pooled']:.4g} | {r['pooled_diff']:+.4g} "
+                f"| {r['method']} | {len(r['seeds'])} | {num(r['pooled'], '.4g')} | {num(r['pooled_diff'], '+.4g')} "
                 f"{fmt_ci(r['pooled_diff_ci'])} | {r['site_mean']:.4g} | {r['site_mean_diff']:+.4g} "
                 f"{fmt_ci(r['site_mean_diff_ci'])} | "
                 f"{'n/a' if r['median_diff'] is None else format(r['median_diff'], '+.4g')} "
