@@ -76,6 +76,7 @@ def run_central(config: SimulationConfig, *, progress: bool = True) -> dict[str,
 
     final = per_site_eval()
     mean_final = means(final)
+    final_weights = state_to_arrays(model)  # the held-out union (fedmqtt report --held-out) scores it
     best_section = None
     # Hwang et al.'s protocol: the best validation round's model on test
     if best is not None and best_weights is not None:
@@ -94,8 +95,9 @@ def run_central(config: SimulationConfig, *, progress: bool = True) -> dict[str,
     }
     config.out_dir.mkdir(parents=True, exist_ok=True)
     (config.out_dir / "report.json").write_text(json.dumps(report, indent=2))
-    if best_weights is not None:
-        from safetensors.numpy import save_file
+    from safetensors.numpy import save_file
 
+    save_file(final_weights, str(config.out_dir / "final_model.safetensors"))
+    if best_weights is not None:
         save_file(best_weights, str(config.out_dir / "best_model.safetensors"))
     return report

@@ -271,10 +271,15 @@ def _physionet2012(path: Path, opts: Any) -> Dataset:
         HOURS,
         STATIC_NAMES,
         VARIABLES,
+        cache_file,
         load_physionet2012,
         without_implausible,
     )
 
+    cache = cache_file(path, outcomes=opts.outcomes, limit=opts.limit, cache_dir=opts.cache_dir)
+    memo_key = None if cache is None else (str(cache), opts.model_dump_json())
+    if memo_key is not None and memo_key in _ICU_MEMO:
+        return _ICU_MEMO[memo_key]
     icu = load_physionet2012(path, outcomes=opts.outcomes, limit=opts.limit, cache_dir=opts.cache_dir)
     icu, removed = without_implausible(icu, opts.ranges)
     parts = [icu.values.astype(np.float32)]
@@ -293,5 +298,22 @@ def _physionet2012(path: Path, opts: Any) -> Dataset:
         task = TaskInfo("regression", 1, ("length_of_stay_days",), target="log1p" if opts.log_scale else "identity")
     feats = {name: icu.static[:, k] for k, name in enumerate(STATIC_NAMES) if name in DESCRIPTORS}
     groups = {"ICUType": icu.icu_type.astype(str).astype(object)}
-    return Dataset(np.concatenate(parts, axis=2), y, task, tuple(names), "icu", groups=groups,
+    data = Dataset(np.concatenate(parts, axis=2), y, task, tuple(names), "icu", groups=groups,
                    features=feats, fixed=fixed, removed=removed)
+    if memo_key is not None:
+        _ICU_MEMO.clear()  # one dataset kept: a simulation's sites all read the same one
+        _ICU_MEMO[memo_key] = _read_only(data)
+    return data
+
+
+# The last PhysioNet 2012 dataset read with a cache dir, by its cache file's name (which changes with any
+# stay file) and its options: a simulation's ~100 sites, its baselines and the held-out scoring each read
+# the whole set and take their part; without this every one spent 1-2 s re-applying the ranges.
+_ICU_MEMO: dict[tuple[str, str], Dataset] = {}
+
+
+def _read_only(data: Dataset) -> Dataset:
+    """`data` with every array locked, so a caller that wrote into the shared copy would fail loudly."""
+    for arr in (data.x, data.y, *data.groups.values(), *data.features.values(), *data.removed.values()):
+        arr.setflags(write=False)
+    return data

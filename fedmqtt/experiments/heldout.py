@@ -11,7 +11,7 @@ from typing import Any
 
 from fedmqtt.baselines import RANKING_METRICS, Constant
 from fedmqtt.data.base import TaskInfo
-from fedmqtt.errors import ConfigError
+from fedmqtt.errors import ConfigError, DataError
 from fedmqtt.experiments.runs import POINT_FILE, RunRecord, finite_or_none
 from fedmqtt.experiments.tables import Cell, align, make_cell, markdown_rows
 
@@ -50,10 +50,28 @@ def held_out_sites(records: Sequence[RunRecord], extra: dict[str, Any] | None = 
     for sites in sources:
         for site, raw in sites.items():
             spec = raw if isinstance(raw, DataSpec) else DataSpec.model_validate(raw)
-            if site in found and found[site] != spec:
+            if site in found and not same_site_data(site, found[site], spec):
                 raise ConfigError(f"site {site}: the runs were configured with different data for it")
-            found[site] = spec
+            found.setdefault(site, spec)
     return dict(sorted(found.items()))
+
+
+def same_site_data(site: str, a: Any, b: Any) -> bool:
+    """Whether two DataSpecs give `site` the same items: equal, or differing only in the partition manifest
+    when both manifests come from the same pooled data and give the site the same items and labels (a
+    grid writes one manifest per seed, so every seed of a natural split has its own identical copy)."""
+    from fedmqtt.data.partitioners import read_partition_manifest
+
+    if a == b:
+        return True
+    if a.partition is None or b.partition is None or a.model_copy(update={"partition": b.partition}) != b:
+        return False
+    first, second = read_partition_manifest(a.partition), read_partition_manifest(b.partition)
+    try:
+        one, other = first.site_part(site), second.site_part(site)
+    except DataError:
+        return False
+    return first.source == second.source and (one.indices, one.annotated) == (other.indices, other.annotated)
 
 
 @dataclass(frozen=True)

@@ -46,3 +46,23 @@ def test_saved_models_keep_every_tensor_shape(tmp_path: Path) -> None:
     for name in ("final_model.safetensors", "best_model.safetensors"):
         saved = load_file(str(tmp_path / name))
         assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in reference.items()}, name
+
+
+def test_central_final_model_is_scored_on_the_held_out_union(tmp_path: Path) -> None:
+    """The pooled run keeps its final weights, so `fedmqtt report --held-out` scores it as the sites did."""
+    from fedmqtt.experiments.heldout import held_out_sites, union_table
+    from fedmqtt.experiments.runs import load_runs
+
+    # Prepare
+    cfg = SimulationConfig(algorithm="central", rounds=2, out_dir=tmp_path / "central",
+                           model=ModelSpec(name="mlp", args={"in_features": 15, "hidden": [8]}),
+                           train=TrainSettings(epochs=1, batch_size=32, lr=0.01))
+    report = run_simulation(cfg, progress=False)
+    records = load_runs([cfg.out_dir])
+    # Execute
+    table = union_table(records, "auroc", held_out_sites(records, dict(cfg.sites)))
+    # Assert
+    row = next(r for r in table.rows if r.trained_on != "-")
+    assert row.pooled is not None and row.per_site is not None
+    for site, entry in report["final"]["per_site"].items():
+        assert abs(row.per_site[site] - entry["metrics"]["test"]["auroc"]) < 1e-9, site

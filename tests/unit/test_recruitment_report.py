@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from typer.testing import CliRunner
 
 from fedmqtt.cli import app
 from fedmqtt.experiments.heldout import held_out_sites, union_table
-from fedmqtt.experiments.runs import load_runs
+from fedmqtt.experiments.runs import RunRecord, load_runs
 from fedmqtt.simulation import SimulationConfig, run_simulation
 from fedmqtt.training.holdout import load_test_splits
 
@@ -152,3 +154,39 @@ def test_union_reads_the_single_baseline_of_an_older_report(tmp_path: Path) -> N
     (old,) = report_constants({"baseline": {"level": 2.5}}, TaskInfo("regression"))
     assert old.label == "constant (pooled training mean)" and old.constant.predict(3).tolist() == [2.5] * 3
     assert report_constants({}, TaskInfo("regression")) == []
+
+
+def test_seeds_of_one_natural_split_share_their_sites(tmp_path: Path) -> None:
+    """A grid writes each seed its own manifest: identical items for a site are the same site, other items not."""
+    from fedmqtt.data.partitioners import PartitionSpec, write_partition_manifest
+    from fedmqtt.data.spec import DataSpec
+    from fedmqtt.errors import ConfigError
+    from fedmqtt.experiments.heldout import same_site_data
+
+    source = {"format": "heart_disease", "path": "pooled.csv", "n_items": 6}
+    spec = PartitionSpec(kind="natural", column="source")
+
+    def manifest(name: str, parts: list[list[int]]) -> DataSpec:
+        path = tmp_path / name / "partition.json"
+        path.parent.mkdir()
+        write_partition_manifest(path, spec, [np.asarray(p) for p in parts], [{}, {}], source, site_names=["a", "b"])
+        return DataSpec(format="heart_disease", path=tmp_path / "pooled.csv", partition=path, site="a")
+
+    seed0, seed1 = manifest("s0", [[0, 1, 2], [3, 4, 5]]), manifest("s1", [[0, 1, 2], [3, 4, 5]])
+    moved = manifest("s2", [[0, 1, 3], [2, 4, 5]])
+    assert same_site_data("a", seed0, seed1) and not same_site_data("a", seed0, moved)
+    assert not same_site_data("a", seed0, seed1.model_copy(update={"split_seed": 1}))
+    runs = []
+    for k, site_spec in enumerate((seed0, seed1, moved)):
+        run = tmp_path / f"run{k}"
+        run.mkdir()
+        point = {"config": {"sites": {"a": site_spec.model_dump(mode="json")}}}
+        (run / "grid_point.json").write_text(json.dumps(point))
+        runs.append(run)
+
+    def records(*folders: Path) -> list[RunRecord]:  # held_out_sites reads only each record's folder
+        return cast(list[RunRecord], [SimpleNamespace(path=f) for f in folders])
+
+    assert held_out_sites(records(runs[0], runs[1]))["a"] == seed0
+    with pytest.raises(ConfigError, match="site a"):
+        held_out_sites(records(runs[0], runs[2]))
