@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 ENTRY = "fedmqtt"
+# What a fresh interpreter makes of SIGINT: KeyboardInterrupt, or ignored when it was ignored on entry (a
+# background job of a non-interactive shell); this process was started the same way as a fresh one would be.
+FRESH_SIGINT = signal.getsignal(signal.SIGINT)
 
 
 class _Become(Exception):  # noqa: N818 - not an error: unwinds a forked child to the top level
@@ -92,7 +95,7 @@ def _become(request: dict[str, Any]) -> None:
     sys.path[0] = request["cwd"]
     os.environ.clear()
     os.environ.update(request["env"])
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has them
+    signal.signal(signal.SIGINT, FRESH_SIGINT)  # as a fresh interpreter started here would have them
     for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
     main_file = importlib.import_module(ENTRY).__file__
