@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import CliFederation, cli, wait_until
+from harness import CliFederation, cli, stop_processes, wait_until
 
 from broker.acl import login_names
 from broker.certs import fingerprint_sha256
@@ -116,6 +116,8 @@ def test_ps_records_start_rounds_resume_force_and_finish(cli_federation) -> None
     assert fed.procs["ps"].wait(180) == -signal.SIGKILL, fed.tail("ps")
     fed.start_ps(resume=True)
     fed.wait_ps_done(180)
+    # The sites stop first, so the forced run waits for them (with them it may close rounds before the SIGTERM).
+    stop_processes([(fed.procs[site], signal.SIGTERM) for site in SITES])
     fed.start_ps(extra=("--force",))
     wait_until(lambda: "run-force-restart" in events(log), 60, "the run-force-restart record")
     fed.procs["ps"].send_signal(signal.SIGTERM)
