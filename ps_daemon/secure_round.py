@@ -203,11 +203,6 @@ def waiting(session: ServerSession, sr: SecureRound, selected: tuple[str, ...], 
     return tuple(sorted(expected - have - offline - session.banned))
 
 
-def layout_for(shared: Mapping[str, np.ndarray]) -> Layout:
-    """The masked vector's layout: the float tensors of the model every site trains from."""
-    return layout_of(shared)
-
-
 def out_messages(config: DaemonConfig, round_no: int, sr: SecureRound, session_id: str,
                  produced: object, now: float) -> list[tuple[str, BaseModel]]:
     """What the PS sends after closing a stage: a roster, an inbox or the unmasking request, to each site."""
