@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import nn
@@ -45,18 +47,7 @@ def predict(
         batch_size: rows per forward pass.
         nonnegative: regression only, clamp predictions at 0 (length of stay, Scheltjens et al.'s final ReLU).
     """
-    dev = torch.device(device)
-    was_training = model.training
-    model.to(dev).eval()
-    xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
-    parts: list[np.ndarray] = []
-    try:
-        with torch.inference_mode():
-            for start in range(0, xt.shape[0], batch_size):
-                out = model(xt[start : start + batch_size].to(dev))
-                parts.append(_read_out(out, task, nonnegative).cpu().numpy())
-    finally:
-        model.train(was_training)
+    parts = _forward_batches(model, x, device, batch_size, lambda out: _read_out(out, task, nonnegative))
     if parts:
         return np.concatenate(parts)
     width = () if task.kind in ("binary", "regression") else (task.n_outputs,)
@@ -89,6 +80,14 @@ def predict_logits(
 ) -> np.ndarray:
     """A binary model's raw outputs (logits) `(n,)` as float64, in eval mode without gradients: what the
     membership-inference audit reads (fedmqtt.privacy_audit), where a saturated sigmoid would tie records."""
+    parts = _forward_batches(model, x, device, batch_size, lambda out: out.reshape(-1).double())
+    return np.concatenate(parts) if parts else np.zeros((0,), dtype=np.float64)
+
+
+def _forward_batches(model: nn.Module, x: np.ndarray, device: str | torch.device, batch_size: int,
+                     read: Callable[[torch.Tensor], torch.Tensor]) -> list[np.ndarray]:
+    """`read` of the model's outputs, batch by batch, in eval mode without gradients; the model's mode is
+    restored afterwards (a site evaluates between training epochs)."""
     dev = torch.device(device)
     was_training = model.training
     model.to(dev).eval()
@@ -97,7 +96,7 @@ def predict_logits(
     try:
         with torch.inference_mode():
             for start in range(0, xt.shape[0], batch_size):
-                parts.append(model(xt[start : start + batch_size].to(dev)).reshape(-1).double().cpu().numpy())
+                parts.append(read(model(xt[start : start + batch_size].to(dev))).cpu().numpy())
     finally:
         model.train(was_training)
-    return np.concatenate(parts) if parts else np.zeros((0,), dtype=np.float64)
+    return parts
