@@ -12,15 +12,20 @@ against the manifest's SHA-256 as it was before signatures; tasks and statuses a
 - for comparison, the same model signed without the manifest: Ed25519 over its bytes (two SHA-512 passes to sign,
   one to verify), and one SHA-512 pass (what the digest-then-sign of a small message costs per byte).
 
-    python bench/signatures.py --sizes-mb 4.4 16 --sites 10 --repeat 5
+Every timed piece runs once per pass, in turn (with and without signatures alternate), and the best of the passes
+is kept; the load average is printed before and after.
+
+    python bench/signatures.py --sizes-mb 4.4 16 --sites 10 --repeat 9
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,13 +45,22 @@ CHUNK = 2 * 1024 * 1024
 BUDGET = 1 << 31
 
 
-def best(fn, repeat: int) -> float:  # noqa: ANN001
-    times = []
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int, *, calls: dict[str, int]) -> dict[str, float]:
+    """Best time of one call of each function over `repeat` passes; a pass calls every function in turn (`calls`
+    times each, for those that take microseconds), so the work without and with signatures alternates and a busy
+    moment of the machine hits both alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        for name, fn in fns.items():
+            for _ in range(calls.get(name, 1)):
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+    return {name: min(ts) for name, ts in times.items()}
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def model_of(mb: float) -> m.GlobalModel:
@@ -78,35 +92,44 @@ def measure(mb: float, *, sites: int, repeat: int) -> str:
     parts = [c.data for c in chunks()]
     model_topic = topics.ps_model_topic(RUN)
 
-    # -- the work a round does anyway (no signatures) --------------------------------------------------------------
-    t_send = best(lambda: (encode(model, max_bytes=BUDGET), [chunk_digest(p) for p in parts]), repeat)
+    head = encode(manifest, max_bytes=BUDGET)
+    sealed_head = ps.seal(model_topic, head)
+    key = keys.private["ps"]
+    signature = key.sign(data)
 
     def receive() -> None:
         for p, digest in zip(parts, manifest.chunk_sha256, strict=True):
             assert chunk_digest(p) == digest
         decode(data, max_bytes=BUDGET)
 
-    t_receive = best(receive, repeat)
-    small: dict[str, tuple[float, float, float, float, int]] = {}  # kind -> encode, decode, seal, open, +bytes
+    # The work a round does anyway (no signatures) and every signature, all timed in turn within each pass
+    fns: dict[str, Callable[[], object]] = {
+        "send": lambda: (encode(model, max_bytes=BUDGET), [chunk_digest(p) for p in parts]),
+        "receive": receive,
+        "sign": lambda: ps.seal(model_topic, head),
+        "open": lambda: site.ring.open(model_topic, "ps", sealed_head, max_bytes=BUDGET),
+        # what signing the model's bytes themselves would cost
+        "pure sign": lambda: key.sign(data),
+        "pure verify": lambda: key.public_key().verify(signature, data),
+        "sha512": lambda: hashlib.sha512(data).digest(),
+    }
     task, ps_status, site_status = small_messages()
+    extra: dict[str, int] = {}  # kind -> bytes a signature adds
     for name, msg, identity, owner, topic in (
             ("task", task, ps, "ps", topics.ps_task_topic(RUN, "site-a")),
             ("ps status", ps_status, ps, "ps", topics.ps_status_topic(RUN)),
             ("site status", site_status, site, "site-a", topics.site_status_topic(RUN, "site-a"))):
         body = encode(msg)
         sealed = identity.seal(topic, body)
-        small[name] = (best(lambda m_=msg: encode(m_), repeat * 20),
-                       best(lambda b=body: decode(b, max_bytes=BUDGET), repeat * 20),
-                       best(lambda b=body, i=identity, t=topic: i.seal(t, b), repeat * 20),
-                       best(lambda s_=sealed, t=topic, o=owner: site.ring.open(t, o, s_, max_bytes=BUDGET),
-                            repeat * 20), len(sealed) - len(body))
-    enc, dec, sig, opn = ({k: v[i] for k, v in small.items()} for i in range(4))
-
-    # -- signatures: one per manifest, one per small message --------------------------------------------------------
-    head = encode(manifest, max_bytes=BUDGET)
-    sealed_head = ps.seal(model_topic, head)
-    t_sign = best(lambda: ps.seal(model_topic, head), repeat * 20)
-    t_open = best(lambda: site.ring.open(model_topic, "ps", sealed_head, max_bytes=BUDGET), repeat * 20)
+        extra[name] = len(sealed) - len(body)
+        fns |= {f"enc {name}": lambda m_=msg: encode(m_),
+                f"dec {name}": lambda b=body: decode(b, max_bytes=BUDGET),
+                f"sig {name}": lambda b=body, i=identity, t=topic: i.seal(t, b),
+                f"opn {name}": lambda s_=sealed, t=topic, o=owner: site.ring.open(t, o, s_, max_bytes=BUDGET)}
+    quick = ("sign", "open", *(f"{op} {k}" for op in ("enc", "dec", "sig", "opn") for k in extra))
+    best = interleaved(fns, repeat, calls=dict.fromkeys(quick, 20))
+    t_send, t_receive, t_sign, t_open = best["send"], best["receive"], best["sign"], best["open"]
+    enc, dec, sig, opn = ({k: best[f"{op} {k}"] for k in extra} for op in ("enc", "dec", "sig", "opn"))
 
     # The PS: sends the model, N tasks, 3 statuses and the metrics; takes N updates and 2 statuses per site.
     ps_off = (t_send + sites * t_receive + sites * enc["task"] + 4 * enc["ps status"]
@@ -115,19 +138,13 @@ def measure(mb: float, *, sites: int, repeat: int) -> str:
     # A site: takes the model, its task and 3 PS statuses; sends its update and 2 statuses.
     site_off = t_receive + dec["task"] + 3 * dec["ps status"] + t_send + 2 * enc["site status"]
     site_sigs = t_open + opn["task"] + 3 * opn["ps status"] + t_sign + 2 * sig["site status"]
-
-    # -- what signing the model's bytes themselves would cost ------------------------------------------------------
-    key = keys.private["ps"]
-    t_pure_sign = best(lambda: key.sign(data), repeat)
-    signature = key.sign(data)
-    t_pure_verify = best(lambda: key.public_key().verify(signature, data), repeat)
-    t_sha512 = best(lambda: hashlib.sha512(data).digest(), repeat)
+    t_pure_sign, t_pure_verify, t_sha512 = best["pure sign"], best["pure verify"], best["sha512"]
 
     ms = 1e3
     return (f"{len(data) / 1e6:>7.1f} {manifest.count:>6} {ps_off * ms:>8.1f} {ps_sigs * ms:>8.2f} "
             f"{ps_sigs / ps_off:>7.4f} {site_off * ms:>8.1f} {site_sigs * ms:>8.2f} {site_sigs / site_off:>7.4f} "
             f"{t_sign * 1e6:>7.0f} {t_open * 1e6:>7.0f} {len(sealed_head) - len(head):>5} "
-            f"{small['site status'][4]:>5} {t_pure_sign * ms:>8.1f} {t_pure_verify * ms:>8.1f} {t_sha512 * ms:>7.1f}")
+            f"{extra['site status']:>5} {t_pure_sign * ms:>8.1f} {t_pure_verify * ms:>8.1f} {t_sha512 * ms:>7.1f}")
 
 
 def main() -> None:
@@ -136,12 +153,14 @@ def main() -> None:
     ap.add_argument("--sites", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    print(f"one FedAvg round with {args.sites} sites, best of {args.repeat}")
+    print(f"one FedAvg round with {args.sites} sites, best of {args.repeat} interleaved passes; "
+          f"load average {load_average()} at the start")
     print(f"{'MB':>7} {'chunks':>6} {'PS off':>8} {'PS sig':>8} {'ratio':>7} {'site off':>8} {'site sig':>8} "
           f"{'ratio':>7} {'sign':>7} {'open':>7} {'+Bman':>5} {'+Bst':>5} {'ed-sign':>8} {'ed-vrfy':>8} "
           f"{'sha512':>7}")
     for mb in args.sizes_mb:
         print(measure(mb, sites=args.sites, repeat=args.repeat))
+    print(f"load average {load_average()} at the end")
     print("PS/site off (ms): the round's encode, chunk SHA-256 and decode work of that party without signatures;\n"
           "PS/site sig (ms): every seal and open it does with them (one per manifest, task, status, metrics);\n"
           "ratio = sig / off; sign/open (µs): one manifest; +Bman/+Bst: bytes a signature adds to a manifest and a\n"
