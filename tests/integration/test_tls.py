@@ -289,3 +289,17 @@ def test_the_broker_runs_as_an_unprivileged_user(tls_fed: FederationLayout) -> N
     uids = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
     assert all(int(uid) != 0 for uid in uids.split()[1:]), uids
     assert f"user {broker_user()}" in tls_fed.conf_path.read_text()
+
+
+def test_another_partys_client_certificate_cannot_serve_as_the_broker(tmp_path: Path) -> None:
+    """Under --mtls every site holds a certificate of the federation and its key. site-b serving its own (chain
+    included) where site-a expects the broker gets no password, with the pin and without it: the certificate is
+    for clients only (clientAuth) and names a user, not the broker's host."""
+    layout = _init(tmp_path / "fed", mtls=True)
+    b = layout.settings("site-b")
+    assert b.tls_cert_pem is not None and b.tls_key_pem is not None
+    issuing = (layout.broker_dir / "issuing-ca.crt").read_bytes()
+    with _impostor(b.tls_cert_pem.encode() + issuing, b.tls_key_pem.encode(), tmp_path / "site-b") as (port, printed):
+        for pin in (layout.broker_key_fingerprint(), None):
+            _refused_before_the_password(_site_at(layout, port, tls_broker_key_sha256=pin), printed,
+                                         "unsuitable certificate purpose")
