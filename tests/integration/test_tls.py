@@ -10,6 +10,7 @@ import secrets
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -23,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 
 from broker import certs
 from broker.config import broker_user, free_port
-from broker.federation import FederationLayout, init_federation
+from broker.federation import FederationLayout, init_federation, load_federation
 from broker.process import BrokerProcess
 from fedmqtt.dashboard import tls
 from fedmqtt.errors import BrokerError, PermanentBrokerError
@@ -303,3 +304,75 @@ def test_another_partys_client_certificate_cannot_serve_as_the_broker(tmp_path: 
         for pin in (layout.broker_key_fingerprint(), None):
             _refused_before_the_password(_site_at(layout, port, tls_broker_key_sha256=pin), printed,
                                          "unsuitable certificate purpose")
+
+
+@contextlib.contextmanager
+def _recording_relay(port: int) -> Iterator[tuple[int, Callable[[], bytes]]]:
+    """A TCP relay on a free loopback port to 127.0.0.1:`port` (a port forward, or whoever watches the network):
+    yields its port and a function returning every byte a client sent through it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    sent = bytearray()
+    sockets: list[socket.socket] = []
+
+    def pump(src: socket.socket, dst: socket.socket, record: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if record:
+                    sent.extend(data)
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = server.accept()
+                upstream = socket.create_connection(("127.0.0.1", port))
+                sockets.extend((client, upstream))
+                threading.Thread(target=pump, args=(client, upstream, True), daemon=True).start()
+                threading.Thread(target=pump, args=(upstream, client, False), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield server.getsockname()[1], lambda: bytes(sent)
+    finally:
+        server.close()
+        for sock in sockets:
+            sock.close()
+
+
+@pytest.mark.parametrize("plaintext", [False, True], ids=["default", "insecure-plaintext"])
+def test_a_network_name_on_a_loopback_bind_gets_tls_and_no_password_crosses_in_clear(
+        mosquitto_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plaintext: bool) -> None:
+    """`fedmqtt broker init --host broker.example.org --bind 127.0.0.1` (a broker behind a port forward): the
+    site's connection to that name reaches the loopback listener through a relay that records what it sends (the
+    name resolves to 127.0.0.1 here). By default the listener and the site's credentials are TLS and the
+    password is nowhere in the bytes. Before, this wrote a plain listener and credentials without a CA and the
+    password crossed in clear, as it still does when --insecure-plaintext asks for it (which shows the relay
+    would see it)."""
+    # Prepare: the federation written by the CLI, its broker running
+    fed = tmp_path / "fed"
+    ports = ["--port", str(free_port())] + ([] if plaintext else ["--tls-port", str(free_port())])
+    init = subprocess.run([sys.executable, "-m", "fedmqtt", "broker", "init", "--dir", str(fed), "--run-id", "fwd",
+                           "--site", "site-a", "--host", "broker.example.org", "--bind", "127.0.0.1", *ports,
+                           *(["--insecure-plaintext"] if plaintext else [])],
+                          capture_output=True, text=True, timeout=60)
+    assert init.returncode == 0, init.stdout + init.stderr
+    layout = load_federation(fed)
+    real_getaddrinfo = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *args, **kw: real_getaddrinfo(
+        "127.0.0.1" if host == "broker.example.org" else host, *args, **kw))
+    with BrokerProcess.start(layout.conf_path, port=layout.port, host=layout.listen_host), \
+            _recording_relay(layout.port) as (relay_port, recorded):
+        settings = layout.settings("site-a").model_copy(update={"port": relay_port})
+        # Execute
+        transport = MqttTransport(settings, client_id="site-a").connect(timeout_s=10)
+        transport.close()
+        sent = recorded()
+
+    # Assert
+    assert settings.host == "broker.example.org"
+    assert [li.tls for li in layout.listeners()] == ([False] if plaintext else [True, False])
+    assert (settings.tls_ca_pem is not None, settings.tls_broker_key_sha256 is not None) == (not plaintext,) * 2
+    assert b"MQTT" in sent if plaintext else sent[:1] == b"\x16"  # a CONNECT in clear, or a TLS handshake record
+    assert (settings.password.encode() in sent) is plaintext
