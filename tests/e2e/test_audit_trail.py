@@ -19,7 +19,9 @@ from broker.certs import fingerprint_sha256
 from broker.config import free_port
 from broker.federation import load_federation
 from fedmqtt.audit.writer import local_actor
+from fedmqtt.transport import topics
 from ps_daemon.config import load_daemon_config
+from tests.integration.test_security import publish
 
 pytestmark = pytest.mark.e2e
 SITES = ("cleveland", "hungary")
@@ -101,12 +103,15 @@ def test_broker_cli_records_who_changed_which_party(mosquitto_bin: str, tmp_path
     assert "BROKEN at line 9 (seq 9): edited" in broken.stdout
 
 
-def test_ps_records_start_rounds_resume_force_and_finish(cli_federation) -> None:  # noqa: ANN001
-    # Prepare: one small run, two sites, two rounds.
+def test_ps_records_start_rounds_resume_force_and_finish(cli_federation, paho_client) -> None:  # noqa: ANN001
+    # Prepare: one small run, two sites, two rounds; an unsigned report left retained with cleveland's password,
+    # which each PS process refuses once.
     fed: CliFederation = cli_federation("audit", run_id="e2e-audit-ps", rounds=2, sites=SITES,
                                         ps_extra={"quorum": len(SITES)})
     log = fed.work / "ps" / "audit" / "ps.jsonl"
     fed.start_broker()
+    publish(paho_client(fed.layout.settings("cleveland")), topics.site_report_topic(fed.layout.run_id, "cleveland"),
+            b"unsigned junk")
     for site in SITES:
         fed.start_site(site)
 
@@ -133,6 +138,8 @@ def test_ps_records_start_rounds_resume_force_and_finish(cli_federation) -> None
     assert got[0]["details"]["session"] == got[2]["details"]["session"] != got[5]["details"]["session"]
     assert got[2]["details"]["round"] == 2  # resumed at round 2: round 1's checkpoint
     assert [(r["details"]["round"], r["details"]["accepted"]) for r in (got[1], got[3])] == [(1, 2), (2, 2)]
+    # each process's first round counts the refusal of the retained junk; the refusals are the round's own
+    assert [r["details"]["refused"].get("unsigned") for r in (got[1], got[3])] == [1, 1], got
     assert got[4]["details"]["rounds"] == 2
     assert got[5]["details"]["removed_checkpoints"] >= 1
     assert got[6]["details"]["cause"] == "signal"
