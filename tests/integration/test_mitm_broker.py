@@ -78,6 +78,7 @@ class MitmBroker:
     towards: str
     rewrite: Rewrite
     armed: bool = True
+    limit: int | None = None  # rewrite this many and then relay as they are (None: while armed)
     rewritten: int = 0
     passed: list[str] = field(default_factory=list)  # topics of PUBLISH packets relayed in the watched direction
     _server: socket.socket = field(init=False)
@@ -128,6 +129,8 @@ class MitmBroker:
         start = i + props_len
         self.passed.append(topic)
         if not self.armed or topic != self.topic or len(body) == start:  # an empty payload clears a retained one
+            return body
+        if self.limit is not None and self.rewritten >= self.limit:
             return body
         self.rewritten += 1
         return body[:start] + self.rewrite(body[start:])
