@@ -32,7 +32,8 @@ const sites = {};
 run.querySelectorAll('table.sites tr[data-site]').forEach(tr => {
   const td = tr.querySelectorAll('td');
   sites[tr.dataset.site] = {state: td[1].querySelector('.state').textContent,
-                            dropped: (td[1].querySelector('.dropped-why') || {}).textContent || '', rounds: Number(td[3].textContent), usage: td[7].textContent,
+                            dropped: (td[1].querySelector('.dropped-why') || {}).textContent || '',
+                            rounds: Number(td[3].textContent), usage: td[7].textContent,
                             data: td[5].textContent,
                             detail: tr.querySelector('td.detail').textContent,
                             // elements in the detail cell besides the <bdi> that isolates the text: none
