@@ -114,7 +114,6 @@ def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboar
     fed.kill("va")
     page = wait_page(chrome, lambda p: p["sites"]["va"]["state"] == "offline", 60, "va offline", fed)
     rounds_when_killed = page["sites"]["va"]["rounds"]
-    chrome.save_screenshot(str(screenshots / "03-site-killed.png"))
     # The timeline says so, and then that rounds close without it, not waiting for their deadline.
     assert ["offline", "va offline: connection lost"] in page["events"]
     without_va = re.compile(r"round \d+ closed without va \(offline\)")
@@ -128,6 +127,7 @@ def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboar
     assert page["sites"]["va"]["dropped"].startswith("dropped: offline since 20"), page["sites"]["va"]
     assert all(not s["dropped"] for name, s in page["sites"].items() if name != "va"), page["sites"]
     assert any(k == "offline" and t.startswith("PS goes on without va: offline since 20") for k, t in page["events"])
+    chrome.save_screenshot(str(screenshots / "03-site-killed.png"))  # docs/img/dashboard-site-killed.png
     part = chrome.find_element("css selector", "section.run .part[id$='-timeline']")
     chrome.execute_script("arguments[0].scrollIntoView()", part)
     part.screenshot(str(screenshots / "dashboard-timeline-live.png"))
