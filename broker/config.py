@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.acl import login_names
+from broker.acl import MONITOR_USER, login_names
 from fedmqtt.errors import BrokerError
 
 BROKER_SYSTEM_USER = "mosquitto"
@@ -21,12 +21,13 @@ CONNECTION_HEADROOM = 32
 
 def connection_limit(site_count: int) -> int:
     """`max_connections` of each listener: every login of every party (`broker.acl.login_names`: the PS and each
-    site three times, with the bulk and the `site check` logins; the observer's nine seats) twice, because a
-    reconnect opens its new socket before the broker drops the old one (a takeover of the same client id), plus
-    CONNECTION_HEADROOM. Sockets that never send CONNECT count too: Mosquitto 2.0.11 closes any socket past the
-    limit at once, so this is also what bounds the descriptors and buffers that unauthenticated sockets can hold
-    (each for up to 1.5 x 60 s, its keepalive before CONNECT). 2 sites: 68; 100 sites: 656."""
-    logins = len(login_names("ps")) + len(login_names("observer")) + site_count * len(login_names("site"))
+    site three times, with the bulk and the `site check` logins; the observer's nine seats; the monitor's one)
+    twice, because a reconnect opens its new socket before the broker drops the old one (a takeover of the same
+    client id), plus CONNECTION_HEADROOM. Sockets that never send CONNECT count too: Mosquitto 2.0.11 closes any
+    socket past the limit at once, so this is also what bounds the descriptors and buffers that unauthenticated
+    sockets can hold (each for up to 1.5 x 60 s, its keepalive before CONNECT). 2 sites: 70; 100 sites: 658."""
+    logins = (len(login_names("ps")) + len(login_names("observer")) + len(login_names(MONITOR_USER))
+              + site_count * len(login_names("site")))
     return 2 * logins + CONNECTION_HEADROOM
 
 

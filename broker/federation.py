@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import certs
-from broker.acl import login_names, render_acl
+from broker.acl import MONITOR_USER, login_names, render_acl
 from broker.config import (
     Listener,
     TlsFiles,
@@ -112,6 +112,11 @@ class FederationLayout:
     def root_key_path(self) -> Path:
         """The root CA's key, unless `broker init --export-root-key` put it elsewhere (off this host)."""
         return self.broker_dir / "root-ca.key"
+
+    @property
+    def monitor_login_path(self) -> Path:
+        """The `monitor` login (reads the broker's `$SYS` numbers only), for an exporter on the broker host."""
+        return self.broker_dir / "monitor.toml"
 
     @property
     def pid_path(self) -> Path:
@@ -248,10 +253,11 @@ def init_federation(
     if tls:
         _write_server_certs(layout, own_certs, export_root_key)
     _write_broker_files(layout)
-    passwords = {user: generate_password() for user in [*users, COORDINATOR]}
+    passwords = {user: generate_password() for user in [*users, COORDINATOR, MONITOR_USER]}
     write_password_file(layout.broker_dir / "passwd", passwords)
     coordinator, keys = Coordinator.create(fed_dir, run_id, [user for user in users if user != OBSERVER_USER])
     _write_login(layout, COORDINATOR, passwords[COORDINATOR], coordinator.login_path)
+    _write_login(layout, MONITOR_USER, passwords[MONITOR_USER], layout.monitor_login_path)
     (fed_dir / "credentials").mkdir(mode=0o700)
     for user in users:
         _write_credentials(layout, user, passwords[user], coordinator.signing_table(user, keys.get(user)))
@@ -351,10 +357,11 @@ def _check_ids(run_id: str, site_ids: list[str]) -> list[str]:
         raise ConfigError("a federation needs at least one site id")
     if len(set(sites)) != len(sites):
         raise ConfigError(f"duplicate site ids in {site_ids}")
-    reserved = {PS_USER, OBSERVER_USER, COORDINATOR} & set(sites)
+    reserved = {PS_USER, OBSERVER_USER, COORDINATOR, MONITOR_USER} & set(sites)
     if reserved:
         raise ConfigError(
-            f"site ids may not be {sorted(reserved)}: those names are the PS, observer and coordinator users"
+            f"site ids may not be {sorted(reserved)}: those names are the PS, observer, coordinator and monitor "
+            "users"
         )
     return [PS_USER, OBSERVER_USER, *sites]
 

@@ -60,11 +60,34 @@ class MetricsConfig(BaseModel):
     port: int | None = Field(default=None, ge=1, le=65535, description="serve Prometheus metrics on this TCP port "
                              "(any path, e.g. /metrics); unset: no endpoint")
     bind: str = Field(default="127.0.0.1", pattern=r"^[0-9A-Za-z.:_-]+$", description="address the endpoint "
-                      "listens on; it has no login and no TLS, so keep it on loopback unless a firewall or a TLS "
-                      "proxy guards it")
+                      "listens on; loopback unless set: beyond this host, serve it over TLS (`tls_cert`) with "
+                      "client certificates (`tls_client_ca`), or behind a firewall or a TLS proxy")
     linger_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False, description="once the run is done, "
                             "keep serving its final numbers this long (at least one scrape interval, so the last "
                             "scrape sees the end); SIGTERM ends the wait")
+    tls_cert: Path | None = Field(default=None, description="PEM certificate (chain) to serve the metrics over "
+                                  "HTTPS with; needs `tls_key`; unset: plain HTTP")
+    tls_key: Path | None = Field(default=None, description="PEM private key of `tls_cert`; a file only its owner "
+                                 "may read")
+    tls_client_ca: Path | None = Field(default=None, description="PEM CA certificate(s): with it, only a scraper "
+                                       "presenting a client certificate issued by this CA is served (needs "
+                                       "`tls_cert`)")
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> MetricsConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("[metrics] tls_cert and tls_key go together: set both or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("[metrics] tls_client_ca needs tls_cert and tls_key (client certificates are checked "
+                             "over TLS)")
+        return self
+
+    def resolved(self, base: Path) -> MetricsConfig:
+        """Relative TLS paths are relative to the config file's folder, as the PS's other paths are."""
+        def at(p: Path | None) -> Path | None:
+            return p if p is None or p.is_absolute() else base / p
+        return self.model_copy(update={"tls_cert": at(self.tls_cert), "tls_key": at(self.tls_key),
+                                       "tls_client_ca": at(self.tls_client_ca)})
 
 
 class SecureAggregationConfig(BaseModel):
@@ -283,5 +306,6 @@ def load_daemon_config(path: Path, *, algorithm: str | None = None) -> DaemonCon
             "credentials": cfg.credentials if cfg.credentials.is_absolute() else base / cfg.credentials,
             "pretrained": (cfg.pretrained if cfg.pretrained is None or cfg.pretrained.is_absolute()
                            else base / cfg.pretrained),
+            "metrics": cfg.metrics.resolved(base),
         }
     )

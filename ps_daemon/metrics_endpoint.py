@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -25,7 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from fedmqtt.errors import ConfigError
-from ps_daemon.config import DaemonConfig
+from ps_daemon.config import DaemonConfig, MetricsConfig
 from ps_daemon.monitoring import METRICS, OTHER, PHASES, SAMPLE_EVERY_S, MonitoredPs, PsSnapshot, SnapshotBuilder
 
 if TYPE_CHECKING:
@@ -154,6 +156,38 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def tls_arguments(settings: MetricsConfig) -> dict[str, Any]:
+    """start_http_server's TLS arguments for `[metrics]` (none: plain HTTP). Checked before the server starts: the
+    files exist, and the key is private (refused, like the parties' credentials files, when group or others can
+    read it). TLS 1.2 at least; with `tls_client_ca`, a client certificate from that CA is required."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return {}
+    for what, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key),
+                       ("tls_client_ca", settings.tls_client_ca)):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"metrics: [metrics] {what} {path} is not a file")
+    mode = settings.tls_key.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"metrics: [metrics] tls_key {settings.tls_key} is open to other users (mode "
+                          f"{stat.S_IMODE(mode):04o}); make it private with: chmod 600 {settings.tls_key}")
+    # Loaded once here first: prometheus_client binds the port before it loads them, and leaves the socket
+    # open when they fail to load.
+    try:
+        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        probe.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+        if settings.tls_client_ca is not None:
+            probe.load_verify_locations(cafile=str(settings.tls_client_ca))
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"metrics: cannot use [metrics] tls_cert {settings.tls_cert}, tls_key {settings.tls_key}"
+                          f" or tls_client_ca {settings.tls_client_ca}: {exc} (a PEM certificate, its own private "
+                          "key, a PEM CA certificate)") from None
+    args: dict[str, Any] = {"certfile": str(settings.tls_cert), "keyfile": str(settings.tls_key),
+                            "tls_min_version": ssl.TLSVersion.TLSv1_2}
+    if settings.tls_client_ca is not None:
+        args.update(client_cafile=str(settings.tls_client_ca), client_auth_required=True)
+    return args
+
+
 class MetricsEndpoint:
     """The runner's metrics hooks (ps_daemon.monitoring.MetricsHook) with a real endpoint behind them."""
 
@@ -170,17 +204,23 @@ class MetricsEndpoint:
 
     def start(self) -> None:
         """Listen; until the first `sample` a scrape finds no metrics (the PS is loading its state)."""
-        bind = self.settings.bind
+        bind, tls = self.settings.bind, tls_arguments(self.settings)
         try:
-            self._server, _ = start_http_server(self.port, addr=bind, registry=self.registry)
+            self._server, _ = start_http_server(self.port, addr=bind, registry=self.registry, **tls)
         except OSError as exc:
             raise ConfigError(f"metrics: cannot serve on {bind} port {self.port}: {exc.strerror or exc} "
                               "(another process on that port? change [metrics] port or bind)") from None
         host = f"[{bind}]" if ":" in bind else bind
-        log.info("Prometheus metrics on http://%s:%d/metrics", host, self.port)
-        if not is_loopback(bind):
-            log.warning("the metrics endpoint listens on %s, beyond this host, without login or TLS: keep it "
-                        "behind a firewall or a TLS proxy (docs/monitoring.md)", bind)
+        scheme = "https" if tls else "http"
+        log.info("Prometheus metrics on %s://%s:%d/metrics%s", scheme, host, self.port,
+                 " (client certificates required)" if self.settings.tls_client_ca else "")
+        if not is_loopback(bind) and not tls:
+            log.warning("the metrics endpoint listens on %s, beyond this host, without login or TLS: set [metrics] "
+                        "tls_cert, tls_key and tls_client_ca, or keep it behind a firewall or a TLS proxy "
+                        "(docs/monitoring.md)", bind)
+        elif not is_loopback(bind) and self.settings.tls_client_ca is None:
+            log.warning("the metrics endpoint listens on %s over TLS without client certificates: anyone who "
+                        "reaches it can read it; set [metrics] tls_client_ca to allow only your scrapers", bind)
 
     def sample(self, ps: MonitoredPs, *, force: bool = False) -> None:
         now = time.monotonic()

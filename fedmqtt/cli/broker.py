@@ -86,6 +86,8 @@ def init(
     elif layout.root_key_path.is_file():
         typer.echo(f"  root CA key   : {layout.root_key_path} (better kept off this host: --export-root-key)")
     typer.echo(f"  coordinator   : {layout.coordinator.dir}  (the key that signs the key list: yours only)")
+    typer.echo(f"  monitor login : {layout.monitor_login_path}  (reads the broker's $SYS numbers only, "
+               "docs/monitoring.md)")
     typer.echo("Give each party only its own credentials file (it holds its password and signing key; keep it "
                "0600). Keep the coordinator folder with the team that adds and removes parties, off the broker "
                "host if another team runs it.")

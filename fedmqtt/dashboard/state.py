@@ -89,6 +89,9 @@ class RunView:
     sites_expected: tuple[str, ...] = ()
     sites_online: tuple[str, ...] = ()
     waiting_for: tuple[str, ...] = ()
+    # Selected sites the PS goes on without, each with why (ps/status `dropped`: offline since when, no step
+    # possible, no final report); never among `waiting_for`
+    sites_dropped: dict[str, str] = field(default_factory=dict)
     upload_turns: tuple[str, ...] = ()  # sites whose large update the PS takes now
     deadline: float | None = None
     quorum: int = 0
@@ -185,6 +188,7 @@ class RunView:
         self.round, self.rounds_total = min(msg.round, msg.rounds_total or msg.round), msg.rounds_total
         self.sites_expected, self.sites_online = tuple(msg.sites_expected), tuple(msg.sites_online)
         self.waiting_for, self.deadline = tuple(msg.waiting_for), msg.deadline
+        dropped_before, self.sites_dropped = self.sites_dropped, dict(msg.dropped)
         self.upload_turns = tuple(msg.upload_turns)
         self.quorum, self.min_sites = msg.quorum, msg.min_sites
         self.rejected = {s: dict(r) for s, r in msg.rejected.items()}
@@ -198,6 +202,9 @@ class RunView:
             if (site := self._site(name)) is not None:
                 site.epsilon = privacy_spent_view(spent)
         self._ps_events(before, msg, now)
+        for name in sorted(set(self.sites_dropped) - set(dropped_before)):
+            self.timeline.add(now, "offline", f"PS goes on without {name}: {self.sites_dropped[name]}", site=name,
+                              round_no=self.round)
         refusal_events(self.timeline, {} if first else rejected_before, self.rejected, t=now, round_no=self.round,
                        first=first)
 
@@ -333,7 +340,9 @@ class RunView:
             "algorithm": self.algorithm, "selection_metric": self.selection_metric,
             "round": self.round, "rounds_total": self.rounds_total,
             "sites_expected": list(self.sites_expected), "sites_online": list(self.sites_online),
-            "waiting_for": list(self.waiting_for), "upload_turns": list(self.upload_turns),
+            "waiting_for": list(self.waiting_for),
+            "sites_dropped": [{"site": s, "why": w} for s, w in sorted(self.sites_dropped.items())],
+            "upload_turns": list(self.upload_turns),
             "deadline": self.deadline,
             "quorum": self.quorum, "min_sites": self.min_sites,
             "seconds_per_round": per_round, "eta_s": eta, "finished_at": self.finished_at,

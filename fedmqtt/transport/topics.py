@@ -118,6 +118,12 @@ def any_bridge_filter(run_id: str) -> str:
     return f"{run_prefix(run_id)}/site/+/{BRIDGE}"
 
 
+def broker_sys_filter() -> str:
+    """`$SYS/#`: the broker's own numbers (clients, messages, bytes, load), outside every run. Only the `monitor`
+    login reads them (broker/acl.py, docs/monitoring.md)."""
+    return "$SYS/#"
+
+
 def any_site_filter(run_id: str, kind: str) -> str:
     """`site/+/<kind>` for one kind of site message (the PS and observers subscribe to these)."""
     if kind not in SITE_KINDS:

@@ -31,7 +31,9 @@ run.querySelectorAll('dl.facts dt').forEach(dt => { facts[dt.textContent] = dt.n
 const sites = {};
 run.querySelectorAll('table.sites tr[data-site]').forEach(tr => {
   const td = tr.querySelectorAll('td');
-  sites[tr.dataset.site] = {state: td[1].textContent, rounds: Number(td[3].textContent), usage: td[7].textContent,
+  sites[tr.dataset.site] = {state: td[1].querySelector('.state').textContent,
+                            dropped: (td[1].querySelector('.dropped-why') || {}).textContent || '',
+                            rounds: Number(td[3].textContent), usage: td[7].textContent,
                             data: td[5].textContent,
                             detail: tr.querySelector('td.detail').textContent,
                             // elements in the detail cell besides the <bdi> that isolates the text: none
@@ -112,12 +114,20 @@ def test_dashboard_follows_a_live_federation(federation: CliFederation, dashboar
     fed.kill("va")
     page = wait_page(chrome, lambda p: p["sites"]["va"]["state"] == "offline", 60, "va offline", fed)
     rounds_when_killed = page["sites"]["va"]["rounds"]
-    chrome.save_screenshot(str(screenshots / "03-site-killed.png"))
     # The timeline says so, and then that rounds close without it, not waiting for their deadline.
     assert ["offline", "va offline: connection lost"] in page["events"]
     without_va = re.compile(r"round \d+ closed without va \(offline\)")
     page = wait_page(chrome, lambda p: any(k == "offline" and without_va.fullmatch(t) for k, t in p["events"]),
                      60, "a round closed without va", fed)
+    # ps/status's truth: va is not waited for; the PS goes on without it and says why, in the facts, in va's row
+    # and on the timeline.
+    page = wait_page(chrome, lambda p: p["facts"].get("dropped by the PS", "").startswith("va: offline since 20"), 30,
+                     "va among the sites the PS goes on without", fed)
+    assert "va" not in page["facts"]["waiting for"].split(", ")
+    assert page["sites"]["va"]["dropped"].startswith("dropped: offline since 20"), page["sites"]["va"]
+    assert all(not s["dropped"] for name, s in page["sites"].items() if name != "va"), page["sites"]
+    assert any(k == "offline" and t.startswith("PS goes on without va: offline since 20") for k, t in page["events"])
+    chrome.save_screenshot(str(screenshots / "03-site-killed.png"))  # docs/img/dashboard-site-killed.png
     part = chrome.find_element("css selector", "section.run .part[id$='-timeline']")
     chrome.execute_script("arguments[0].scrollIntoView()", part)
     part.screenshot(str(screenshots / "dashboard-timeline-live.png"))

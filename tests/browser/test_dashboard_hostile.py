@@ -25,6 +25,7 @@ RLO = "\u202e"
 DEVICE = RLO + "GPU " + "D" * 251  # 256 characters: Label's limit
 DETAIL = (RLO + "abc " + ("x" * 60 + " ") * 40)[:2000]  # 2,000 characters: Detail's limit
 PS_DETAIL = (RLO + "abc " + "ps detail " * 200)[:2000]
+DROPPED_WHY = (RLO + "abc why " + "w" * 300)[:256]  # a reason in ps/status `dropped`: Label's limit
 
 READ = """
 const run = document.querySelector('section.run');
@@ -114,7 +115,8 @@ def test_hostile_strings_stay_within_420_px_unreversed_and_the_best_round_is_the
         assert {e["round"] for e in update["runs"][0]["events"] if e["kind"] in ("round", "deadline")} == {n}
     events.close()
     publish(ps, topics.ps_status_topic(run),
-            status(3, detail=PS_DETAIL, rejected={"site-b": {"stale or future round": 3}}))
+            status(3, detail=PS_DETAIL, rejected={"site-b": {"stale or future round": 3}},
+                   dropped={"site-b": DROPPED_WHY}))
     # A status the schema refuses (a device name over 256 characters), from site-b's own login.
     too_long = json.loads(encode(m.SiteStatus(run_id=run, sender="site-b", round=3, state="online")))
     too_long["device"] = "d" * 300
@@ -135,6 +137,12 @@ def test_hostile_strings_stay_within_420_px_unreversed_and_the_best_round_is_the
     a, b, c = chrome.execute_script(ORDER, "dl.facts dd[data-fact='phase'] bdi", "abc")  # the PS's detail
     assert a < b < c
     assert page["facts"]["phase"].startswith("training — ⟨U+202E⟩abc ps detail")
+    # The sites the PS goes on without, with its reason: isolated and cut short like every other party string.
+    assert page["facts"]["dropped by the PS"].startswith("site-b: ⟨U+202E⟩abc why www")
+    for where in ("dl.facts dd[data-fact='dropped by the PS'] bdi:last-of-type",
+                  "tr[data-site='site-b'] .dropped-why bdi"):
+        a, b, c = chrome.execute_script(ORDER, where, "abc")
+        assert a < b < c, where
     # The live best round is the PS's, by its selection metric (auroc: round 1), not the lowest loss (round 2).
     assert page["facts"]["best round"].startswith("round 1 by val auroc = 0.810")
     # Refused (by the PS) and dropped (by this page) messages: with their sender and reason.

@@ -37,7 +37,9 @@ return {key: run.dataset.runKey, heading: run.querySelector('h2').textContent, f
         links: [...run.querySelectorAll('ul.downloads a')].map(a => a.getAttribute('href')),
         events: [...run.querySelectorAll('ol.timeline li')].map(li => li.dataset.kind),
         yticks: [...run.querySelectorAll('figure.plot[data-plot="val-auroc"] text.tick')].map(t => t.textContent),
-        lines: run.querySelectorAll('figure.plot[data-plot="val-auroc"] polyline').length};
+        lines: run.querySelectorAll('figure.plot[data-plot="val-auroc"] polyline').length,
+        train_points: [...run.querySelectorAll('figure.plot[data-plot="train-loss"] circle title')].map(
+            t => t.textContent)};
 """
 
 
@@ -98,6 +100,8 @@ def test_results_best_round_and_comparison_show_the_reports(finished_runs: Path,
         assert page["links"] == [f"/runs/{page['key']}/files/{name}" for name in DOWNLOADS]
         assert page["events"].count("round") == 2 * len(report["rounds"])
         assert len(page["yticks"]) >= 3 and page["lines"] == 5  # the mean and four sites
+        # The training loss is plotted: a point per round with its value on hover, the report's.
+        assert page["train_points"] == [f"mean, round {r['round']}: {r['train_loss']:.4f}" for r in report["rounds"]]
     part = chrome.find_element("css selector", "section.run .part[id$='-results']")
     chrome.execute_script("arguments[0].scrollIntoView()", part)
     part.screenshot(str(screenshots / "dashboard-results.png"))
@@ -173,6 +177,9 @@ def test_downloads_return_the_files_bytes_and_refuse_everything_else(finished_ru
         assert headers["Content-Security-Policy"].startswith("default-src 'none'")
         assert headers["X-Content-Type-Options"] == "nosniff"
     assert _get(url, "/runs/1/files/report.json")[2] == (planted / "report.json").read_bytes()
+    for path in ("/favicon.ico", "/static/favicon.svg"):  # the page's icon, served before any login too
+        status, headers, body = _get(url, path)
+        assert status == 200 and headers["Content-Type"].startswith("image/svg+xml") and body.startswith(b"<svg"), path
     for path in ("/runs/1/files/report.md",  # a symbolic link out of the run: refused
                  "/runs/0/files/..%2F..%2Fsecret.txt", "/runs/0/files/%2e%2e%2freport.json",
                  "/runs/0/files/../../../../etc/passwd", "/runs/0/files/checkpoints%2Fround-000008.ckpt",

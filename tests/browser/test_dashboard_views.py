@@ -122,6 +122,27 @@ def test_the_timeline_says_offline_back_refusals_stalls_and_deadlines() -> None:
     ]
 
 
+def test_sites_the_ps_goes_on_without_are_shown_with_why_and_never_as_waited_for() -> None:
+    """ps/status `dropped` reaches the page: which selected sites the round goes on without and why, one timeline
+    event per site when it is first dropped (not again on a repeated or retained status)."""
+    view = RunView(run_id=RUN, keys=RING)
+    status = topics.ps_status_topic(RUN)
+    _feed(view, status, _status(detail="round 1: training on 2 sites", waiting_for=("a", "b")), now=1.0)
+    assert view.snapshot(now=1.0)["sites_dropped"] == []
+    why = "offline since 2026-11-26T08:00:00Z"
+    for now in (2.0, 3.0):  # the same status twice (a reconnect reads the retained copy again)
+        _feed(view, status, _status(round_no=2, detail="round 2: training on 1 sites (1 offline, not waited for)",
+                                    waiting_for=("a",), dropped={"b": why}), now=now)
+    snap = view.snapshot(now=3.0)
+    assert snap["waiting_for"] == ["a"] and snap["sites_dropped"] == [{"site": "b", "why": why}]
+    dropped_events = [e for e in snap["events"] if e["text"].startswith("PS goes on without")]
+    assert [(e["kind"], e["site"], e["round"], e["text"]) for e in dropped_events] == [
+        ("offline", "b", 2, f"PS goes on without b: {why}")]
+    _feed(view, status, _status(state="done", round_no=6, detail="done; no final report from b",
+                                dropped={"b": "deadline missed: no final report"}), now=4.0)
+    assert view.snapshot(now=4.0)["sites_dropped"] == [{"site": "b", "why": "deadline missed: no final report"}]
+
+
 def test_dropped_messages_name_their_sender_and_reason_not_an_exception_type() -> None:
     view = RunView(run_id=RUN, keys=RING)
     _feed(view, topics.site_status_topic(RUN, "a"), m.SiteStatus(run_id=RUN, sender="b", round=0, state="online"))

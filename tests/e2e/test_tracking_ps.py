@@ -50,13 +50,15 @@ def test_killed_and_resumed_ps_leaves_every_round_once_in_each_tracker(cli_feder
 def _check_tensorboard(folder: Path, expected: dict[int, float], final_auroc: float) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     logged = [(e.step, e.value) for e in events.Scalars("val/auroc")]
     assert sorted(step for step, _ in logged) == sorted(expected)  # each round once
     assert all(math.isclose(value, expected[step], rel_tol=1e-6) for step, value in logged)
     ((step, value),) = [(e.step, e.value) for e in events.Scalars("test/auroc")]
     assert step == ROUNDS and math.isclose(value, final_auroc, rel_tol=1e-6)
+    configs = events.Tensors("config")  # the PS's config as text (again after the resume, if logged then too)
+    assert configs and all(f'"run_id": "{RUN_ID}"' in c.tensor_proto.string_val[0].decode() for c in configs)
 
 
 def _check_mlflow(store: Path, expected: dict[int, float], final_auroc: float,
@@ -67,6 +69,8 @@ def _check_mlflow(store: Path, expected: dict[int, float], final_auroc: float,
     client = MlflowClient(tracking_uri=store.resolve().as_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("fedmqtt").experiment_id])
     assert run.info.run_name == RUN_ID and run.info.status == "FINISHED"
+    assert run.data.params["run_id"] == RUN_ID and run.data.params["rounds"] == str(ROUNDS)  # the PS's config
+    assert "credentials" not in run.data.params  # where its password is stays out of the tracker
     history = client.get_metric_history(run.info.run_id, "val/auroc")
     assert sorted((m.step, m.value) for m in history) == sorted(expected.items())
     assert [m.value for m in client.get_metric_history(run.info.run_id, "test/auroc")] == [final_auroc]

@@ -148,6 +148,7 @@ def test_a_correct_site_passes_every_check_and_exits_0(site: Site, ps_status: Ca
 @pytest.mark.parametrize(("case", "check_name", "says", "fix_says"), [
     ("wrong password", "login", "not authorized (0x87)", "credentials file"),
     ("wrong CA file", "TLS", "unable to get local issuer certificate", "federation's CA certificate"),
+    ("host name not in the certificate", "TLS", "Hostname mismatch", "not issued for 'localhost'"),
     ("world-readable credentials", "credentials", "open to its group and other users (mode 0644)", "chmod 600"),
     ("missing data file", "data", "no such file", "path in the [data] table"),
     ("data not matching the spec", "data", "expected 14 comma-separated columns", "match the [data] spec"),
@@ -167,6 +168,8 @@ def test_each_mistake_fails_its_check_with_the_fix_and_exits_1(
         other_ca = tmp_path / "other-ca.crt"
         other_ca.write_bytes(certs.create_root_ca("another-federation").cert_pem)
         site.write(broker={"tls_ca_pem": None, "tls_ca_file": str(other_ca)})
+    elif case == "host name not in the certificate":  # the broker's address by a name its certificate lacks
+        site.write(broker={"host": "localhost"})
     elif case == "world-readable credentials":
         site.credentials.chmod(0o644)
     elif case == "missing data file":

@@ -75,10 +75,12 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
     acl = render_acl(RUN, ["site-b", "site-a"])
 
     # Assert
-    primary = {rule for rule in _rules(acl) if "." not in rule[0]}
+    primary = {rule for rule in _rules(acl) if "." not in rule[0] and rule[0] != "monitor"}
     assert primary == expected
+    assert {rule for rule in _rules(acl) if rule[0] == "monitor"} == {("monitor", "read", "$SYS/#")}  # nothing else
+    assert not [rule for rule in _rules(acl) if rule[2].startswith("$SYS") and rule[0] != "monitor"]  # nor others
     users = [line.split(" ", 1)[1] for line in acl.splitlines() if line.startswith("user ")]
-    assert [u for u in users if "." not in u] == ["ps", "coordinator", "observer", "site-a", "site-b"]  # sorted sites
+    assert [u for u in users if "." not in u] == ["ps", "coordinator", "observer", "site-a", "site-b", "monitor"]
     assert "pattern" not in acl  # patterns would apply to the PS and observer too
 
 
@@ -111,8 +113,9 @@ def test_every_login_of_a_party_has_exactly_the_party_rights() -> None:
     users = [line.split(" ", 1)[1] for line in acl.splitlines() if line.startswith("user ")]
 
     # Assert
-    parties = ["ps", "coordinator", "observer", "site-a", "site-b"]
+    parties = ["ps", "coordinator", "observer", "site-a", "site-b", "monitor"]
     assert sorted(users) == sorted(name for party in parties for name in login_names(party))
+    assert login_names("monitor") == ["monitor"]  # one login: it signs nothing and needs no second connection
     assert len(users) == len(set(users))
     for party in parties:
         own = {(access, topic) for user, access, topic in rules if user == party}
@@ -163,6 +166,7 @@ def test_acl_topics_all_come_from_the_topic_builders() -> None:
         *(topics.chunk_filter(topics.site_update_topic(RUN, s)) for s in sites),
         *(topics.ps_turn_topic(RUN, s) for s in sites),
         topics.federation_keys_topic(RUN),
+        topics.broker_sys_filter(),
     }
 
     # Execute

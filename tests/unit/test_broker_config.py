@@ -318,11 +318,11 @@ def test_the_broker_user_is_never_root(tmp_path: Path) -> None:
 
 
 def test_connection_limit_counts_every_login_twice_plus_headroom() -> None:
-    """max_connections = 2 x (PS 3 + observer 9 + 3 per site) + CONNECTION_HEADROOM (a party's logins: its
-    connection, its bulk connection and its `site check` login): every login may reconnect while its old socket is
-    still open, and a few sites may be added before the broker restarts."""
-    assert connection_limit(2) == 2 * (3 + 9 + 3 * 2) + CONNECTION_HEADROOM == 68
-    assert connection_limit(500) == 2 * (3 + 9 + 3 * 500) + CONNECTION_HEADROOM
+    """max_connections = 2 x (PS 3 + observer 9 + monitor 1 + 3 per site) + CONNECTION_HEADROOM (a party's logins:
+    its connection, its bulk connection and its `site check` login): every login may reconnect while its old socket
+    is still open, and a few sites may be added before the broker restarts."""
+    assert connection_limit(2) == 2 * (3 + 9 + 1 + 3 * 2) + CONNECTION_HEADROOM == 70
+    assert connection_limit(500) == 2 * (3 + 9 + 1 + 3 * 500) + CONNECTION_HEADROOM
     assert connection_limit(3) - connection_limit(2) == 6
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import subprocess
 import sys
@@ -215,3 +216,98 @@ def test_a_ps_without_an_endpoint_never_imports_prometheus_client() -> None:
     code = ("import sys; from ps_daemon.runner import DaemonRunner; "
             "assert 'prometheus_client' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# -- over TLS --------------------------------------------------------------------------------------------------
+def _tls_files(tmp_path: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a scraper's client certificate, as PEM files."""
+    from broker import certs
+
+    ca = certs.create_ca("metrics test CA")
+    server = certs.issue_server_cert(ca, ["127.0.0.1", "localhost"])
+    client = certs.issue_client_cert(ca, "prometheus")
+    files = {"ca": tmp_path / "ca.crt", "cert": tmp_path / "ps.crt", "key": tmp_path / "ps.key",
+             "client_cert": tmp_path / "prom.crt", "client_key": tmp_path / "prom.key"}
+    files["ca"].write_bytes(ca.cert_pem)
+    files["cert"].write_bytes(server.cert_pem)
+    certs.write_private(files["key"], server.key_pem)
+    files["client_cert"].write_bytes(client.cert_pem)
+    certs.write_private(files["client_key"], client.key_pem)
+    return files
+
+
+def scrape_tls(port: int, files: dict[str, Path], *, client: bool) -> Families:
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(files["ca"]))
+    if client:
+        context.load_cert_chain(str(files["client_cert"]), str(files["client_key"]))
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=5, context=context) as answer:
+        return parse(answer.read().decode())
+
+
+def test_over_tls_with_client_certificates_only_a_scraper_with_one_is_served(tmp_path: Path) -> None:
+    # Prepare: the endpoint with a server certificate and a client CA
+    files = _tls_files(tmp_path)
+    port = free_port()
+    endpoint = MetricsEndpoint(ps_config(tmp_path, port=port, tls_cert=str(files["cert"]),
+                                         tls_key=str(files["key"]), tls_client_ca=str(files["ca"])))
+    parts = ps_parts(endpoint.builder.config)
+    endpoint.start()
+    try:
+        endpoint.sample(parts, force=True)
+        # Execute and check: served over TLS to a scraper with a certificate; refused without one; no plain HTTP
+        assert value(scrape_tls(port, files, client=True), "fedmqtt_ps_sites_configured") == 2
+        with pytest.raises(OSError):  # the handshake fails (URLError, SSLError and resets are OSErrors)
+            scrape_tls(port, files, client=False)
+        with pytest.raises((OSError, http.client.HTTPException)):
+            scrape(port)
+    finally:
+        endpoint.close(parts, finished=False, interrupted=lambda: False)
+
+
+def test_over_tls_without_a_client_ca_any_scraper_trusting_the_server_is_served(tmp_path: Path) -> None:
+    files = _tls_files(tmp_path)
+    port = free_port()
+    endpoint = MetricsEndpoint(ps_config(tmp_path, port=port, tls_cert=str(files["cert"]), tls_key=str(files["key"])))
+    parts = ps_parts(endpoint.builder.config)
+    endpoint.start()
+    try:
+        endpoint.sample(parts, force=True)
+        assert value(scrape_tls(port, files, client=False), "fedmqtt_ps_round") == 0
+    finally:
+        endpoint.close(parts, finished=False, interrupted=lambda: False)
+
+
+def test_tls_settings_are_refused_when_incomplete_unreadable_or_the_key_is_not_private(tmp_path: Path) -> None:
+    files = _tls_files(tmp_path)
+    with pytest.raises(ValueError, match="tls_cert and tls_key go together"):
+        ps_config(tmp_path, port=free_port(), tls_cert=str(files["cert"]))
+    with pytest.raises(ValueError, match="tls_client_ca needs tls_cert"):
+        ps_config(tmp_path, port=free_port(), tls_client_ca=str(files["ca"]))
+    files["key"].chmod(0o644)
+    port = free_port()
+    with pytest.raises(ConfigError, match="tls_key .* is open to other users .*chmod 600"):
+        MetricsEndpoint(ps_config(tmp_path, port=port, tls_cert=str(files["cert"]), tls_key=str(files["key"]))).start()
+    files["key"].chmod(0o600)
+    with pytest.raises(ConfigError, match="cannot use \\[metrics\\] tls_cert"):  # a key that is not the cert's
+        MetricsEndpoint(ps_config(tmp_path, port=port, tls_cert=str(files["cert"]),
+                                  tls_key=str(files["client_key"]))).start()
+    with pytest.raises(ConfigError, match="tls_client_ca .* is not a file"):
+        MetricsEndpoint(ps_config(tmp_path, port=port, tls_cert=str(files["cert"]), tls_key=str(files["key"]),
+                                  tls_client_ca=str(tmp_path / "missing.crt"))).start()
+    with socket.socket() as probe:  # nothing was left listening by the refusals
+        probe.bind(("127.0.0.1", port))
+
+
+def test_relative_tls_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
+    from ps_daemon.config import load_daemon_config
+
+    (tmp_path / "conf").mkdir()
+    config = tmp_path / "conf" / "ps.toml"
+    config.write_text('run_id = "r1"\nsites = ["site-a", "site-b"]\nrounds = 2\ncredentials = "ps.toml"\n'
+                      '[model]\nname = "mlp"\nargs = {in_features = 3}\n'
+                      '[metrics]\nport = 9464\ntls_cert = "tls/ps.crt"\ntls_key = "tls/ps.key"\n')
+    loaded = load_daemon_config(config).metrics
+    assert loaded.tls_cert == tmp_path / "conf" / "tls" / "ps.crt"
+    assert loaded.tls_key == tmp_path / "conf" / "tls" / "ps.key" and loaded.tls_client_ca is None

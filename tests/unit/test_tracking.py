@@ -333,3 +333,7 @@ def test_grid_tracks_one_run_per_point_grouped_by_the_grid(tmp_path: Path, monke
             assert run.data.tags["grid.algorithm"] == point.split("-")[0] and run.info.status == "FINISHED"
             history = client.get_metric_history(run.info.run_id, "val/auroc")
             assert [m.value for m in sorted(history, key=lambda m: m.step)] == auroc
+            # the point's config and its final model, as for a single run
+            assert run.data.params["algorithm"] == point.split("-")[0] and run.data.params["rounds"] == "2"
+            models = {f.path for f in client.list_artifacts(run.info.run_id, "models")}
+            assert "models/final_model.safetensors" in models

@@ -137,6 +137,12 @@ function dropped(run) {
   });
   return box;
 }
+// Selected sites the PS no longer waits for (ps/status `dropped`), each with the PS's reason.
+function droppedSites(list) {
+  const box = el("span", { class: "list", "data-dropped": "" });
+  list.forEach((d, i) => { if (i) box.append("; "); box.append(party(d.site), ": ", party(d.why)); });
+  return box;
+}
 // Secure aggregation: on or off, and how the last closed round's sum went (the PS saw only sums).
 function secureText(run) {
   if (!run.secure_aggregation) return "off (the PS sees each site's update)";
@@ -162,6 +168,7 @@ function runFacts(run, now) {
   if (run.source === "live") {
     pairs.push(["sites online", `${run.sites_online.length} of ${run.sites_expected.length}`]);
     pairs.push(["waiting for", partyList(run.waiting_for)]);
+    if ((run.sites_dropped || []).length) pairs.push(["dropped by the PS", droppedSites(run.sites_dropped)]);
     if ((run.upload_turns || []).length) pairs.push(["uploading now", partyList(run.upload_turns)]);
     pairs.push(["deadline", run.deadline ? `${fmtClock(run.deadline)} (in ${fmtDur(run.deadline - now)})` : "–"]);
     pairs.push(["PS last seen", fmtAgo(run.ps.last_seen, now)]);
@@ -461,10 +468,12 @@ const SITE_COLUMNS = ["site", "state", "last seen", "rounds", "last update (val)
 function sitesTable(run, now) {
   const table = el("table", { class: "sites" });
   table.append(el("tr", {}, ...SITE_COLUMNS.map((h) => el("th", {}, h))));
+  const droppedWhy = new Map((run.sites_dropped || []).map((d) => [d.site, d.why]));
   for (const s of run.sites) {
     const refused = Object.entries(s.rejected || {});
+    const stateCell = el("span", { class: "state state-" + word(s.state) }, party(s.state));
     const refusedCell = refused.length ? el("span", { class: "list" }, refused.map(([k, v], i) => [i ? "; " : "", party(k), ` ×${v}`])) : "–";
-    const cells = [party(s.name), el("span", { class: "state state-" + word(s.state) }, party(s.state)),
+    const cells = [party(s.name), droppedWhy.has(s.name) ? el("span", {}, stateCell, el("br"), el("span", { class: "dropped-why" }, el("span", { class: "muted" }, "dropped: "), party(droppedWhy.get(s.name)))) : stateCell,
       run.source === "live" ? fmtAgo(s.last_seen, now) : "–", String(s.rounds_participated), lastUpdate(run, s.name),
       dataCell(s, run), refusedCell, usageCell(s), epsilonCell(s), s.detail ? party(s.detail) : "", s.device ? party(s.device) : "–"];
     const classes = { 6: "rejected", 8: "epsilon", 9: "detail" };
