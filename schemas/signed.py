@@ -44,7 +44,8 @@ class Signature(Frozen):
 
 
 class SignedEnvelope(Frozen):
-    """A msgpack kind as it travels: the signature first, then the message's own encoding, unchanged."""
+    """A msgpack kind as it travels: the signature first, then the message's own encoding, unchanged. On the wire it
+    is the msgpack array [signer, key id as 8 bytes, signature, body] (schemas/envelope.py)."""
 
     signature: Signature
     body: bytes = Field(min_length=1, strict=True)

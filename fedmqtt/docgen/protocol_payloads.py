@@ -61,8 +61,9 @@ def schemas_table() -> str:
                  "on disk, never on the wire", "msgpack",
                  "what the PS saves after every aggregation (`--resume` reads it)"))
     rows.append(("[`SignedEnvelope`](schemas/SignedEnvelope.json)", "(none)", "around every msgpack payload",
-                 "msgpack", "a msgpack kind with its signature: `signature` first, then `body`, the message's own "
-                 "encoding (JSON kinds carry the same `signature` as their last member instead)"))
+                 "msgpack", "a msgpack kind with its signature: the array [signer, key id (8 bytes), Ed25519 "
+                 "signature, body], body being the message's own encoding (JSON kinds carry the same `signature` "
+                 "as their last member instead)"))
     return table(("Model", "kind", "Topics", "Encoding", "What it is"), rows)
 
 

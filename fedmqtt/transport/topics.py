@@ -119,8 +119,9 @@ def any_bridge_filter(run_id: str) -> str:
 
 
 def broker_sys_filter() -> str:
-    """`$SYS/#`: the broker's own numbers (clients, messages, bytes, load), outside every run. Only the `monitor`
-    login reads them (broker/acl.py, docs/monitoring.md)."""
+    """`$SYS/#`: the broker's own numbers (clients, messages, bytes, load); only the `monitor` login reads them.
+
+    They lie outside every run (broker/acl.py, docs/monitoring.md)."""
     return "$SYS/#"
 
 
