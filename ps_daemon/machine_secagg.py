@@ -118,7 +118,8 @@ class SecureSteps:
                 return state, [*effects, *more]
             nxt = sec.STAGES[sec.STAGES.index(sr.stage) + 1]
             sent = tuple(sec.out_messages(self.config, state.round, sr, state.session, produced, now))
-            sr = replace(sr, stage=nxt, deadline=now + self.config.secure_aggregation.stage_timeout_s, sent=sent)
+            sr = replace(sr, stage=nxt, deadline=sec.stage_deadline(self.config, nxt, now, state.round_started_at),
+                         sent=sent)
             state = replace(state, secure=sr, last_progress=now)
             effects.append(fx.Log("info", f"{head}: {sec.WAITS_FOR[sec.STAGES[sec.STAGES.index(nxt) - 1]]} closed; "
                                           f"sent {len(sent)} site(s) what the {nxt} stage needs"))

@@ -242,7 +242,7 @@ def test_a_site_offline_before_its_masked_input_is_recovered_and_left_out(tmp_pa
     state, effects = _answer(machine, sites, state, effects)  # shares
     state, effects = _answer(machine, sites, state, effects, silent=("site-003",))
     assert state.secure is not None and state.secure.stage == "masked"
-    assert any(isinstance(e, fx.PublishStatus) and "masked inputs from site-003" in e.detail
+    assert any(isinstance(e, fx.PublishStatus) and "masked inputs (after training) from site-003" in e.detail
                and e.waiting_for == ("site-003",) for e in effects)  # ps/status names whom the stage waits for
     state, effects = machine.step(state, SiteOffline("site-003", now=3.0))
     assert state.secure is not None and state.secure.stage == "unmask"
@@ -343,3 +343,41 @@ def test_a_chunked_masked_input_is_admitted_only_as_the_round_expects_it(tmp_pat
     early, _ = _start(_machine())
     why = masked_manifest_rejection(machine, early, "site-000", manifest)  # round 1 still at its keys stage
     assert why is not None and "keys stage" in why
+
+
+def test_keys_and_shares_before_training_leave_two_exchanges_after_it(tmp_path: Path) -> None:
+    """The sites advertise as they start training and seal their shares from the roster while they train: the
+    PS takes both before any update, the masked-input stage then waits for training until the round's own
+    deadline (not stage_timeout_s), and after training only the masked input and the answer remain. A site that
+    shared and then took no training step is not waited for: its masks are removed with its rebuilt key."""
+    machine = _machine()
+    sites = Sites(tmp_path, machine)
+    state, effects = _start(machine)
+    tasks = {e.site_id: e for e in effects if isinstance(e, fx.PublishTrainTask)}
+    for site in SITES:  # keys as training starts: no update yet
+        sites.rounds[site] = sites.driver(site, state, tasks[site])
+        state, effects = machine.step(state, SecAggReceived(site, 0.5, state.round, _trip(sites.rounds[site].advert())))
+    assert state.secure is not None and state.secure.stage == "shares" and not state.updates
+    state, effects = _answer(machine, sites, state, effects)  # the shares, still training
+    assert state.secure is not None and state.secure.stage == "masked" and not state.updates
+    assert state.secure.deadline == TIMEOUT  # the round's deadline (it started at 0): training is in this stage
+    inboxes = effects
+    state, out = machine.step(state, Tick(2.0 + STAGE))  # stage_timeout_s after the inboxes: still training
+    assert state.secure is not None and state.secure.stage == "masked"
+    for site in SITES[:3]:  # trained: how (no tensors), then the masked input
+        meta = SiteUpdate(site, {}, sites.counts[site], 3)
+        state, out = machine.step(state, UpdateReceived(site, 20.0, state.round, state.model_hash, meta, 0.3))
+    assert state.secure is not None and state.secure.stage == "masked"
+    state, out = _answer(machine, sites, state, [e for e in inboxes if getattr(e, "site_id", "") != "site-003"])
+    assert state.secure is not None and state.secure.stage == "masked"  # site-003 still trains
+    state, out = machine.step(state, UpdateReceived("site-003", 21.0, state.round, state.model_hash,
+                                                    SiteUpdate("site-003", {}, 0, 0), no_step_reason="too few rows"))
+    assert state.secure is not None and state.secure.stage == "unmask"  # not waited for: it took no step
+    state, out = _answer(machine, sites, state, out)
+    assert state.round == 2
+    record = state.history[-1]
+    assert record.sites == SITES[:3] and record.secure["recovered"] == ["site-003"]
+    clear = _clear_fedavg(sites, SITES[:3])
+    for name in ("fc.weight", "fc.bias"):
+        assert np.max(np.abs(state.weights[name].astype(np.float64) - clear[name])) <= _bound(
+            machine, sites, SITES[:3], clear)
