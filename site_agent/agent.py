@@ -33,6 +33,7 @@ from schemas import messages as m
 from schemas import secagg as sw
 from schemas.base import MAX_DETAIL
 from schemas.codec import decode, encode
+from schemas.secagg import CLIPPED_SCALAR
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
@@ -80,6 +81,8 @@ class SiteAgent:
         self.secagg: SiteRound | None = None  # this site's secure aggregation of the open round, if any
         self._advertised: tuple[str, int, int] | None = None  # (session, round, try) whose keys went out
         self._inbox_while_training: sw.SecAggInbox | None = None  # masked once the update exists
+        self._judged_early: tuple[str, int, str, int] | None = None  # the task `_advertise_early` last judged
+        self._training = False
 
     def _load_trainer(self) -> None:
         """Import torch and the training code on a worker thread: the agent is online (and receiving the
@@ -178,6 +181,7 @@ class SiteAgent:
         inbound = self.channel.receive(timeout_s)
         if inbound is not None:
             self._on_message(inbound.message, chunked=inbound.chunks > 0)
+            self._advertise_early()
 
     def work(self) -> bool:
         """Train or evaluate the task whose model has arrived, if there is one (True if so)."""
@@ -344,7 +348,7 @@ class SiteAgent:
         extras = {k: _arrays(v) for k, v in model.extras.items() if k != "eval"}
         dp_history = self.ledger.history() if task.settings.dp is not None else []
         secure = task.secure_aggregation is not None and self._secure_advertise(task, start)
-        with self._serving_while_training(secure):
+        with self._serving_while_training(secure):  # (sets _training)
             result = self.trainer.train(model.model, start, task.settings, task.round, eval_weights=eval_weights,
                                         extras=extras, local=self.local.committed(), dp_history=dp_history)
         if result.dp_history is not None:  # spent once trained: recorded before anything leaves the site
@@ -375,12 +379,38 @@ class SiteAgent:
         self._offer_update(task, payload, update)
 
     # -- secure aggregation (docs/secure-aggregation.md) ----------------------------------------------------
+    def _advertise_early(self) -> None:
+        """As soon as a train task under secure aggregation and its model are here, advertise this try's keys
+        (not only when training starts): the PS's roster and this site's shares then overlap whatever comes before
+        training, such as torch's start-up or, with several agents in one process (site_agent/multi.py), the
+        others' training. Only for a task of the session this site has joined (joining another clears the round
+        secrets) and once torch is loaded (to judge the task first: a site that will refuse it advertises
+        nothing)."""
+        task = self.task
+        if self._training or not isinstance(task, m.TrainTask) or task.secure_aggregation is None \
+                or task.session != self.session or self._trainer is None:
+            return
+        key = (task.session, task.round, task.model_hash, task.secure_aggregation.attempt)
+        model = self.models.get((task.session, task.model_hash))
+        if model is None or self._judged_early == key:
+            return
+        self._judged_early = key
+        if self._advertised == (task.session, task.round, task.secure_aggregation.attempt) \
+                or self._refusal(task, model) is not None:
+            return
+        self._secure_advertise(task, {**blobs_to_arrays(model.tensors), **blobs_to_arrays(task.tensors)})
+
     def _secure_advertise(self, task: m.TrainTask, start: dict[str, np.ndarray]) -> bool:
         """Before training: advertise this try's keys, so that the PS's roster (and this site's sealed shares,
         sent from it while training runs) are done by the time the update is; after training only the masked
-        input and the unmasking answer remain. The layout is the shape of what this site will upload; the secrets
-        are on disk before the advertisement leaves. False: not advertised (tried again after training)."""
+        input and the unmasking answer remain. The layout is the shape of what this site will upload (if it turns
+        out otherwise, `_secure_offer` rebuilds the round with the same secrets); the secrets are on disk before
+        the advertisement leaves. False: not advertised (tried again after training)."""
         assert task.secure_aggregation is not None
+        sr, attempt = self.secagg, task.secure_aggregation.attempt
+        if self._advertised == (task.session, task.round, attempt) and sr is not None \
+                and (sr.session, sr.ctx.round_no, sr.ctx.attempt) == (task.session, task.round, attempt):
+            return True  # advertised early, when the task and its model arrived
         upload = set(task.upload) if task.upload is not None else set(start)
         floats, _ = split({n: v for n, v in start.items() if n in upload})
         try:
@@ -412,6 +442,7 @@ class SiteAgent:
             yield
             return
         done = threading.Event()
+        self._training = True
 
         def handle_arrivals() -> None:
             while not done.is_set() and not self._stop:
@@ -430,6 +461,7 @@ class SiteAgent:
         finally:
             done.set()
             helper.join()
+            self._training = False
 
     def _secure_offer(self, task: m.TrainTask, update: object) -> None:
         """Trained under secure aggregation: tell the PS how (the update without tensors) and, unless done before
@@ -446,13 +478,40 @@ class SiteAgent:
         if sr is None or (sr.session, sr.ctx.round_no, sr.ctx.attempt) != (task.session, task.round, attempt) \
                 or sr.layout != self._layout(task, floats):  # the same secrets again from the store, if any
             self.secagg = self._secure_round(task, floats)
-        told = update.model_copy(update={"tensors": (), "control_variates": (), "layer_stats": (), "scalars": {}})
+        told = update.model_copy(update={"tensors": (), "control_variates": (), "layer_stats": (),
+                                         "scalars": self._clipped_note(task, update)})
         self.channel.send(topics.site_update_topic(c.run_id, c.site_id), told)
         if self._advertised != (task.session, task.round, attempt):
             self._send_advert(task)
         inbox, self._inbox_while_training = self._inbox_while_training, None
         if inbox is not None and (inbox.round, inbox.attempt) == (task.round, attempt):
             self._on_secagg(inbox)
+
+    def _clipped_note(self, task: m.TrainTask, update: m.ClientUpdate) -> dict[str, float]:
+        """The one scalar an update under secure aggregation carries: how many coordinates of what this site masks
+        the ring's range clips (CLIPPED_SCALAR; the PS warns and reports it). Warned about here too."""
+        assert self.secagg is not None
+        try:
+            clipped = self.secagg.clipped(*self._masking_inputs(self.secagg, update))
+        except ValueError:
+            return {}  # it cannot be masked at all: the inbox step says why
+        if clipped:
+            log.warning("round %d: secure aggregation: %d of %d coordinates of this site's weighted update lie "
+                        "outside the ring's range [-%g, %g] and are clipped: the sum is off by more than the "
+                        "encoding's bound (raise secure_aggregation.clip at the PS)", task.round, clipped,
+                        self.secagg.layout.length, self.secagg.fixed.clip, self.secagg.fixed.clip)
+        return {CLIPPED_SCALAR: float(clipped)}
+
+    @staticmethod
+    def _masking_inputs(sr: SiteRound, update: m.ClientUpdate) -> tuple[
+            dict[str, np.ndarray], int, dict[str, np.ndarray] | None, tuple[float, float, float] | None]:
+        """What this site masks, from its update: its float tensors, its count, SCAFFOLD's delta_c and FedNova's
+        local work when the layout has them."""
+        floats, _ = split(_arrays(update.tensors))
+        variates = _arrays(update.control_variates) if sr.layout.variates else None  # SCAFFOLD's delta_c
+        # FedNova's local work: ||a_i||_1 as the update reports it (plain SGD: its steps), and its steps
+        work = (float(update.scalars.get("a_norm", update.local_steps)), float(update.local_steps), sr.work_bound)
+        return floats, update.n_samples, variates, work if sr.layout.normalised else None
 
     @staticmethod
     def _layout(task: m.TrainTask, floats: dict[str, np.ndarray]) -> Layout:
@@ -511,12 +570,7 @@ class SiteAgent:
                     log.info("round %d: secure aggregation: no training step, so no masked input (the PS "
                              "removes this site's masks)", msg.round)
                     return
-                floats, _ = split(_arrays(update.tensors))
-                variates = _arrays(update.control_variates) if sr.layout.variates else None  # SCAFFOLD's delta_c
-                # FedNova's local work: ||a_i||_1 as the update reports it (plain SGD: its steps), and its steps
-                work = (float(update.scalars.get("a_norm", update.local_steps)), float(update.local_steps),
-                        sr.work_bound)
-                masked = sr.on_inbox(msg, floats, update.n_samples, variates, work if sr.layout.normalised else None)
+                masked = sr.on_inbox(msg, *self._masking_inputs(sr, update))
                 self.channel.send(topics.site_update_topic(c.run_id, c.site_id), masked)
                 log.info("round %d: secure aggregation: masked update sent (paired with %d neighbours)", msg.round,
                          len(masked.paired_with))

@@ -92,6 +92,14 @@ class SiteRound:
         masked = self.session_state.mask(vector, conv.inbox_from_wire(inbox))
         return conv.masked_to_wire(self.ctx, masked, self.fixed)
 
+    def clipped(self, tensors: Mapping[str, np.ndarray], n_samples: int,
+                variates: Mapping[str, np.ndarray] | None = None,
+                work: tuple[float, float, float] | None = None) -> int:
+        """How many coordinates of the vector `on_inbox` would mask (same arguments) lie outside the ring's
+        [-clip, clip]: the encoding clips them, so the sum is then off by more than the encoding's bound."""
+        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates, work)
+        return int(np.count_nonzero(np.abs(vector) > self.fixed.clip))
+
     def on_unmask(self, request: wire.SecAggUnmask) -> wire.SecAggAnswer:
         """Step 3: the shares asked for. The request is kept before the answer leaves, so after a restart only
         the same request is answered (SecAggRefused for another)."""

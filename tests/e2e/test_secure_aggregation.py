@@ -117,7 +117,7 @@ def test_a_site_killed_after_its_masked_input_is_recovered(cli_federation, tmp_p
     report = json.loads((fed.work / "ps" / "report.json").read_text())
     assert report["rounds"][0]["secure"]["included"] == sorted(SITES)  # va's update is in the sum
     assert report["secure_aggregation"] == {"enabled": True, "per_round": [
-        {"round": 1, "included": 4, "dropped": 0, "recovered": 0, "tries": 1}]}
+        {"round": 1, "included": 4, "dropped": 0, "recovered": 0, "tries": 1, "clipped": 0}]}
     assert "## Secure aggregation" in (fed.work / "ps" / "report.md").read_text()
     assert "fault injection: SIGKILL at site_after_masked of round 1" in fed.tail("va", 200)
     ps_log = fed.tail("ps", 400)

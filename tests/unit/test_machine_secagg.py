@@ -30,6 +30,7 @@ from ps_daemon.status import secure_note, status_message
 from schemas import secagg as wire
 from schemas.codec import decode, encode
 from schemas.messages import SecureRoundNote
+from schemas.secagg import CLIPPED_SCALAR
 from site_agent.secagg_round import SiteRound
 from site_agent.secagg_store import SecAggStore
 
@@ -381,3 +382,36 @@ def test_keys_and_shares_before_training_leave_two_exchanges_after_it(tmp_path: 
     for name in ("fc.weight", "fc.bias"):
         assert np.max(np.abs(state.weights[name].astype(np.float64) - clear[name])) <= _bound(
             machine, sites, SITES[:3], clear)
+
+
+def test_a_site_whose_values_the_ring_clipped_is_warned_about_and_reported(tmp_path: Path) -> None:
+    """site-002's update has a coordinate far outside the ring's range: its driver counts it, its update says so
+    (the one scalar allowed), the PS logs a warning and the round's record, ps/status and report name it; a count
+    that no masked vector can have is refused."""
+    machine = _machine()
+    sites = Sites(tmp_path, machine)
+    sites.trained["site-002"]["fc.bias"][0] = 1e4  # times p_i (about 1/4) is still far beyond clip 4
+    state, effects = _start(machine)
+    tasks = {e.site_id: e for e in effects if isinstance(e, fx.PublishTrainTask)}
+    warned: list[str] = []
+    for site in SITES:
+        sites.rounds[site] = sites.driver(site, state, tasks[site])
+        clipped = sites.rounds[site].clipped(sites.trained[site], sites.counts[site])
+        assert clipped == (1 if site == "site-002" else 0)
+        if site == "site-002":
+            bad = SiteUpdate(site, {}, sites.counts[site], 3, extras={CLIPPED_SCALAR: 10.0})  # 9 coordinates
+            after, out = machine.step(state, UpdateReceived(site, 1.0, state.round, state.model_hash, bad))
+            assert site not in after.updates and any("secagg_clipped must be a whole number from 0 to 9" in e.text
+                                                     for e in out if isinstance(e, fx.Log))
+        meta = SiteUpdate(site, {}, sites.counts[site], 3, extras={CLIPPED_SCALAR: float(clipped)})
+        state, out = machine.step(state, UpdateReceived(site, 1.0, state.round, state.model_hash, meta, 0.3))
+        warned += [e.text for e in out if isinstance(e, fx.Log) and e.level == "warning"]
+        state, effects = machine.step(state, SecAggReceived(site, 1.0, state.round,
+                                                            _trip(sites.rounds[site].advert())))
+    assert len(warned) == 1 and "site site-002: 1 coordinates" in warned[0] and "clipped" in warned[0]
+    for _ in range(3):  # shares, masked inputs, answers
+        state, effects = _answer(machine, sites, state, effects)
+    assert state.round == 2
+    assert state.history[-1].secure["clipped"] == {"site-002": 1}
+    note = secure_note(state.history[-1])
+    assert note is not None and note.clipped == 1
