@@ -88,8 +88,10 @@ class SecureAggregationConfig(BaseModel):
                                        "on the wire; the sum of every site's clip must fit it")
     stage_timeout_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False, description="how long the "
                                    "PS waits for the sites at each stage after the keys (shares, masked inputs, "
-                                   "unmasking answers) before it goes on without the missing ones; the keys stage "
-                                   "includes local training and waits round_timeout_s")
+                                   "unmasking answers) before it goes on without the missing ones; the shares and "
+                                   "masked inputs may wait for local training (the sites advertise as it starts), so "
+                                   "those stages also wait until round_timeout_s after the round started; the keys "
+                                   "stage waits round_timeout_s")
 
     def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0,
               variates: bool = False, normalised: bool = False, work_bound: float = 1.0) -> SecAggTerms:

@@ -212,6 +212,9 @@ class SiteAgent:
 
     def close(self) -> None:
         self.channel.close(final=(self.status_topic, encode(self._status("offline", "agent stopped"))))
+        # What this site moved over MQTT in this run (bench/secagg_many.py reads it per site).
+        log.info("site %s: MQTT traffic: %d bytes sent, %d bytes received", self.config.site_id,
+                 self.channel.bytes_sent, self.channel.bytes_received)
 
     def run(self, *, exit_when_done: bool = False) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
