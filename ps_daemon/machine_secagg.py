@@ -12,7 +12,12 @@ from dataclasses import replace
 from fedmqtt.secagg import messages as smsg
 from fedmqtt.secagg.weighted import mean_from_sum, normalised_from_sum, split, variates_from_sum
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Strategy, Weights
-from fedmqtt.strategies.sums import NormalisedSums, aggregate_from_mean, aggregate_from_sums
+from fedmqtt.strategies.sums import (
+    NormalisedSums,
+    aggregate_from_mean,
+    aggregate_from_sums,
+    aggregate_from_uniform_mean,
+)
 from ps_daemon import effects as fx
 from ps_daemon import secure_round as sec
 from ps_daemon.config import DaemonConfig
@@ -52,7 +57,8 @@ class SecureSteps:
         attempt = sec.new_attempt(now, previous_attempt)
         return replace(state, secure=sec.SecureRound(
             attempt=attempt, stage="keys", deadline=now + self.config.round_timeout_s,
-            weight_bound=sec.weight_bound(state.enrolled, state.selected), failures=failures,
+            weight_bound=sec.weight_bound(state.enrolled, state.selected, uniform=sec.with_uniform(self.config)),
+            failures=failures,
             work_bound=sec.work_bound(self.config, state.enrolled, state.selected)))
 
     def _secure_session(self, state: DaemonState) -> tuple[sec.SecureRound, sec.ServerSession]:
@@ -175,6 +181,8 @@ class SecureSteps:
         if layout.normalised:
             return aggregate_from_sums(self.strategy, inp, mean, NormalisedSums(*normalised_from_sum(
                 total.total, layout, sr.work_bound)))
+        if sec.with_uniform(self.config):  # the plain mean; n_total is then how many sites are in the sum
+            return aggregate_from_uniform_mean(self.strategy, inp, mean, n_total)
         variates = variates_from_sum(total.total, layout, sr.weight_bound) if layout.variates else None
         return aggregate_from_mean(self.strategy, inp, mean, n_total, variates, total.included)
 

@@ -68,8 +68,11 @@ def new_attempt(now: float, previous: int = 0) -> int:
     return max(previous + 1, int(now))
 
 
-def weight_bound(enrolled: Mapping[str, int], selected: tuple[str, ...]) -> float:
-    """B: the selected sites' enrolled sample counts together (at least 1), public to every site."""
+def weight_bound(enrolled: Mapping[str, int], selected: tuple[str, ...], *, uniform: bool = False) -> float:
+    """B: the selected sites' enrolled sample counts together (at least 1), public to every site; for a rule that
+    needs the plain mean (`uniform`), the number of selected sites (each weighs by 1)."""
+    if uniform:
+        return float(max(len(selected), 1))
     return float(max(sum(max(enrolled.get(s, 0), 0) for s in selected), 1))
 
 
@@ -102,12 +105,17 @@ def context(config: DaemonConfig, round_no: int, sr: SecureRound) -> RoundContex
 def terms(config: DaemonConfig, sr: SecureRound) -> wire.SecAggTerms:
     return config.secure_aggregation.terms(len(config.sites), attempt=sr.attempt, weight_bound=sr.weight_bound,
                                            variates=with_variates(config), normalised=with_normalised(config),
-                                           work_bound=sr.work_bound)
+                                           work_bound=sr.work_bound, uniform=with_uniform(config))
 
 
 def with_variates(config: DaemonConfig) -> bool:
     """Whether the run's rule sums control-variate deltas next to the weighted model (SCAFFOLD)."""
     return bool(getattr(STRATEGIES[config.algorithm], "sums_variates", False))
+
+
+def with_uniform(config: DaemonConfig) -> bool:
+    """Whether the run's rule steps from the plain mean of the updates (FedFBN, FedDyn): each site weighs by 1."""
+    return bool(getattr(STRATEGIES[config.algorithm], "sums_uniform", False))
 
 
 def with_normalised(config: DaemonConfig) -> bool:

@@ -62,6 +62,9 @@ class SecAggTerms(Frozen):
                              "and p_i / a_i (fedmqtt/secagg/weighted.py)")
     work_bound: float = Field(default=1.0, gt=0, le=1e15, allow_inf_nan=False, description="W: with `normalised`, "
                               "the most local work a_i a site may report; it sends p_i a_i / W and p_i tau_i / W")
+    uniform: bool = Field(default=False, description="the rule needs the plain mean of the updates (FedFBN, "
+                          "FedDyn): every site weighs by 1, not by its sample count, so p_i = 1 / B with B the "
+                          "number of selected sites, and the PS unmasks the plain mean and how many sites it holds")
 
 
 class KeyAdvertBody(Frozen):

@@ -34,6 +34,7 @@ class SiteRound:
         self.store, self.site, self.session = store, identity.party, session
         self.ctx = RoundContext(run_id, round_no, terms.attempt)
         self.layout, self.weight_bound, self.work_bound = layout, terms.weight_bound, terms.work_bound
+        self.uniform = terms.uniform  # the rule needs the plain mean: this site weighs by 1, not by its count
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
         record = store.load(session, round_no, terms.attempt)
         secrets = SiteSecrets.from_bytes(record.secrets) if record is not None else SiteSecrets.fresh()
@@ -80,7 +81,8 @@ class SiteRound:
         """Step 2: the masked weighted vector of this site's trained tensors (and, when the layout has them, its
         control-variate deltas). Deterministic given the inbox and the tensors, so after a restart the same input
         gives the same bits (the PS ignores the copy)."""
-        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates, work)
+        vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound, variates,
+                                 work)
         packed = pack_message(inbox)
         if self.record.inbox is None:
             self._keep(inbox=packed)
@@ -97,7 +99,8 @@ class SiteRound:
                 work: tuple[float, float, float] | None = None) -> int:
         """How many coordinates of the vector `on_inbox` would mask (same arguments) lie outside the ring's
         [-clip, clip]: the encoding clips them, so the sum is then off by more than the encoding's bound."""
-        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates, work)
+        vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound, variates,
+                                 work)
         return int(np.count_nonzero(np.abs(vector) > self.fixed.clip))
 
     def on_unmask(self, request: wire.SecAggUnmask) -> wire.SecAggAnswer:

@@ -16,6 +16,7 @@ from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.weighted import layout_of, mean_error_bound, site_weight, split
 from fedmqtt.strategies import FedAvg, SiteUpdate
 from fedmqtt.strategies.base import RoundInput, Strategy
+from fedmqtt.strategies.feddyn import FedDyn
 from fedmqtt.strategies.fednova import FedNova
 from fedmqtt.strategies.scaffold import Scaffold
 from fedmqtt.transport.bulk import split as split_payload
@@ -415,3 +416,21 @@ def test_a_site_whose_values_the_ring_clipped_is_warned_about_and_reported(tmp_p
     assert state.history[-1].secure["clipped"] == {"site-002": 1}
     note = secure_note(state.history[-1])
     assert note is not None and note.clipped == 1
+
+
+def test_feddyn_round_through_the_ps_is_feddyn_in_the_clear(tmp_path: Path) -> None:
+    """FedDyn through the PS: the tasks say `uniform` with B = the four selected sites, each site weighs by 1, and
+    the round's theta_send and evaluated theta_avg equal FedDyn's on the sites' own models within 1e-4."""
+    machine = _machine(FedDyn(), algorithm="feddyn")
+    machine, sites, state, effects = _run_round(tmp_path, machine=machine)
+    told = [e.secure for e in effects if isinstance(e, fx.PublishTrainTask)]
+    assert told and all(t is not None and t.uniform and t.weight_bound == N for t in told)
+    assert state.round == 2 and state.history[-1].sites == SITES
+    updates = [SiteUpdate(s, {**sites.trained[s], "bn.num_batches_tracked": np.array(0, np.int64)},
+                          sites.counts[s], 3) for s in SITES]
+    clear = FedDyn().aggregate_train(RoundInput(1, _weights(), updates, {s: 50 for s in SITES}, {}))
+    assert clear.eval_weights is not None
+    for name in ("fc.weight", "fc.bias"):
+        assert np.max(np.abs(state.weights[name].astype(np.float64) - clear.weights[name])) <= 1e-4, name
+        assert np.max(np.abs(state.extras["eval"][name].astype(np.float64) - clear.eval_weights[name])) <= 1e-4
+        assert np.max(np.abs(clear.weights[name])) > 0.1
