@@ -101,14 +101,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=4, help="site processes (agents are spread over them)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (logs, reports)")
+    parser.add_argument("--only", choices=["clear", "secure"], default=None, help="run one variant only")
     args = parser.parse_args()
-    results: dict[str, list[dict]] = {"clear": [], "secure": []}
+    names = [args.only] if args.only else ["clear", "secure"]
+    results: dict[str, list[dict]] = {name: [] for name in names}
     # A run's work folder is world-traversable for the broker (as root it runs as `mosquitto`).
     with tempfile.TemporaryDirectory(prefix="fedmqtt-secagg-many-") as tmp:
-        Path(tmp).chmod(0o711)
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o711)
         for repeat in range(args.repeats):
-            for name in ("clear", "secure"):
-                out = run(Path(tmp) / f"{name}-{repeat}", args, secure=name == "secure")
+            for name in names:
+                out = run(root / f"{name}-{repeat}", args, secure=name == "secure")
                 results[name].append(out)
                 per_round = args.rounds + 1  # the rounds and the final evaluation each bring the model
                 print(f"{name:6} repeat {repeat}: rounds {[round(r, 2) for r in out['round_s']]} s, median (after "
@@ -123,6 +128,8 @@ def main() -> None:
         return statistics.median(statistics.median(r[key]) if isinstance(r[key], list) else r[key]
                                  for r in results[name])
 
+    if len(names) < 2:
+        return
     print(f"\n{args.sites} sites in {args.processes} processes, {args.rounds} rounds, {args.repeats} repeat(s):")
     for key, what in (("median_round_s", "round time (s)"), ("sent", "bytes a site sent"),
                       ("received", "bytes a site received")):
