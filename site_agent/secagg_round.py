@@ -3,8 +3,7 @@
 Between the agent and the protocol's `SiteSession`: it turns the PS's wire messages (roster, inbox, unmasking
 request) into this site's answers (shares, masked input, answer), keeps the round's secrets and every received
 message in the site's state folder before answering (site_agent/secagg_store.py), and rebuilds itself from there
-after a restart. No MQTT here: the agent publishes what it returns. Not yet called by the agent: the round flow
-over MQTT is the next step (docs/secure-aggregation.md, "Status").
+after a restart. No MQTT here: the agent (site_agent/agent.py) publishes what it returns.
 """
 
 from __future__ import annotations
