@@ -17,7 +17,7 @@ from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.server import MIN_SITES
 from fedmqtt.strategies import STRATEGIES, build_strategy
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
-from fedmqtt.strategies.sums import weighted_mean_refusal
+from fedmqtt.strategies.sums import mean_refusal
 from fedmqtt.training.client_rules import optimiser_problem, record_dp_problem
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
@@ -111,20 +111,27 @@ class SecureAggregationConfig(BaseModel):
                                        "on the wire; the sum of every site's clip must fit it")
     stage_timeout_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False, description="how long the "
                                    "PS waits for the sites at each stage after the keys (shares, masked inputs, "
-                                   "unmasking answers) before it goes on without the missing ones; the keys stage "
-                                   "includes local training and waits round_timeout_s")
+                                   "unmasking answers) before it goes on without the missing ones; the shares and "
+                                   "masked inputs may wait for local training (the sites advertise as it starts), so "
+                                   "those stages also wait until round_timeout_s after the round started; the keys "
+                                   "stage waits round_timeout_s")
 
-    def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0,
-              variates: bool = False, normalised: bool = False, work_bound: float = 1.0) -> SecAggTerms:
+    def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0, variates: bool = False,
+              normalised: bool = False, work_bound: float = 1.0, uniform: bool = False) -> SecAggTerms:
         """What each train task carries, for a run of `n_sites` sites (`variates`: the rule sums SCAFFOLD's
         control-variate deltas too)."""
         return SecAggTerms(ring_bits=self.ring_bits, fraction_bits=self.fraction_bits, clip=self.clip,
                            max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound,
-                           variates=variates, normalised=normalised, work_bound=work_bound)
+                           variates=variates, normalised=normalised, work_bound=work_bound, uniform=uniform)
 
     def fixed_point(self, n_sites: int) -> FixedPoint:
         """The ring, checked so that the sum of `n_sites` encodings cannot wrap (ConfigError otherwise)."""
         return FixedPoint(self.clip, self.fraction_bits, self.ring_bits, max_sites=n_sites)
+
+
+# How a rule's server step reads the unmasked sum (fedmqtt/strategies/rule.py): the sample-weighted mean, the
+# plain mean, or FedNova's normalised sums.
+UNMASKED_SUMS = ("from_weighted_mean", "sums_uniform", "sums_normalised")
 
 
 def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_sites: int,
@@ -138,14 +145,13 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
     if not rule.needs_only_sums:
         return (f"secure_aggregation: {algorithm} cannot run under secure aggregation, the PS would see only the "
                 f"sum of the updates and {algorithm} needs more: {rule.sums_note}")
-    if not getattr(rule, "from_weighted_mean", False) and not getattr(rule, "sums_normalised", False):
-        wired = ", ".join(sorted(n for n, r in STRATEGIES.items()
-                                 if getattr(r, "from_weighted_mean", False) or getattr(r, "sums_normalised", False)))
+    if not any(getattr(rule, kind, False) for kind in UNMASKED_SUMS):
+        wired = ", ".join(sorted(n for n, r in STRATEGIES.items() if any(getattr(r, k, False) for k in UNMASKED_SUMS)))
         return (f"secure_aggregation: {algorithm} needs only sums, but sums the PS does not unmask yet (only the "
-                f"sample-weighted mean of the updates is wired, with the sums of {wired}); "
+                f"sample-weighted and the plain mean of the updates are wired, with the sums of {wired}); "
                 "docs/secure-aggregation.md")
-    if getattr(rule, "from_weighted_mean", False) and (
-            refusal := weighted_mean_refusal(build_strategy(algorithm, dict(params or {})))):
+    if any(getattr(rule, kind, False) for kind in ("from_weighted_mean", "sums_uniform")) and (
+            refusal := mean_refusal(build_strategy(algorithm, dict(params or {})))):
         return f"secure_aggregation: {refusal}"
     if n_sites < MIN_SITES:
         return (f"secure_aggregation needs at least {MIN_SITES} sites (got {n_sites}): with two, each learns the "

@@ -209,6 +209,7 @@ class Machine(SecureSteps):
                                         f"{ev.no_step_reason}; the round goes on without its update")
                                  ] if ev.no_step_reason else []
         if state.secure is not None:  # the round closes with the secure sum, not with the updates
+            said.extend(self._clip_warning(state, ev))
             state, more = self._secure_progress(state, ev.now)
             return state, [*said, *more]
         if self._all_answered(state) and len(state.updates) >= self.config.quorum:
@@ -318,7 +319,7 @@ class Machine(SecureSteps):
         if reason is not None or ev.no_step_reason:  # an answer without an update carries no tensors to check
             return reason
         if self.secure_on:  # what it trained to travels masked: the update says how it trained, with no tensors
-            return "under secure aggregation an update carries no tensors" if ev.update.tensors else None
+            return self._secure_update_problem(state, ev)
         return check_update_shapes(ev.update, self.shared_model(state))
 
     def _all_answered(self, state: DaemonState) -> bool:

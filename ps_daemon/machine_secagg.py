@@ -6,18 +6,25 @@ ps_daemon/transitions.py like to any other handler; the protocol's bookkeeping i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from fedmqtt.secagg import messages as smsg
 from fedmqtt.secagg.weighted import mean_from_sum, normalised_from_sum, split, variates_from_sum
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Strategy, Weights
-from fedmqtt.strategies.sums import NormalisedSums, aggregate_from_mean, aggregate_from_sums
+from fedmqtt.strategies.sums import (
+    NormalisedSums,
+    aggregate_from_mean,
+    aggregate_from_sums,
+    aggregate_from_uniform_mean,
+)
 from ps_daemon import effects as fx
 from ps_daemon import secure_round as sec
 from ps_daemon.config import DaemonConfig
-from ps_daemon.events import SecAggReceived
+from ps_daemon.events import SecAggReceived, UpdateReceived
 from ps_daemon.naming import named
 from ps_daemon.state import DaemonState, RoundRecord
+from schemas.secagg import CLIPPED_SCALAR
 
 Result = tuple[DaemonState, list[fx.Effect]]
 
@@ -50,7 +57,8 @@ class SecureSteps:
         attempt = sec.new_attempt(now, previous_attempt)
         return replace(state, secure=sec.SecureRound(
             attempt=attempt, stage="keys", deadline=now + self.config.round_timeout_s,
-            weight_bound=sec.weight_bound(state.enrolled, state.selected), failures=failures,
+            weight_bound=sec.weight_bound(state.enrolled, state.selected, uniform=sec.with_uniform(self.config)),
+            failures=failures,
             work_bound=sec.work_bound(self.config, state.enrolled, state.selected)))
 
     def _secure_session(self, state: DaemonState) -> tuple[sec.SecureRound, sec.ServerSession]:
@@ -64,6 +72,28 @@ class SecureSteps:
         sr, session = self._secure_session(state)
         skipped = frozenset(s for s, u in state.updates.items() if u.no_step_reason)
         return sec.waiting(session, sr, state.selected, state.offline, skipped)
+
+    def _secure_update_problem(self, state: DaemonState, ev: UpdateReceived) -> str | None:
+        """An update under secure aggregation says how its site trained: no tensors (they travel masked), and of
+        the scalars only how many coordinates the ring clipped, an integer from 0 to the masked vector's length."""
+        if ev.update.tensors:
+            return "under secure aggregation an update carries no tensors"
+        clipped = ev.update.extras.get(CLIPPED_SCALAR)
+        if clipped is None:
+            return None
+        length = sec.layout_of_run(self.config, split(self.shared_model(state))[0]).length
+        if not (isinstance(clipped, float | int) and float(clipped).is_integer() and 0 <= clipped <= length):
+            return f"{CLIPPED_SCALAR} must be a whole number from 0 to {length}, not {clipped!r}"
+        return None
+
+    def _clip_warning(self, state: DaemonState, ev: UpdateReceived) -> list[fx.Effect]:
+        clipped = clipped_count(ev.update.extras)
+        if not clipped:
+            return []
+        clip = self.config.secure_aggregation.clip
+        return [fx.Log("warning", f"round {state.round}: site {ev.site_id}: {clipped} coordinates of its weighted "
+                                  f"update lie outside the ring's range [-{clip:g}, {clip:g}] and were clipped: the "
+                                  "sum is off by more than the encoding's bound (raise secure_aggregation.clip)")]
 
     def _refuse_secagg(self, state: DaemonState, ev: SecAggReceived) -> Result:
         return state, [fx.Log("warning", f"secure aggregation message from {ev.site_id} for round {ev.round} "
@@ -118,7 +148,8 @@ class SecureSteps:
                 return state, [*effects, *more]
             nxt = sec.STAGES[sec.STAGES.index(sr.stage) + 1]
             sent = tuple(sec.out_messages(self.config, state.round, sr, state.session, produced, now))
-            sr = replace(sr, stage=nxt, deadline=now + self.config.secure_aggregation.stage_timeout_s, sent=sent)
+            sr = replace(sr, stage=nxt, deadline=sec.stage_deadline(self.config, nxt, now, state.round_started_at),
+                         sent=sent)
             state = replace(state, secure=sr, last_progress=now)
             effects.append(fx.Log("info", f"{head}: {sec.WAITS_FOR[sec.STAGES[sec.STAGES.index(nxt) - 1]]} closed; "
                                           f"sent {len(sent)} site(s) what the {nxt} stage needs"))
@@ -150,6 +181,8 @@ class SecureSteps:
         if layout.normalised:
             return aggregate_from_sums(self.strategy, inp, mean, NormalisedSums(*normalised_from_sum(
                 total.total, layout, sr.work_bound)))
+        if sec.with_uniform(self.config):  # the plain mean; n_total is then how many sites are in the sum
+            return aggregate_from_uniform_mean(self.strategy, inp, mean, n_total)
         variates = variates_from_sum(total.total, layout, sr.weight_bound) if layout.variates else None
         return aggregate_from_mean(self.strategy, inp, mean, n_total, variates, total.included)
 
@@ -157,10 +190,18 @@ class SecureSteps:
     def _secure_note(state: DaemonState, total: smsg.RoundSum | None) -> dict[str, object]:
         if total is None or state.secure is None:
             return {}
+        clipped = {s: n for s in total.included if s in state.updates
+                   and (n := clipped_count(state.updates[s].update.extras))}
         return {"included": list(total.included),
-                "dropped": sorted(set(state.selected) - set(total.included)),
+                "dropped": sorted(set(state.selected) - set(total.included)), "clipped": clipped,
                 "recovered": list(total.dropped_recovered), "attempt": state.secure.attempt,
                 "tries": len(state.secure.failures) + 1}
+
+
+def clipped_count(extras: object) -> int:
+    """How many coordinates a site's update says the ring clipped (0 when it says nothing; admitted values only)."""
+    value = extras.get(CLIPPED_SCALAR, 0) if isinstance(extras, Mapping) else 0
+    return int(value) if isinstance(value, float | int) else 0
 
 
 def secure_attempt(record: RoundRecord) -> int:

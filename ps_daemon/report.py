@@ -55,7 +55,8 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         # who was left out and whose masks were removed with rebuilt keys (each round's "secure" has the names).
         "secure_aggregation": {"enabled": config.secure_aggregation.enabled, "per_round": [
             {"round": r.round, "included": len(r.secure.get("included", ())), "dropped": len(r.secure.get(
-                "dropped", ())), "recovered": len(r.secure.get("recovered", ())), "tries": r.secure.get("tries", 1)}
+                "dropped", ())), "recovered": len(r.secure.get("recovered", ())), "tries": r.secure.get("tries", 1),
+             "clipped": len(r.secure.get("clipped", ()))}
             for r in state.history if r.secure]},
     }
 
@@ -320,9 +321,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     secure = report.get("secure_aggregation") or {}
     if secure.get("enabled"):
         md += ["", "## Secure aggregation", "", "The PS saw only the sum of the updates (SecAgg+).", "",
-               "| round | in the sum | dropped | recovered | tries |", "|---|---|---|---|---|"]
-        md += [f"| {r['round']} | {r['included']} | {r['dropped']} | {r['recovered']} | {r['tries']} |"
-               for r in secure.get("per_round", [])]
+               "| round | in the sum | dropped | recovered | tries | clipped |", "|---|---|---|---|---|---|"]
+        md += [f"| {r['round']} | {r['included']} | {r['dropped']} | {r['recovered']} | {r['tries']} | "
+               f"{r.get('clipped', 0)} |" for r in secure.get("per_round", [])]
+        if any(r.get("clipped") for r in secure.get("per_round", [])):
+            md += ["", "Clipped: sites whose weighted update had coordinates outside the ring's range; those rounds' "
+                       "sums are off by more than the encoding's bound (report.json names the sites and counts)."]
     t, traffic = report["timings"], report.get("traffic") or {}
     sent = (f"; bytes sent {traffic.get('bytes_sent')}, received {traffic.get('bytes_received')}"
             if traffic else "; no network traffic (pooled in one process)")

@@ -6,9 +6,12 @@ was closed), never the session itself: `Sessions.of(state)` replays them into a 
 function of that log (tests/unit/test_secagg_protocol.py replays at every stage). A cache makes that replay
 incremental for the state the runner holds; a state from elsewhere (a test, an earlier step) is replayed in full.
 
-Stages: keys (the selected sites advertise after training; waits round_timeout_s) -> shares -> masked inputs ->
-unmasking answers (each waits stage_timeout_s). A stage closes once every site it waits for has answered or is
-seen offline, or at its deadline with whoever answered; the protocol then decides whether enough remain. A
+Stages: keys (each selected site advertises as it starts training; waits round_timeout_s) -> shares (sent from
+the roster while the site trains) -> masked inputs (after training) -> unmasking answers. The shares and masked
+stages may include training, so each waits until the round's own deadline at least (`stage_deadline`); the
+answers wait stage_timeout_s. After training only two exchanges remain: the masked input and the answer. A
+stage closes once every site it waits for has answered or is seen offline (or answered the round without a
+step), or at its deadline with whoever answered; the protocol then decides whether enough remain. A
 failed try (too few sites, a secret that cannot be rebuilt) fails safe: nothing is aggregated, the PS says why and
 starts a new try of the round with fresh keys everywhere.
 """
@@ -35,8 +38,10 @@ from schemas import secagg as wire
 
 Stage = Literal["keys", "shares", "masked", "unmask"]
 STAGES: tuple[Stage, ...] = ("keys", "shares", "masked", "unmask")
-WAITS_FOR: Mapping[Stage, str] = {"keys": "key advertisements (after training)", "shares": "sealed shares",
-                                  "masked": "masked inputs", "unmask": "unmasking answers"}
+WAITS_FOR: Mapping[Stage, str] = {"keys": "key advertisements (sent as training starts)",
+                                  "shares": "sealed shares (sent while training)",
+                                  "masked": "masked inputs (after training)", "unmask": "unmasking answers"}
+TRAINING_STAGES: frozenset[Stage] = frozenset({"shares", "masked"})  # may wait for the sites' local training
 INBOUND_KIND: Mapping[str, Stage] = {"secagg_advert": "keys", "secagg_shares": "shares", "secagg_masked": "masked",
                                      "secagg_answer": "unmask"}
 # What a replayed log entry is: a message the session took (by its stage), or the close of a stage.
@@ -63,8 +68,11 @@ def new_attempt(now: float, previous: int = 0) -> int:
     return max(previous + 1, int(now))
 
 
-def weight_bound(enrolled: Mapping[str, int], selected: tuple[str, ...]) -> float:
-    """B: the selected sites' enrolled sample counts together (at least 1), public to every site."""
+def weight_bound(enrolled: Mapping[str, int], selected: tuple[str, ...], *, uniform: bool = False) -> float:
+    """B: the selected sites' enrolled sample counts together (at least 1), public to every site; for a rule that
+    needs the plain mean (`uniform`), the number of selected sites (each weighs by 1)."""
+    if uniform:
+        return float(max(len(selected), 1))
     return float(max(sum(max(enrolled.get(s, 0), 0) for s in selected), 1))
 
 
@@ -81,6 +89,15 @@ def work_bound(config: DaemonConfig, enrolled: Mapping[str, int], selected: tupl
     return float(max(train.epochs * batches, 1)) / (1.0 - min(max(rho, 0.0), 0.999))
 
 
+def stage_deadline(config: DaemonConfig, stage: Stage, now: float, round_started_at: float) -> float:
+    """When the PS stops waiting for `stage`: stage_timeout_s from now, and for the stages that may wait for
+    training (the sites advertise as they start it) not before the round's own deadline either."""
+    soonest = now + config.secure_aggregation.stage_timeout_s
+    if stage in TRAINING_STAGES:
+        return max(soonest, round_started_at + config.round_timeout_s)
+    return soonest
+
+
 def context(config: DaemonConfig, round_no: int, sr: SecureRound) -> RoundContext:
     return RoundContext(config.run_id, round_no, sr.attempt)
 
@@ -88,12 +105,17 @@ def context(config: DaemonConfig, round_no: int, sr: SecureRound) -> RoundContex
 def terms(config: DaemonConfig, sr: SecureRound) -> wire.SecAggTerms:
     return config.secure_aggregation.terms(len(config.sites), attempt=sr.attempt, weight_bound=sr.weight_bound,
                                            variates=with_variates(config), normalised=with_normalised(config),
-                                           work_bound=sr.work_bound)
+                                           work_bound=sr.work_bound, uniform=with_uniform(config))
 
 
 def with_variates(config: DaemonConfig) -> bool:
     """Whether the run's rule sums control-variate deltas next to the weighted model (SCAFFOLD)."""
     return bool(getattr(STRATEGIES[config.algorithm], "sums_variates", False))
+
+
+def with_uniform(config: DaemonConfig) -> bool:
+    """Whether the run's rule steps from the plain mean of the updates (FedFBN, FedDyn): each site weighs by 1."""
+    return bool(getattr(STRATEGIES[config.algorithm], "sums_uniform", False))
 
 
 def with_normalised(config: DaemonConfig) -> bool:
@@ -191,16 +213,17 @@ def record_of(message: BaseModel, fixed_session: ServerSession) -> tuple[Stage, 
 
 def waiting(session: ServerSession, sr: SecureRound, selected: tuple[str, ...], offline: frozenset[str],
             skipped: frozenset[str]) -> tuple[str, ...]:
-    """The sites the open stage still waits for: expected there, not answered, not seen offline."""
+    """The sites the open stage still waits for: expected there, not answered, not seen offline, and not sites
+    that answered the round without a training step (`skipped`: they will send no masked input)."""
     if sr.stage == "keys":
-        expected, have = set(selected) - skipped, set(session.adverts)
+        expected, have = set(selected), set(session.adverts)
     elif sr.stage == "shares":
         expected, have = set(session.adverts), set(session.bundles)
     elif sr.stage == "masked":
         expected, have = set(session.sharing), set(session.masked)
     else:
         expected, have = set(session.paired), set(session.answers)
-    return tuple(sorted(expected - have - offline - session.banned))
+    return tuple(sorted(expected - have - offline - skipped - session.banned))
 
 
 def out_messages(config: DaemonConfig, round_no: int, sr: SecureRound, session_id: str,

@@ -45,7 +45,8 @@ class RoundRecord:
     skipped: Mapping[str, str] = field(default_factory=dict)  # answered without an update: site -> why
     server: Mapping[str, float] = field(default_factory=dict)  # the rule's diagnostics (DP-FedAvg: epsilon, C)
     # Under secure aggregation: "included" (in the sum), "dropped" (selected, not in it), "recovered" (dropped
-    # after sharing keys: their masks removed with their rebuilt keys), "tries" (of the round). Empty in the clear.
+    # after sharing keys: their masks removed with their rebuilt keys), "tries" (of the round), "clipped" (site ->
+    # coordinates the ring clipped, for sites in the sum that said any). Empty in the clear.
     secure: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -50,7 +50,7 @@ def secure_note(record: RoundRecord | None) -> m.SecureRoundNote | None:
     s = record.secure
     return m.SecureRoundNote(round=record.round, included=len(s.get("included", ())),
                              dropped=len(s.get("dropped", ())), recovered=len(s.get("recovered", ())),
-                             tries=int(s.get("tries", 1)))
+                             tries=int(s.get("tries", 1)), clipped=len(s.get("clipped", ())))
 
 
 class StatusBoard:

@@ -336,6 +336,7 @@ class SecureRoundNote(Frozen):
     dropped: Count
     recovered: Count
     tries: Count
+    clipped: Count = 0  # sites in the sum whose values the ring's range clipped (each said how many coordinates)
 
 
 class DaemonStatus(Header):

@@ -22,6 +22,10 @@ SHARE_BYTES = 16  # a Shamir share of a 128-bit seed
 SEALED_SHARE_BYTES = 2 + 2 * SHARE_BYTES + 16  # x-coordinate, two shares, the Poly1305 tag
 MAX_NEIGHBOURS = 1024  # far above any degree the graph rule picks (42 at 10 000 sites, delta = 0.1)
 MAX_SHARE_INDEX = 65_535  # two bytes in the sealed share
+# The one scalar a site's update carries under secure aggregation (its tensors travel masked): how many coordinates
+# of its weighted vector the ring's [-clip, clip] clipped, an integer from 0 to the vector's length. The PS warns
+# and reports it; it learns that count and nothing else of the values.
+CLIPPED_SCALAR = "secagg_clipped"
 
 SiteId = Annotated[str, Field(pattern=ID_PATTERN)]
 Attempt = Annotated[int, Field(ge=0, le=2**53)]
@@ -58,6 +62,9 @@ class SecAggTerms(Frozen):
                              "and p_i / a_i (fedmqtt/secagg/weighted.py)")
     work_bound: float = Field(default=1.0, gt=0, le=1e15, allow_inf_nan=False, description="W: with `normalised`, "
                               "the most local work a_i a site may report; it sends p_i a_i / W and p_i tau_i / W")
+    uniform: bool = Field(default=False, description="the rule needs the plain mean of the updates (FedFBN, "
+                          "FedDyn): every site weighs by 1, not by its sample count, so p_i = 1 / B with B the "
+                          "number of selected sites, and the PS unmasks the plain mean and how many sites it holds")
 
 
 class KeyAdvertBody(Frozen):

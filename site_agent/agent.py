@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from fedmqtt.errors import BrokerError
 from fedmqtt.faults import crash_point
 from fedmqtt.recruitment import label_histogram
 from fedmqtt.secagg.site import SecAggRefused
-from fedmqtt.secagg.weighted import layout_of, split
+from fedmqtt.secagg.weighted import Layout, layout_of, split
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
@@ -31,6 +33,7 @@ from schemas import messages as m
 from schemas import secagg as sw
 from schemas.base import MAX_DETAIL
 from schemas.codec import decode, encode
+from schemas.secagg import CLIPPED_SCALAR
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
@@ -76,6 +79,10 @@ class SiteAgent:
         self._reminded_at = time.monotonic()
         self._last_work = "no task yet"
         self.secagg: SiteRound | None = None  # this site's secure aggregation of the open round, if any
+        self._advertised: tuple[str, int, int] | None = None  # (session, round, try) whose keys went out
+        self._inbox_while_training: sw.SecAggInbox | None = None  # masked once the update exists
+        self._judged_early: tuple[str, int, str, int] | None = None  # the task `_advertise_early` last judged
+        self._training = False
 
     def _load_trainer(self) -> None:
         """Import torch and the training code on a worker thread: the agent is online (and receiving the
@@ -174,6 +181,7 @@ class SiteAgent:
         inbound = self.channel.receive(timeout_s)
         if inbound is not None:
             self._on_message(inbound.message, chunked=inbound.chunks > 0)
+            self._advertise_early()
 
     def work(self) -> bool:
         """Train or evaluate the task whose model has arrived, if there is one (True if so)."""
@@ -204,6 +212,9 @@ class SiteAgent:
 
     def close(self) -> None:
         self.channel.close(final=(self.status_topic, encode(self._status("offline", "agent stopped"))))
+        # What this site moved over MQTT in this run (bench/secagg_many.py reads it per site).
+        log.info("site %s: MQTT traffic: %d bytes sent, %d bytes received", self.config.site_id,
+                 self.channel.bytes_sent, self.channel.bytes_received)
 
     def run(self, *, exit_when_done: bool = False) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -339,8 +350,10 @@ class SiteAgent:
         self.best.remember(task.round, eval_weights if eval_weights is not None else start)
         extras = {k: _arrays(v) for k, v in model.extras.items() if k != "eval"}
         dp_history = self.ledger.history() if task.settings.dp is not None else []
-        result = self.trainer.train(model.model, start, task.settings, task.round, eval_weights=eval_weights,
-                                    extras=extras, local=self.local.committed(), dp_history=dp_history)
+        secure = task.secure_aggregation is not None and self._secure_advertise(task, start)
+        with self._serving_while_training(secure):  # (sets _training)
+            result = self.trainer.train(model.model, start, task.settings, task.round, eval_weights=eval_weights,
+                                        extras=extras, local=self.local.committed(), dp_history=dp_history)
         if result.dp_history is not None:  # spent once trained: recorded before anything leaves the site
             self.ledger.save(result.dp_history)
         if result.no_step_reason:
@@ -369,31 +382,156 @@ class SiteAgent:
         self._offer_update(task, payload, update)
 
     # -- secure aggregation (docs/secure-aggregation.md) ----------------------------------------------------
-    def _secure_offer(self, task: m.TrainTask, update: object) -> None:
-        """Trained under secure aggregation: tell the PS how (the update without tensors), advertise this try's
-        keys; the tensors leave only masked, once the PS sends the inbox (`_on_secagg`)."""
-        assert isinstance(update, m.ClientUpdate) and task.secure_aggregation is not None
+    def _advertise_early(self) -> None:
+        """As soon as a train task under secure aggregation and its model are here, advertise this try's keys
+        (not only when training starts): the PS's roster and this site's shares then overlap whatever comes before
+        training, such as torch's start-up or, with several agents in one process (site_agent/multi.py), the
+        others' training. Only for a task of the session this site has joined (joining another clears the round
+        secrets) and once torch is loaded (to judge the task first: a site that will refuse it advertises
+        nothing)."""
+        task = self.task
+        if self._training or not isinstance(task, m.TrainTask) or task.secure_aggregation is None \
+                or task.session != self.session or self._trainer is None:
+            return
+        key = (task.session, task.round, task.model_hash, task.secure_aggregation.attempt)
+        model = self.models.get((task.session, task.model_hash))
+        if model is None or self._judged_early == key:
+            return
+        self._judged_early = key
+        if self._advertised == (task.session, task.round, task.secure_aggregation.attempt) \
+                or self._refusal(task, model) is not None:
+            return
+        self._secure_advertise(task, {**blobs_to_arrays(model.tensors), **blobs_to_arrays(task.tensors)})
+
+    def _secure_advertise(self, task: m.TrainTask, start: dict[str, np.ndarray]) -> bool:
+        """Before training: advertise this try's keys, so that the PS's roster (and this site's sealed shares,
+        sent from it while training runs) are done by the time the update is; after training only the masked
+        input and the unmasking answer remain. The layout is the shape of what this site will upload (if it turns
+        out otherwise, `_secure_offer` rebuilds the round with the same secrets); the secrets are on disk before
+        the advertisement leaves. False: not advertised (tried again after training)."""
+        assert task.secure_aggregation is not None
+        sr, attempt = self.secagg, task.secure_aggregation.attempt
+        if self._advertised == (task.session, task.round, attempt) and sr is not None \
+                and (sr.session, sr.ctx.round_no, sr.ctx.attempt) == (task.session, task.round, attempt):
+            return True  # advertised early, when the task and its model arrived
+        upload = set(task.upload) if task.upload is not None else set(start)
+        floats, _ = split({n: v for n, v in start.items() if n in upload})
+        try:
+            self.store.save(SECAGG_TASK, task.round, "", encode(task, max_bytes=self.channel.max_bytes))
+            self.secagg = self._secure_round(task, floats)
+        except (SecAggRefused, SecAggRecordError, ValueError) as exc:
+            log.warning("round %d: secure aggregation: could not advertise keys before training (%s); trying "
+                        "again once trained", task.round, exc)
+            self.secagg = None
+            return False
+        self._send_advert(task)
+        return True
+
+    def _send_advert(self, task: m.TrainTask) -> None:
+        assert self.secagg is not None and task.secure_aggregation is not None
         c = self.config
-        self.store.save(SECAGG_TASK, task.round, "", encode(task, max_bytes=self.channel.max_bytes))
-        self.secagg = self._secure_round(task, update)
-        told = update.model_copy(update={"tensors": (), "control_variates": (), "layer_stats": (), "scalars": {}})
-        self.channel.send(topics.site_update_topic(c.run_id, c.site_id), told)
         self.channel.send(topics.site_secagg_topic(c.run_id, c.site_id), self.secagg.advert())
+        self._advertised = (task.session, task.round, task.secure_aggregation.attempt)
         log.info("round %d: secure aggregation try %d: keys advertised; the update leaves only masked",
                  task.round, task.secure_aggregation.attempt)
 
-    def _secure_round(self, task: m.TrainTask, update: m.ClientUpdate) -> SiteRound:
-        assert task.secure_aggregation is not None
+    @contextmanager
+    def _serving_while_training(self, serve: bool) -> Iterator[None]:
+        """While this thread trains, a second one handles what arrives (`serve`: under secure aggregation), so
+        that the PS's roster is answered with this site's sealed shares at once, not after training. This thread
+        does not touch the channel or the secure-aggregation records until the other has stopped (joined); an
+        inbox that arrives meanwhile waits for the update (`_inbox_while_training`)."""
+        if not serve:
+            yield
+            return
+        done = threading.Event()
+        self._training = True
+
+        def handle_arrivals() -> None:
+            while not done.is_set() and not self._stop:
+                try:
+                    self.receive(0.1)
+                except BrokerError:
+                    return  # the channel is closing (the agent stops); training finishes on its own
+                except (SecAggRefused, SecAggRecordError, ValueError, KeyError, TypeError) as exc:
+                    log.warning("while training: a message could not be handled: %s", exc)
+
+        helper = threading.Thread(target=handle_arrivals, name=f"fedmqtt-site-{self.config.site_id}-arrivals",
+                                  daemon=True)
+        helper.start()
+        try:
+            yield
+        finally:
+            done.set()
+            helper.join()
+            self._training = False
+
+    def _secure_offer(self, task: m.TrainTask, update: object) -> None:
+        """Trained under secure aggregation: tell the PS how (the update without tensors) and, unless done before
+        training, advertise this try's keys; the tensors leave only masked, once the PS sends the inbox
+        (`_on_secagg`; at once if it arrived while training)."""
+        assert isinstance(update, m.ClientUpdate) and task.secure_aggregation is not None
+        c, attempt = self.config, task.secure_aggregation.attempt
+        if update.no_step_reason:  # a stored answer without a step: it is the answer again, nothing to mask
+            self._offer_update(task, encode(update, max_bytes=self.channel.max_bytes), update)
+            return
+        self.store.save(SECAGG_TASK, task.round, "", encode(task, max_bytes=self.channel.max_bytes))
         floats, _ = split(_arrays(update.tensors))
+        sr = self.secagg
+        if sr is None or (sr.session, sr.ctx.round_no, sr.ctx.attempt) != (task.session, task.round, attempt) \
+                or sr.layout != self._layout(task, floats):  # the same secrets again from the store, if any
+            self.secagg = self._secure_round(task, floats)
+        told = update.model_copy(update={"tensors": (), "control_variates": (), "layer_stats": (),
+                                         "scalars": self._clipped_note(task, update)})
+        self.channel.send(topics.site_update_topic(c.run_id, c.site_id), told)
+        if self._advertised != (task.session, task.round, attempt):
+            self._send_advert(task)
+        inbox, self._inbox_while_training = self._inbox_while_training, None
+        if inbox is not None and (inbox.round, inbox.attempt) == (task.round, attempt):
+            self._on_secagg(inbox)
+
+    def _clipped_note(self, task: m.TrainTask, update: m.ClientUpdate) -> dict[str, float]:
+        """The one scalar an update under secure aggregation carries: how many coordinates of what this site masks
+        the ring's range clips (CLIPPED_SCALAR; the PS warns and reports it). Warned about here too."""
+        assert self.secagg is not None
+        try:
+            clipped = self.secagg.clipped(*self._masking_inputs(self.secagg, update))
+        except ValueError:
+            return {}  # it cannot be masked at all: the inbox step says why
+        if clipped:
+            log.warning("round %d: secure aggregation: %d of %d coordinates of this site's weighted update lie "
+                        "outside the ring's range [-%g, %g] and are clipped: the sum is off by more than the "
+                        "encoding's bound (raise secure_aggregation.clip at the PS)", task.round, clipped,
+                        self.secagg.layout.length, self.secagg.fixed.clip, self.secagg.fixed.clip)
+        return {CLIPPED_SCALAR: float(clipped)}
+
+    @staticmethod
+    def _masking_inputs(sr: SiteRound, update: m.ClientUpdate) -> tuple[
+            dict[str, np.ndarray], int, dict[str, np.ndarray] | None, tuple[float, float, float] | None]:
+        """What this site masks, from its update: its float tensors, its count, SCAFFOLD's delta_c and FedNova's
+        local work when the layout has them."""
+        floats, _ = split(_arrays(update.tensors))
+        variates = _arrays(update.control_variates) if sr.layout.variates else None  # SCAFFOLD's delta_c
+        # FedNova's local work: ||a_i||_1 as the update reports it (plain SGD: its steps), and its steps
+        work = (float(update.scalars.get("a_norm", update.local_steps)), float(update.local_steps), sr.work_bound)
+        return floats, update.n_samples, variates, work if sr.layout.normalised else None
+
+    @staticmethod
+    def _layout(task: m.TrainTask, floats: dict[str, np.ndarray]) -> Layout:
+        assert task.secure_aggregation is not None
+        return layout_of(floats, variates=task.secure_aggregation.variates,
+                         normalised=task.secure_aggregation.normalised)
+
+    def _secure_round(self, task: m.TrainTask, floats: dict[str, np.ndarray]) -> SiteRound:
+        assert task.secure_aggregation is not None
         return SiteRound(self.secagg_store, self.identity, run_id=self.config.run_id, session=task.session,
-                         round_no=task.round, terms=task.secure_aggregation,
-                         layout=layout_of(floats, variates=task.secure_aggregation.variates,
-                                          normalised=task.secure_aggregation.normalised))
+                         round_no=task.round, terms=task.secure_aggregation, layout=self._layout(task, floats))
 
     def _secagg_for(self, msg: sw.SecAggRoster | sw.SecAggInbox | sw.SecAggUnmask
-                    ) -> tuple[SiteRound, m.TrainTask, m.ClientUpdate] | None:
-        """This site's round the PS's message belongs to: the open one, or (after a restart) the one its stored
-        task and update rebuild. None: a round this site did not train under secure aggregation."""
+                    ) -> tuple[SiteRound, m.TrainTask, m.ClientUpdate | None] | None:
+        """This site's round the PS's message belongs to: the open one (advertised before training: its update
+        may not exist yet, None), or (after a restart) the one its stored task and update rebuild. None: a round
+        this site did not train under secure aggregation."""
         raw_task = self.store.load(SECAGG_TASK, msg.round, "")
         task = decode(raw_task, max_bytes=self.channel.max_bytes) if raw_task is not None else None
         if not isinstance(task, m.TrainTask) or task.secure_aggregation is None \
@@ -402,10 +540,12 @@ class SiteAgent:
         raw_update = self.store.load("update", task.round, task.model_hash)
         update = decode(raw_update, max_bytes=self.channel.max_bytes) if raw_update is not None else None
         if not isinstance(update, m.ClientUpdate):
-            return None
+            update = None
         sr = self.secagg
         if sr is None or (sr.ctx.round_no, sr.ctx.attempt, sr.session) != (task.round, msg.attempt, task.session):
-            sr = self.secagg = self._secure_round(task, update)
+            if update is None:
+                return None
+            sr = self.secagg = self._secure_round(task, split(_arrays(update.tensors))[0])
         return sr, task, update
 
     def _on_secagg(self, msg: sw.SecAggRoster | sw.SecAggInbox | sw.SecAggUnmask) -> None:
@@ -424,12 +564,16 @@ class SiteAgent:
                     log.info("round %d: secure aggregation: sealed shares sent to %d neighbours", msg.round,
                              len(shares.shares))
             elif isinstance(msg, sw.SecAggInbox):
-                floats, _ = split(_arrays(update.tensors))
-                variates = _arrays(update.control_variates) if sr.layout.variates else None  # SCAFFOLD's delta_c
-                # FedNova's local work: ||a_i||_1 as the update reports it (plain SGD: its steps), and its steps
-                work = (float(update.scalars.get("a_norm", update.local_steps)), float(update.local_steps),
-                        sr.work_bound)
-                masked = sr.on_inbox(msg, floats, update.n_samples, variates, work if sr.layout.normalised else None)
+                if update is None:  # still training: masked once the update exists (`_secure_offer`)
+                    self._inbox_while_training = msg
+                    log.info("round %d: secure aggregation: the inbox arrived while training; masking once "
+                             "trained", msg.round)
+                    return
+                if update.no_step_reason:
+                    log.info("round %d: secure aggregation: no training step, so no masked input (the PS "
+                             "removes this site's masks)", msg.round)
+                    return
+                masked = sr.on_inbox(msg, *self._masking_inputs(sr, update))
                 self.channel.send(topics.site_update_topic(c.run_id, c.site_id), masked)
                 log.info("round %d: secure aggregation: masked update sent (paired with %d neighbours)", msg.round,
                          len(masked.paired_with))

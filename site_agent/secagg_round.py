@@ -3,8 +3,7 @@
 Between the agent and the protocol's `SiteSession`: it turns the PS's wire messages (roster, inbox, unmasking
 request) into this site's answers (shares, masked input, answer), keeps the round's secrets and every received
 message in the site's state folder before answering (site_agent/secagg_store.py), and rebuilds itself from there
-after a restart. No MQTT here: the agent publishes what it returns. Not yet called by the agent: the round flow
-over MQTT is the next step (docs/secure-aggregation.md, "Status").
+after a restart. No MQTT here: the agent (site_agent/agent.py) publishes what it returns.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ class SiteRound:
         self.store, self.site, self.session = store, identity.party, session
         self.ctx = RoundContext(run_id, round_no, terms.attempt)
         self.layout, self.weight_bound, self.work_bound = layout, terms.weight_bound, terms.work_bound
+        self.uniform = terms.uniform  # the rule needs the plain mean: this site weighs by 1, not by its count
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
         record = store.load(session, round_no, terms.attempt)
         secrets = SiteSecrets.from_bytes(record.secrets) if record is not None else SiteSecrets.fresh()
@@ -80,7 +80,8 @@ class SiteRound:
         """Step 2: the masked weighted vector of this site's trained tensors (and, when the layout has them, its
         control-variate deltas). Deterministic given the inbox and the tensors, so after a restart the same input
         gives the same bits (the PS ignores the copy)."""
-        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates, work)
+        vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound, variates,
+                                 work)
         packed = pack_message(inbox)
         if self.record.inbox is None:
             self._keep(inbox=packed)
@@ -91,6 +92,15 @@ class SiteRound:
             self.session_state.stage = "shared"
         masked = self.session_state.mask(vector, conv.inbox_from_wire(inbox))
         return conv.masked_to_wire(self.ctx, masked, self.fixed)
+
+    def clipped(self, tensors: Mapping[str, np.ndarray], n_samples: int,
+                variates: Mapping[str, np.ndarray] | None = None,
+                work: tuple[float, float, float] | None = None) -> int:
+        """How many coordinates of the vector `on_inbox` would mask (same arguments) lie outside the ring's
+        [-clip, clip]: the encoding clips them, so the sum is then off by more than the encoding's bound."""
+        vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound, variates,
+                                 work)
+        return int(np.count_nonzero(np.abs(vector) > self.fixed.clip))
 
     def on_unmask(self, request: wire.SecAggUnmask) -> wire.SecAggAnswer:
         """Step 3: the shares asked for. The request is kept before the answer leaves, so after a restart only

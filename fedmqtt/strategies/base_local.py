@@ -14,8 +14,10 @@ class Base(ServerRule):
     name = "base"
     summary = "Base: local training only, nothing is shared (the no-federation reference)"
     needs_only_sums = True
+    sums_uniform = True  # the plain mean of no tensor: each site masks only its weight, and the PS learns the count
     sums_note = (
-        "nothing is shared, so there is nothing to aggregate (secure aggregation changes nothing)"
+        "nothing is shared, so there is nothing to aggregate: under secure aggregation each site masks only its "
+        "weight, and the PS learns how many sites trained, as in the clear"
     )
 
     def keeps_local(self, spec: TensorSpec) -> bool:

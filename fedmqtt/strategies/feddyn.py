@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import Field
 
 from fedmqtt.strategies.aggregate import combine, copy_weights, uniform_weights
-from fedmqtt.strategies.base import AggregateResult, RoundInput, Weights
+from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate, Weights
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, float_state
 from fedmqtt.strategies.strategy_doc import StrategyDoc
@@ -49,8 +49,10 @@ class FedDyn(ServerRule):
     )
     Params = FedDynParams
     needs_only_sums = True
+    sums_uniform = True
     sums_note = (
-        "the uniform mean of the models and the running sum of the site states are sums"
+        "the plain mean of the models (each site weighs its masked vector by 1) and how many sites it holds: "
+        "theta_avg is that mean and S_bar moves by their sum, count x (mean - theta_send), over N"
     )
     params: FedDynParams
 
@@ -92,6 +94,25 @@ class FedDyn(ServerRule):
             self.theta_avg[name] = plain[name]
         weights = self.complete(inp, sent)
         return AggregateResult(weights=weights, eval_weights=self.complete(inp, plain))
+
+    def aggregate_from_uniform_mean(self, inp: RoundInput, mean: Mapping[str, np.ndarray],
+                                    count: int) -> AggregateResult:
+        """The same step from the plain mean of the `count` participants' models (secure aggregation): their sum
+        sum_i (theta_i - theta_send) is count * (mean - theta_send), and theta_avg is the mean. `mean` holds the
+        float tensors (float buffers take it) and the server's integer buffers; N counts the enrolled sites."""
+        g = self.groups(inp)
+        inv_n = 1.0 / max(len(set(inp.enrolled)), count, 1)
+        plain = combine([SiteUpdate("mean", dict(mean), count, 0)], [1.0], g.train + g.floatbuf + g.intbuf,
+                        inp.current)
+        sent: Weights = dict(plain)
+        for name in g.train:
+            ref = np.asarray(inp.current[name], dtype=np.float64)
+            avg = np.asarray(mean[name], dtype=np.float64)
+            drift = self.s_bar.get(name, np.zeros(ref.shape)) + inv_n * count * (avg - ref)
+            self.s_bar[name] = drift
+            sent[name] = (avg + drift).astype(inp.current[name].dtype)
+            self.theta_avg[name] = plain[name]
+        return AggregateResult(weights=self.complete(inp, sent), eval_weights=self.complete(inp, plain))
 
     def state_dict(self) -> dict[str, Any]:
         return {"s_bar": float_state(self.s_bar), "theta_avg": copy_weights(self.theta_avg)}

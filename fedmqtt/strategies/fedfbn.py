@@ -92,10 +92,12 @@ class FedFBN(ServerRule):
     params: FedFBNParams
     uplink_extras = ("label_set",)
     needs_only_sums = True
+    sums_uniform = True
     sums_note = (
-        "the uniform mean of the shared tensors; the surgical output layer is a per-label mean, a sum once "
-        "each site sends its rows in the federation's label order with a count of 1 for its own labels and 0 "
-        "for the others (its label set then stays on the site)"
+        "the plain mean of the shared tensors (each site weighs its masked vector by 1), with partial_labels = "
+        "\"masked_loss\"; the surgical output layer is a per-label mean, a sum once each site sends its rows in "
+        "the federation's label order with a count of 1 for its own labels and 0 for the others, which is not "
+        "wired: partial_labels = \"surgical\" is refused under secure aggregation"
     )
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
@@ -104,6 +106,15 @@ class FedFBN(ServerRule):
 
     def keeps_local(self, spec: TensorSpec) -> bool:
         return keeps_norm_local(spec, ("batchnorm",))
+
+    def uniform_mean_refusal(self) -> str | None:
+        """Under secure aggregation the PS holds the plain mean of the shared tensors, never a site's label set or
+        rows: surgical aggregation of the output layer cannot run from it."""
+        if self.params.partial_labels == "surgical":
+            return ("fedfbn with partial_labels = \"surgical\" needs each site's label set and output rows; under "
+                    "secure aggregation set partial_labels = \"masked_loss\" (every site carries the union output "
+                    "layer, averaged like the rest)")
+        return None
 
     def aggregate_train(self, inp: RoundInput) -> AggregateResult:
         if not inp.updates:

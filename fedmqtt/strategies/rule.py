@@ -70,6 +70,11 @@ class ServerRule:
     # Whether the server step needs, instead of the mean, the sites' updates over their local work and its sums
     # (FedNova): the PS then hands the rule those sums (`aggregate_from_sums`, fedmqtt/strategies/sums.py).
     sums_normalised: ClassVar[bool] = False
+    # Whether the server step depends on the updates only through their plain (unweighted) mean, and perhaps how
+    # many sites it holds (FedFBN, FedDyn): under secure aggregation each site then weighs its masked vector by 1
+    # (`SecAggTerms.uniform`) and the PS hands the rule that mean (`aggregate_from_uniform_mean`,
+    # fedmqtt/strategies/sums.py).
+    sums_uniform: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         self.params = parse_params(self.name, self.Params, params)

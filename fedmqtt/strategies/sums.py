@@ -42,6 +42,35 @@ def aggregate_from_mean(strategy: Strategy, inp: RoundInput, mean: Mapping[str, 
     return strategy.aggregate_train(replace(inp, updates=[one], enrolled=enrolled))
 
 
+def aggregate_from_uniform_mean(strategy: Strategy, inp: RoundInput, mean: Mapping[str, np.ndarray],
+                                count: int) -> AggregateResult:
+    """The aggregate of a rule that steps from the plain (unweighted) mean of the updates (`sums_uniform`: FedFBN,
+    FedDyn), `count` sites in it: the rule's own `aggregate_from_uniform_mean` when it has one (FedDyn's drift
+    needs the count), else the rule on the mean as the round's one update (the plain mean of one update is that
+    update). Raises ValueError for another rule, or one whose parameters need more than the plain mean."""
+    if not getattr(strategy, "sums_uniform", False):
+        raise ValueError(f"{strategy.name} does not aggregate from the plain mean of the updates")
+    if refusal := mean_refusal(strategy):
+        raise ValueError(refusal)
+    step = getattr(strategy, "aggregate_from_uniform_mean", None)
+    if step is not None:
+        result = step(inp, mean, max(int(count), 1))
+        assert isinstance(result, AggregateResult)
+        return result
+    one = SiteUpdate(site_id=SECURE_SUM, tensors=dict(mean), n_samples=max(int(count), 1), local_steps=0)
+    return strategy.aggregate_train(replace(inp, updates=[one]))
+
+
+def mean_refusal(strategy: object) -> str | None:
+    """Why `strategy` (configured) cannot aggregate from the mean the PS unmasks for it (the plain mean for a rule
+    with `sums_uniform`, else the sample-weighted one); None when it can."""
+    if getattr(strategy, "sums_uniform", False):
+        check = getattr(strategy, "uniform_mean_refusal", None)
+        refusal = check() if check is not None else None
+        return refusal if isinstance(refusal, str) else None
+    return weighted_mean_refusal(strategy)
+
+
 def weighted_mean_refusal(strategy: object) -> str | None:
     """Why `strategy` (configured) cannot aggregate from the weighted mean alone; None when it can."""
     check = getattr(strategy, "weighted_mean_refusal", None)

@@ -117,11 +117,11 @@ def test_a_site_killed_after_its_masked_input_is_recovered(cli_federation, tmp_p
     report = json.loads((fed.work / "ps" / "report.json").read_text())
     assert report["rounds"][0]["secure"]["included"] == sorted(SITES)  # va's update is in the sum
     assert report["secure_aggregation"] == {"enabled": True, "per_round": [
-        {"round": 1, "included": 4, "dropped": 0, "recovered": 0, "tries": 1}]}
+        {"round": 1, "included": 4, "dropped": 0, "recovered": 0, "tries": 1, "clipped": 0}]}
     assert "## Secure aggregation" in (fed.work / "ps" / "report.md").read_text()
     assert "fault injection: SIGKILL at site_after_masked of round 1" in fed.tail("va", 200)
     ps_log = fed.tail("ps", 400)
-    assert "site va went offline during round 1" in ps_log and "masked inputs closed" in ps_log
+    assert "site va went offline during round 1" in ps_log and "masked inputs (after training) closed" in ps_log
 
 
 def test_a_ps_killed_mid_round_resumes_with_a_new_try(cli_federation, tmp_path) -> None:  # noqa: ANN001

@@ -16,6 +16,7 @@ from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.weighted import layout_of, mean_error_bound, site_weight, split
 from fedmqtt.strategies import FedAvg, SiteUpdate
 from fedmqtt.strategies.base import RoundInput, Strategy
+from fedmqtt.strategies.feddyn import FedDyn
 from fedmqtt.strategies.fednova import FedNova
 from fedmqtt.strategies.scaffold import Scaffold
 from fedmqtt.transport.bulk import split as split_payload
@@ -30,6 +31,7 @@ from ps_daemon.status import secure_note, status_message
 from schemas import secagg as wire
 from schemas.codec import decode, encode
 from schemas.messages import SecureRoundNote
+from schemas.secagg import CLIPPED_SCALAR
 from site_agent.secagg_round import SiteRound
 from site_agent.secagg_store import SecAggStore
 
@@ -242,7 +244,7 @@ def test_a_site_offline_before_its_masked_input_is_recovered_and_left_out(tmp_pa
     state, effects = _answer(machine, sites, state, effects)  # shares
     state, effects = _answer(machine, sites, state, effects, silent=("site-003",))
     assert state.secure is not None and state.secure.stage == "masked"
-    assert any(isinstance(e, fx.PublishStatus) and "masked inputs from site-003" in e.detail
+    assert any(isinstance(e, fx.PublishStatus) and "masked inputs (after training) from site-003" in e.detail
                and e.waiting_for == ("site-003",) for e in effects)  # ps/status names whom the stage waits for
     state, effects = machine.step(state, SiteOffline("site-003", now=3.0))
     assert state.secure is not None and state.secure.stage == "unmask"
@@ -343,3 +345,92 @@ def test_a_chunked_masked_input_is_admitted_only_as_the_round_expects_it(tmp_pat
     early, _ = _start(_machine())
     why = masked_manifest_rejection(machine, early, "site-000", manifest)  # round 1 still at its keys stage
     assert why is not None and "keys stage" in why
+
+
+def test_keys_and_shares_before_training_leave_two_exchanges_after_it(tmp_path: Path) -> None:
+    """The sites advertise as they start training and seal their shares from the roster while they train: the
+    PS takes both before any update, the masked-input stage then waits for training until the round's own
+    deadline (not stage_timeout_s), and after training only the masked input and the answer remain. A site that
+    shared and then took no training step is not waited for: its masks are removed with its rebuilt key."""
+    machine = _machine()
+    sites = Sites(tmp_path, machine)
+    state, effects = _start(machine)
+    tasks = {e.site_id: e for e in effects if isinstance(e, fx.PublishTrainTask)}
+    for site in SITES:  # keys as training starts: no update yet
+        sites.rounds[site] = sites.driver(site, state, tasks[site])
+        state, effects = machine.step(state, SecAggReceived(site, 0.5, state.round, _trip(sites.rounds[site].advert())))
+    assert state.secure is not None and state.secure.stage == "shares" and not state.updates
+    state, effects = _answer(machine, sites, state, effects)  # the shares, still training
+    assert state.secure is not None and state.secure.stage == "masked" and not state.updates
+    assert state.secure.deadline == TIMEOUT  # the round's deadline (it started at 0): training is in this stage
+    inboxes = effects
+    state, out = machine.step(state, Tick(2.0 + STAGE))  # stage_timeout_s after the inboxes: still training
+    assert state.secure is not None and state.secure.stage == "masked"
+    for site in SITES[:3]:  # trained: how (no tensors), then the masked input
+        meta = SiteUpdate(site, {}, sites.counts[site], 3)
+        state, out = machine.step(state, UpdateReceived(site, 20.0, state.round, state.model_hash, meta, 0.3))
+    assert state.secure is not None and state.secure.stage == "masked"
+    state, out = _answer(machine, sites, state, [e for e in inboxes if getattr(e, "site_id", "") != "site-003"])
+    assert state.secure is not None and state.secure.stage == "masked"  # site-003 still trains
+    state, out = machine.step(state, UpdateReceived("site-003", 21.0, state.round, state.model_hash,
+                                                    SiteUpdate("site-003", {}, 0, 0), no_step_reason="too few rows"))
+    assert state.secure is not None and state.secure.stage == "unmask"  # not waited for: it took no step
+    state, out = _answer(machine, sites, state, out)
+    assert state.round == 2
+    record = state.history[-1]
+    assert record.sites == SITES[:3] and record.secure["recovered"] == ["site-003"]
+    clear = _clear_fedavg(sites, SITES[:3])
+    for name in ("fc.weight", "fc.bias"):
+        assert np.max(np.abs(state.weights[name].astype(np.float64) - clear[name])) <= _bound(
+            machine, sites, SITES[:3], clear)
+
+
+def test_a_site_whose_values_the_ring_clipped_is_warned_about_and_reported(tmp_path: Path) -> None:
+    """site-002's update has a coordinate far outside the ring's range: its driver counts it, its update says so
+    (the one scalar allowed), the PS logs a warning and the round's record, ps/status and report name it; a count
+    that no masked vector can have is refused."""
+    machine = _machine()
+    sites = Sites(tmp_path, machine)
+    sites.trained["site-002"]["fc.bias"][0] = 1e4  # times p_i (about 1/4) is still far beyond clip 4
+    state, effects = _start(machine)
+    tasks = {e.site_id: e for e in effects if isinstance(e, fx.PublishTrainTask)}
+    warned: list[str] = []
+    for site in SITES:
+        sites.rounds[site] = sites.driver(site, state, tasks[site])
+        clipped = sites.rounds[site].clipped(sites.trained[site], sites.counts[site])
+        assert clipped == (1 if site == "site-002" else 0)
+        if site == "site-002":
+            bad = SiteUpdate(site, {}, sites.counts[site], 3, extras={CLIPPED_SCALAR: 10.0})  # 9 coordinates
+            after, out = machine.step(state, UpdateReceived(site, 1.0, state.round, state.model_hash, bad))
+            assert site not in after.updates and any("secagg_clipped must be a whole number from 0 to 9" in e.text
+                                                     for e in out if isinstance(e, fx.Log))
+        meta = SiteUpdate(site, {}, sites.counts[site], 3, extras={CLIPPED_SCALAR: float(clipped)})
+        state, out = machine.step(state, UpdateReceived(site, 1.0, state.round, state.model_hash, meta, 0.3))
+        warned += [e.text for e in out if isinstance(e, fx.Log) and e.level == "warning"]
+        state, effects = machine.step(state, SecAggReceived(site, 1.0, state.round,
+                                                            _trip(sites.rounds[site].advert())))
+    assert len(warned) == 1 and "site site-002: 1 coordinates" in warned[0] and "clipped" in warned[0]
+    for _ in range(3):  # shares, masked inputs, answers
+        state, effects = _answer(machine, sites, state, effects)
+    assert state.round == 2
+    assert state.history[-1].secure["clipped"] == {"site-002": 1}
+    note = secure_note(state.history[-1])
+    assert note is not None and note.clipped == 1
+
+
+def test_feddyn_round_through_the_ps_is_feddyn_in_the_clear(tmp_path: Path) -> None:
+    """FedDyn through the PS: the tasks say `uniform` with B = the four selected sites, each site weighs by 1, and
+    the round's theta_send and evaluated theta_avg equal FedDyn's on the sites' own models within 1e-4."""
+    machine = _machine(FedDyn(), algorithm="feddyn")
+    machine, sites, state, effects = _run_round(tmp_path, machine=machine)
+    told = [e.secure for e in effects if isinstance(e, fx.PublishTrainTask)]
+    assert told and all(t is not None and t.uniform and t.weight_bound == N for t in told)
+    assert state.round == 2 and state.history[-1].sites == SITES
+    updates = [SiteUpdate(s, {**sites.trained[s], "bn.num_batches_tracked": np.array(0, np.int64)},
+                          sites.counts[s], 3) for s in SITES]
+    clear = FedDyn().aggregate_train(RoundInput(1, _weights(), updates, {s: 50 for s in SITES}, {}))
+    assert clear.eval_weights is not None
+    for name in ("fc.weight", "fc.bias"):
+        assert np.max(np.abs(state.weights[name].astype(np.float64) - clear.weights[name])) <= 1e-4, name
+        assert np.max(np.abs(state.extras["eval"][name].astype(np.float64) - clear.eval_weights[name])) <= 1e-4
+        assert np.max(np.abs(clear.weights[name])) > 0.1

@@ -23,7 +23,12 @@ from fedmqtt.secagg.weighted import (
 )
 from fedmqtt.strategies import build_strategy
 from fedmqtt.strategies.base import Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
-from fedmqtt.strategies.sums import NormalisedSums, aggregate_from_mean, aggregate_from_sums
+from fedmqtt.strategies.sums import (
+    NormalisedSums,
+    aggregate_from_mean,
+    aggregate_from_sums,
+    aggregate_from_uniform_mean,
+)
 from ps_daemon.config import SecureAggregationConfig, secure_aggregation_problem
 
 FIXED = FixedPoint(clip=4.0, fraction_bits=20, bits=64, max_sites=8)
@@ -237,3 +242,96 @@ def test_fednova_work_beyond_the_bound_is_refused_not_clipped() -> None:
         weighted_vector({"w": np.ones(2, np.float32)}, layout, 10, 100.0, work=(0.5, 1, 60.0))
     with pytest.raises(ValueError, match="local work"):
         weighted_vector({"w": np.ones(2, np.float32)}, layout, 10, 100.0)
+
+
+def _plain_mean_round(rule: str, params: dict[str, object], n: int = 5, seed: int = 4, enrolled_extra: int = 2,
+                      rounds: int = 2) -> tuple[list[tuple[Weights, Weights]], object, object, float, int]:
+    """`rounds` rounds of a plain-mean rule, secure and clear side by side on the same sites: the sites weigh their
+    masked vectors by 1 (p_i = 1 / B, B = n selected sites), as the terms' `uniform` tells them. Returns per round
+    (secure weights, clear weights), both strategies (their state), the bound on |mean error| and the count the PS
+    read from the sum. `enrolled_extra` sites are enrolled but not selected (FedDyn's N counts them)."""
+    rng = np.random.default_rng(seed)
+    current, manifest = _model(rng)
+    secure_rule, clear_rule = build_strategy(rule, params), build_strategy(rule, params)
+    names = site_ids(n)
+    counts = {s: int(rng.integers(20, 200)) for s in names}
+    enrolled = {**counts, **{f"idle-{i}": 50 for i in range(enrolled_extra)}}
+    bound_b = float(n)  # B for the plain mean: the number of selected sites
+    shared = {k: current[k] for k in secure_rule.shared_names(manifest)}
+    layout = layout_of(split(shared)[0])
+    out: list[tuple[Weights, Weights]] = []
+    secure_now, clear_now = dict(current), dict(current)
+    largest, count = 0.0, 0
+    for r in range(1, rounds + 1):
+        trained = {s: {k: (v + rng.normal(scale=0.3, size=np.shape(v)).astype(v.dtype) if v.dtype.kind == "f"
+                           else v + 3) for k, v in current.items()} for s in names}
+        vectors = {s: weighted_vector({k: trained[s][k] for k in layout.names}, layout, 1, bound_b) for s in names}
+        played = play(n, layout.length, fixed=FIXED, updates=vectors, round_no=r)
+        assert isinstance(played.outcome, msg.RoundSum), played.outcome
+        mean, count = mean_from_sum(played.outcome.total, layout, bound_b)
+        mean.update(split({k: secure_now[k] for k in shared})[1])
+        secure = aggregate_from_uniform_mean(secure_rule, RoundInput(r, {k: secure_now[k] for k in shared}, [],
+                                                                     enrolled, manifest), mean, count)
+        clear = clear_rule.aggregate_train(RoundInput(r, {k: clear_now[k] for k in shared}, [
+            SiteUpdate(s, {k: trained[s][k] for k in shared}, counts[s], 1) for s in names], enrolled, manifest))
+        out.append((secure.weights, clear.weights))
+        secure_now.update(secure.weights)
+        clear_now.update(clear.weights)
+        largest = max(largest, *(float(np.max(np.abs(trained[s][k]))) for s in names for k in layout.names))
+    # the mean's bound with P = n / B = 1, plus the float32 cast of the mean (relative 2^-24, twice for safety)
+    return out, secure_rule, clear_rule, mean_error_bound(FIXED, n, 1.0, largest) + largest * 2.0**-23, count
+
+
+def test_feddyn_from_the_plain_mean_moves_theta_and_its_drift_as_in_the_clear() -> None:
+    """FedDyn's theta_avg is the plain mean and S_bar moves by the sum of the changes over N (enrolled, not only
+    selected); both within the bound, over two rounds (the drift carries into the second)."""
+    rounds, secure_rule, clear_rule, bound, count = _plain_mean_round("feddyn", {})
+    assert count == 5 and bound < 1e-4
+    n_enrolled = 7
+    for secure, clear in rounds:
+        for name in ("fc.weight", "fc.bias"):  # theta_send = theta_avg + S_bar: S_bar's error is count / N of it
+            error = np.max(np.abs(secure[name].astype(np.float64) - clear[name].astype(np.float64)))
+            assert error <= 2 * bound * (1 + 2 * count / n_enrolled), name
+    for name in ("fc.weight", "fc.bias"):
+        s_bar_error = np.max(np.abs(secure_rule.s_bar[name] - clear_rule.s_bar[name]))
+        assert s_bar_error <= 2 * count / n_enrolled * bound, name
+        assert np.max(np.abs(clear_rule.s_bar[name])) > 100 * bound  # the comparison can fail
+        assert np.max(np.abs(secure_rule.theta_avg[name].astype(np.float64) - clear_rule.theta_avg[name])) <= bound
+
+
+def test_fedfbn_from_the_plain_mean_is_its_uniform_mean() -> None:
+    """FedFBN (masked_loss) from the plain mean equals its own uniform mean within the bound."""
+    rounds, _, _, bound, _ = _plain_mean_round("fedfbn", {"partial_labels": "masked_loss"}, rounds=1)
+    secure, clear = rounds[0]
+    assert set(secure) == set(clear)
+    for name in ("fc.weight", "fc.bias"):
+        assert np.max(np.abs(secure[name].astype(np.float64) - clear[name].astype(np.float64))) <= bound, name
+
+
+def test_surgical_fedfbn_and_a_weighted_rule_are_refused_the_plain_mean() -> None:
+    sa = SecureAggregationConfig(enabled=True)
+    why = secure_aggregation_problem("fedfbn", sa, 5)  # the default: surgical
+    assert why is not None and 'partial_labels = "masked_loss"' in why
+    assert secure_aggregation_problem("fedfbn", sa, 5, {"partial_labels": "masked_loss"}) is None
+    assert secure_aggregation_problem("feddyn", sa, 5) is None
+    inp = RoundInput(1, {}, [], {}, {})
+    with pytest.raises(ValueError, match="surgical"):
+        aggregate_from_uniform_mean(build_strategy("fedfbn", {}), inp, {}, 3)
+    with pytest.raises(ValueError, match="plain mean"):
+        aggregate_from_uniform_mean(build_strategy("fedavg", {}), inp, {}, 3)
+
+
+def test_base_from_the_plain_mean_of_no_tensor_keeps_the_model() -> None:
+    """Base shares nothing: its masked vector is the weight alone, the PS reads how many sites trained, and the
+    model stays what it was."""
+    rng = np.random.default_rng(6)
+    current, manifest = _model(rng)
+    rule = build_strategy("base", {})
+    layout = layout_of(split({k: current[k] for k in rule.shared_names(manifest)})[0])
+    assert layout.length == 1
+    played = play(4, 1, fixed=FIXED, updates={s: weighted_vector({}, layout, 1, 4.0) for s in site_ids(4)})
+    assert isinstance(played.outcome, msg.RoundSum)
+    mean, count = mean_from_sum(played.outcome.total, layout, 4.0)
+    assert (mean, count) == ({}, 4)
+    out = aggregate_from_uniform_mean(rule, RoundInput(1, current, [], {}, manifest), mean, count).weights
+    assert all(np.array_equal(out[k], current[k]) for k in current)

@@ -46,6 +46,7 @@ def test_the_page_says_what_the_code_declares() -> None:
     for name, cls in STRATEGIES.items():
         assert rows[name].split(":")[0].split(" ")[0] == ("yes" if cls.needs_only_sums else "no"), name
         assert ("from the weighted mean" in rows[name]) is cls.from_weighted_mean, name
+        assert ("from the plain mean" in rows[name]) is cls.sums_uniform, name
 
 
 def test_fedmqtt_algorithms_prints_it() -> None:
