@@ -34,6 +34,7 @@ from schemas.codec import decode, encode
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
+from site_agent.distributed_dp import model_change
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.policy import epsilon_refusal, task_refusal
 from site_agent.privacy_ledger import LedgerError, PrivacyLedger
@@ -348,10 +349,13 @@ class SiteAgent:
             return
         upload = sorted(result.weights) if task.upload is None else list(task.upload)
         kept = {n: v for n, v in result.weights.items() if n not in set(upload)}
+        shared = {n: result.weights[n] for n in upload}
+        if task.secure_aggregation is not None and task.secure_aggregation.distributed_dp is not None:
+            shared = model_change(shared, start)  # distributed DP sums changes, clipped and noised when masked
         self.local.stage(task.round, {"model": kept, **result.algo_state})  # pending, before the uplink
         update = m.ClientUpdate(
             run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session, base_model_hash=task.model_hash,
-            tensors=arrays_to_blobs({n: result.weights[n] for n in upload}), n_samples=result.n_samples,
+            tensors=arrays_to_blobs(shared), n_samples=result.n_samples,
             local_steps=result.steps, train_loss=result.train_loss, val_metrics=result.val_metrics,
             undefined=result.undefined, compute_seconds=result.seconds, usage=result.usage,
             control_variates=arrays_to_blobs(result.uplink_extras.get("delta_c", {})),

@@ -18,6 +18,7 @@ from fedmqtt.secagg import wire as conv
 from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.site import SecAggRefused, SiteSecrets, SiteSession
+from fedmqtt.secagg.skellam import SkellamPlan, change_vector, noise_key, reach_problem, site_noise
 from fedmqtt.secagg.weighted import Layout, weighted_vector
 from fedmqtt.transport.signing import Identity
 from schemas import secagg as wire
@@ -35,6 +36,9 @@ class SiteRound:
         self.ctx = RoundContext(run_id, round_no, terms.attempt)
         self.layout, self.weight_bound, self.work_bound = layout, terms.weight_bound, terms.work_bound
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
+        dp = terms.distributed_dp  # DP-FedAvg with the noise added here, in the ring (fedmqtt/secagg/skellam.py)
+        self.dp = None if dp is None else SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites,
+                                                      terms.fraction_bits, layout.floats)
         record = store.load(session, round_no, terms.attempt)
         secrets = SiteSecrets.from_bytes(record.secrets) if record is not None else SiteSecrets.fresh()
         self.session_state = SiteSession(self.ctx, self.site, identity.private_key, identity.ring, self.fixed,
@@ -78,9 +82,19 @@ class SiteRound:
                  n_samples: int, variates: Mapping[str, np.ndarray] | None = None,
                  work: tuple[float, float, float] | None = None) -> wire.SecAggMasked:
         """Step 2: the masked weighted vector of this site's trained tensors (and, when the layout has them, its
-        control-variate deltas). Deterministic given the inbox and the tensors, so after a restart the same input
-        gives the same bits (the PS ignores the copy)."""
-        vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates, work)
+        control-variate deltas); under distributed DP, `tensors` is the model change, which is clipped and gets
+        this site's share of the noise (fedmqtt/secagg/skellam.py). Deterministic given the inbox and the tensors
+        (the noise too: its key comes from the round's kept secret), so after a restart the same input gives the
+        same bits (the PS ignores the copy)."""
+        noise = None
+        if self.dp is not None:  # `tensors` is the model change: clipped, then noised in the ring
+            if problem := reach_problem(self.dp, self.fixed.max_sites, self.fixed.bits):
+                raise SecAggRefused(msg.MALFORMED, problem)
+            vector = change_vector(tensors, self.layout, self.dp.clip)
+            key = noise_key(self.ctx, self.session_state.secrets.cipher_private, self.site)
+            noise = site_noise(self.dp, key, self.layout)
+        else:
+            vector = weighted_vector(tensors, self.layout, n_samples, self.weight_bound, variates, work)
         packed = pack_message(inbox)
         if self.record.inbox is None:
             self._keep(inbox=packed)
@@ -89,7 +103,7 @@ class SiteRound:
                                 "could pair with other neighbours than the first masked input")
         elif self.stage == "masked":  # resumed past this step: the same inbox and tensors give the same bits
             self.session_state.stage = "shared"
-        masked = self.session_state.mask(vector, conv.inbox_from_wire(inbox))
+        masked = self.session_state.mask(vector, conv.inbox_from_wire(inbox), noise)
         return conv.masked_to_wire(self.ctx, masked, self.fixed)
 
     def on_unmask(self, request: wire.SecAggUnmask) -> wire.SecAggAnswer:
