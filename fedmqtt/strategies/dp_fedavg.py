@@ -62,8 +62,8 @@ class DPFedAvg(ServerRule):
     needs_only_sums = False
     sums_note = (
         "the server clips each site's model change to C before summing, and adaptive clipping counts the sites "
-        "under C: both need each site's own change (under secure aggregation the clipping would move to the sites, "
-        "not done)"
+        "under C: both need each site's own change; under secure aggregation use distributed_dp, where the sites "
+        "clip and add the noise (fixed C only)"
     )
 
     name = "dp-fedavg"
@@ -226,7 +226,9 @@ as FedAvg: plain local loss, local optimiser; send w_i^t (record-level DP-SGD to
             "Andrew, Thakkar, McMahan, Ramaswamy: Differentially private learning with adaptive clipping, NeurIPS "
             "2021 (arXiv 1905.03871).",
             "Mironov, Talwar, Zhang: Renyi differential privacy of the sampled Gaussian mechanism (arXiv "
-            "1908.10530), the accountant's analysis."),
+            "1908.10530), the accountant's analysis.",
+            "Agarwal, Kairouz, Liu: The Skellam mechanism for differentially private federated learning, NeurIPS "
+            "2021 (arXiv 2110.04995), the distributed form's noise and RDP."),
     differences=(
         "Fixed denominator m (McMahan et al.'s fixed-denominator estimator), never the number of sites that "
         "answered: the noise on the mean is exactly z_D C / m and one site's presence moves the sum by at most C. "
@@ -240,6 +242,10 @@ as FedAvg: plain local loss, local optimiser; send w_i^t (record-level DP-SGD to
         "answered.",
         "sigma_b defaults to max(m / 20, z): Andrew et al.'s m / 20 alone leaves no noise budget for the change "
         "when m < 10 z, the usual case with a few hospitals.",
+        "Under secure aggregation with `distributed_dp = \"skellam\"` (docs/privacy.md, \"Distributed DP\") the "
+        "sites clip their changes and add the noise as integer Skellam shares in the ring (Agarwal, Kairouz, Liu), "
+        "so the PS never sees an un-noised sum; the accountant then charges each round the Skellam RDP of the "
+        "noise its sum had (fewer sites: less noise). Fixed C only there.",
     ),
     example="""
 Two enrolled sites, C = 1, z = 0, m = 2: changes [3, 4] (norm 5, clipped to [0.6, 0.8]) and [0.3, 0] (kept)

@@ -14,7 +14,7 @@ import pytest
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 from scipy.stats import skellam
 from secagg_round import Losses, play, site_ids
-from test_machine_secagg import SITES, Sites, _answer, _machine, _start, _train_and_advertise
+from test_machine_secagg import SITES, Sites, _answer, _machine, _start, _train_and_advertise, _trip
 
 from fedmqtt.secagg import skellam as sk
 from fedmqtt.secagg.ring import FixedPoint
@@ -23,7 +23,10 @@ from fedmqtt.secagg.weighted import Layout
 from fedmqtt.strategies.base import RoundInput
 from fedmqtt.strategies.dp_fedavg import DPFedAvg, participant_epsilon
 from ps_daemon import distributed_dp
+from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig
+from ps_daemon.events import SiteOffline
+from ps_daemon.machine import Machine
 
 KEY = bytes(range(32))
 
@@ -234,3 +237,47 @@ def test_a_round_under_distributed_dp_through_the_ps(tmp_path: Path) -> None:
     server = state.history[-1].server
     assert server["sites_in_sum"] == 4.0 and server["noise_calibrated_for"] == 4.0
     assert server["epsilon"] == pytest.approx(sk.skellam_epsilon([(plan.l1, plan.l2, 4 * plan.site_variance)], 1e-5))
+
+
+def _ddp_machine() -> Machine:
+    hyper = {"clip_norm": 0.5, "noise_multiplier": 0.3}
+    return _machine(DPFedAvg(hyper), algorithm="dp-fedavg", hyper=hyper,
+                    secure_aggregation={"enabled": True, "stage_timeout_s": 10.0, "fraction_bits": 20, "clip": 4.0,
+                                        "distributed_dp": "skellam"})
+
+
+def test_a_site_lost_before_its_masked_input_leaves_less_noise_and_the_ps_says_so(tmp_path: Path) -> None:
+    machine = _ddp_machine()
+    sites = Sites(tmp_path, machine)
+    state, effects = _start(machine)
+    state, effects = _train_and_advertise(machine, sites, state, effects)
+    state, effects = _answer(machine, sites, state, effects)  # shares
+    state, effects = _answer(machine, sites, state, effects, silent=("site-003",))
+    state, effects = machine.step(state, SiteOffline("site-003", now=3.0))
+    state, effects = _answer(machine, sites, state, effects)
+    assert state.round == 2 and state.history[-1].secure["dropped"] == ["site-003"]
+    server = state.history[-1].server
+    assert server["sites_in_sum"] == 3.0 and server["noise_calibrated_for"] == 4.0
+    plan = sites.rounds[SITES[0]].dp
+    assert plan is not None
+    assert server["epsilon"] == pytest.approx(sk.skellam_epsilon([(plan.l1, plan.l2, 3 * plan.site_variance)], 1e-5))
+    assert server["epsilon"] > sk.skellam_epsilon([(plan.l1, plan.l2, 4 * plan.site_variance)], 1e-5)
+    assert any(isinstance(e, fx.Log) and e.level == "warning" and "only 3 sites' noise" in e.text for e in effects)
+
+
+def test_a_restarted_site_masks_the_same_bits(tmp_path: Path) -> None:
+    """The noise key comes from the round's kept secret: the site driver rebuilt from its store after a restart
+    sends the same masked input (so the PS takes it as a copy, not as a second, different input)."""
+    machine = _ddp_machine()
+    sites = Sites(tmp_path, machine)
+    state, effects = _start(machine)
+    tasks = {e.site_id: e for e in effects if isinstance(e, fx.PublishTrainTask)}
+    state, effects = _train_and_advertise(machine, sites, state, effects)
+    state, effects = _answer(machine, sites, state, effects)  # shares -> inboxes
+    site = SITES[1]
+    inbox = next(_trip(e.message) for e in effects if isinstance(e, fx.PublishSecAgg) and e.site_id == site)
+    first = sites.rounds[site].on_inbox(inbox, sites.trained[site], sites.counts[site])
+    again = sites.driver(site, state, tasks[site]).on_inbox(inbox, sites.trained[site], sites.counts[site])
+    assert (again.masked, again.paired_with) == (first.masked, first.paired_with)
+    other = dict(sites.trained[site], **{"fc.bias": np.zeros(2, np.float32)})
+    assert sites.driver(site, state, tasks[site]).on_inbox(inbox, other, sites.counts[site]).masked != first.masked
