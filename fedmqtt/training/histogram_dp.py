@@ -17,6 +17,7 @@ The noise is drawn from a generator seeded with fresh operating-system randomnes
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ def sensitivity(task_kind: str, n_bins: int) -> float:
     return math.sqrt(max(n_bins, 1)) if task_kind == "multilabel" else 1.0
 
 
+@functools.lru_cache(maxsize=64)
 def noise_multiplier(epsilon: float, delta: float) -> float:
     """z such that one Gaussian release of multiplier z costs at most (epsilon, delta) by each accountant that
     can reach it (ValueError when none can)."""
