@@ -119,8 +119,9 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
     if not sa.enabled:
         return ("secure_aggregation.distributed_dp needs secure aggregation: set enabled = true"
                 if sa.distributed_dp != "off" else None)
-    if n_sites >= MIN_SITES and sa.distributed_dp != "off":  # the sites clip and noise: the PS sees a noised sum
-        return distributed_dp_problem(algorithm, sa, n_sites, params) or _ring_problem(sa, n_sites)
+    if sa.distributed_dp != "off":  # the sites clip and add the noise: the PS sees a noised sum of changes
+        return (distributed_dp_problem(algorithm, sa, n_sites, params) or _sites_problem(n_sites)
+                or _ring_problem(sa, n_sites))
     rule = STRATEGIES[algorithm]
     if not rule.needs_only_sums:
         return (f"secure_aggregation: {algorithm} cannot run under secure aggregation, the PS would see only the "
@@ -134,10 +135,14 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
     if getattr(rule, "from_weighted_mean", False) and (
             refusal := weighted_mean_refusal(build_strategy(algorithm, dict(params or {})))):
         return f"secure_aggregation: {refusal}"
+    return _sites_problem(n_sites) or _ring_problem(sa, n_sites)
+
+
+def _sites_problem(n_sites: int) -> str | None:
     if n_sites < MIN_SITES:
         return (f"secure_aggregation needs at least {MIN_SITES} sites (got {n_sites}): with two, each learns the "
                 "other's update from the sum")
-    return _ring_problem(sa, n_sites)
+    return None
 
 
 def _ring_problem(sa: SecureAggregationConfig, n_sites: int) -> str | None:

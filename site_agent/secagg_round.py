@@ -9,6 +9,7 @@ over MQTT is the next step (docs/secure-aggregation.md, "Status").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -36,9 +37,7 @@ class SiteRound:
         self.ctx = RoundContext(run_id, round_no, terms.attempt)
         self.layout, self.weight_bound, self.work_bound = layout, terms.weight_bound, terms.work_bound
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
-        dp = terms.distributed_dp  # DP-FedAvg with the noise added here, in the ring (fedmqtt/secagg/skellam.py)
-        self.dp = None if dp is None else SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites,
-                                                      terms.fraction_bits, layout.floats)
+        self.dp_terms, self.fraction_bits = terms.distributed_dp, terms.fraction_bits
         record = store.load(session, round_no, terms.attempt)
         secrets = SiteSecrets.from_bytes(record.secrets) if record is not None else SiteSecrets.fresh()
         self.session_state = SiteSession(self.ctx, self.site, identity.private_key, identity.ring, self.fixed,
@@ -61,6 +60,14 @@ class SiteRound:
             conv.roster_from_wire(roster),
             conv.inbox_from_wire(inbox) if isinstance(inbox, wire.SecAggInbox) else None,
             conv.unmask_from_wire(request) if isinstance(request, wire.SecAggUnmask) else None)
+
+    @functools.cached_property
+    def dp(self) -> SkellamPlan | None:
+        """DP-FedAvg's noise added here, in the ring (fedmqtt/secagg/skellam.py); None without distributed DP.
+        ValueError: terms no sampler can serve (the agent refuses the round with the reason)."""
+        dp = self.dp_terms
+        return None if dp is None else SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites,
+                                                   self.fraction_bits, self.layout.floats)
 
     @property
     def stage(self) -> str:

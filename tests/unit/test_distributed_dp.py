@@ -194,6 +194,7 @@ def test_config_calibrates_the_noise_for_the_sites_that_survive_the_planned_drop
     ({"hyper": {"noise_multiplier": 0.0}}, "needs noise"),
     ({"secure_aggregation": {"enabled": False}}, "enabled = true"),
     ({"secure_aggregation": {"fraction_bits": 28}}, "ring_bits = 64"),
+    ({"sites": site_ids(2)}, "at least 3 sites"),
 ])
 def test_config_refuses_what_distributed_dp_cannot_honour(overrides: dict[str, object], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
