@@ -96,3 +96,38 @@ def test_damaged_files(tmp_path: Path) -> None:
     ledger.path.write_text("{not json")
     (tmp_path / RELEASE_FILE).unlink()
     assert release.shared(EXACT, policy, "binary", ledger) is None  # a damaged ledger: nothing leaves
+
+
+def _agent(tmp_path: Path, policy: PrivacyPolicy, share: bool = True):  # noqa: ANN202
+    from fedmqtt.data.spec import DataSpec
+    from fedmqtt.transport.signing import FederationKeys
+    from site_agent.agent import SiteAgent
+    from site_agent.config import SiteConfig
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(100, 2))
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "h1.csv"
+    path.write_text("a,b,y\n" + "".join(f"{a:.5f},{b:.5f},{int(a > 0)}\n" for a, b in x))
+    data = DataSpec(format="table", path=path, options={"spec": {"label": "y", "task": "binary",
+                                                                   "numeric": ["a", "b"]}})
+    config = SiteConfig(site_id="h1", run_id="r", credentials=tmp_path / "none.toml", state_dir=tmp_path / "state",
+                        data=data, device="cpu", privacy=policy, share_label_histogram=share)
+    return SiteAgent(config, identity=FederationKeys("r", ["ps", "h1"]).identity("h1"))
+
+
+def test_the_agents_status_carries_the_one_noised_release(tmp_path: Path) -> None:
+    """The site's status (what recruitment reads) carries the noised counts, the same in every status and after a
+    restart, and the ledger holds the one release; without the policy field the exact counts; without sharing
+    nothing."""
+    agent = _agent(tmp_path, PrivacyPolicy(label_histogram_epsilon=1.0))
+    first = agent._status("online").label_histogram
+    assert first is not None and agent._status("online").label_histogram == first
+    assert len(agent.ledger.history()) == 1
+    assert _agent(tmp_path, PrivacyPolicy(label_histogram_epsilon=1.0))._status("online").label_histogram == first
+    assert len(agent.ledger.history()) == 1
+    exact = _agent(tmp_path / "exact", PrivacyPolicy())
+    assert exact._status("online").label_histogram == {"0": int((exact.data.y_train == 0).sum()),
+                                                       "1": int((exact.data.y_train == 1).sum())}
+    assert _agent(tmp_path / "none", PrivacyPolicy(label_histogram_epsilon=1.0), share=False)._status(
+        "online").label_histogram is None
