@@ -63,6 +63,36 @@ def recruited_set(hists: dict[str, list[int]], sizes: dict[str, int], eps: float
     return recruit(shared, sizes, gamma_th=gamma_th).recruited
 
 
+def paired(rows: list[dict]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per epsilon, each metric minus the exact-histogram run of the same training seed: mean and 95 % t-interval
+    over the seeds (the seed's own variation cancels)."""
+    base = next((row for row in rows if row["epsilon"] is None), None)
+    if base is None:
+        return {}
+    by_seed = {r["seed"]: r for r in base["runs"]}
+    return {str(row["epsilon"]): {m: interval([float(r[m]) - float(by_seed[r["seed"]][m]) for r in row["runs"]])
+                                  for m in ("msle", "mae")} for row in rows if row["epsilon"] is not None}
+
+
+def table(rows: list[dict], trained: bool) -> str:
+    diffs = paired(rows) if trained else {}
+    lines = ["| epsilon | noise std (records) | sites recruited | Jaccard with the exact set | same set |"
+             + (" MSLE | MAE | MSLE - exact (paired) | MAE - exact (paired) |" if trained else ""),
+             "|---|---|---|---|---|" + ("---|---|---|---|" if trained else "")]
+    for row in rows:
+        std = "-" if row["noise_std"] is None else f"{row['noise_std']:.2f}"
+        line = (f"| {row['epsilon'] or 'none'} | {std} | {row['size'][0]:.1f} +- {row['size'][1]:.1f} | "
+                f"{row['jaccard'][0]:.3f} +- {row['jaccard'][1]:.3f} | {row['same_set'][0]:.2f} +- "
+                f"{row['same_set'][1]:.2f} |")
+        if trained:
+            d = diffs.get(str(row["epsilon"]))
+            line += (f" {row['msle'][0]:.3f} +- {row['msle'][1]:.3f} | {row['mae'][0]:.2f} +- {row['mae'][1]:.2f} |"
+                     + (f" {d['msle'][0]:+.3f} +- {d['msle'][1]:.3f} | {d['mae'][0]:+.2f} +- {d['mae'][1]:.2f} |"
+                        if d else " - | - |"))
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("../shared/datasets/physionet2012"))
@@ -77,7 +107,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("runs/recruitment_dp"))
+    ap.add_argument("--summarise", type=Path, help="only print the table of this results.json")
     args = ap.parse_args()
+    if args.summarise is not None:
+        saved = json.loads(args.summarise.read_text())
+        print(table(saved["rows"], trained=any(row["runs"] for row in saved["rows"])))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     sites, hists, sizes = make_sites(args)
     exact = set(recruited_set(hists, sizes, None, args.delta, np.random.default_rng(0), args.gamma_th))
@@ -120,18 +155,7 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps({"exact_recruited": sorted(exact), "rows": rows,
                                                        "args": {k: str(v) for k, v in vars(args).items()}},
                                                       indent=2))
-    print("| epsilon | noise std (records) | sites recruited | Jaccard with the exact set | same set |"
-          + (" MSLE | MAE |" if args.train else ""))
-    print("|---|---|---|---|---|" + ("---|---|" if args.train else ""))
-    for row in rows:
-        std = "-" if row["noise_std"] is None else f"{row['noise_std']:.2f}"
-        line = (f"| {row['epsilon'] or 'none'} | {std} | {row['size'][0]:.1f} +- {row['size'][1]:.1f} | "
-                f"{row['jaccard'][0]:.3f} +- {row['jaccard'][1]:.3f} | {row['same_set'][0]:.2f} +- "
-                f"{row['same_set'][1]:.2f} |")
-        if args.train:
-            line += (f" {row['msle'][0]:.3f} +- {row['msle'][1]:.3f} | {row['mae'][0]:.3f} +- "
-                     f"{row['mae'][1]:.3f} |")
-        print(line)
+    print(table(rows, args.train))
 
 
 if __name__ == "__main__":
