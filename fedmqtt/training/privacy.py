@@ -132,9 +132,15 @@ def noise_for(dp: RecordDP, q: float, round_steps: int) -> float:
 
     assert dp.target_epsilon is not None  # RecordDP holds one of the two
     total = round_steps * (dp.planned_rounds or 1)
-    with _quiet():
-        return float(get_noise_multiplier(target_epsilon=dp.target_epsilon, target_delta=dp.delta, sample_rate=q,
-                                          steps=total, accountant=dp.accountant))
+    try:
+        with _quiet():
+            return float(get_noise_multiplier(target_epsilon=dp.target_epsilon, target_delta=dp.delta,
+                                              sample_rate=q, steps=total, accountant=dp.accountant))
+    except ValueError as exc:  # Opacus: "The privacy budget is too low."
+        hint = (": its RDP orders stop at 63, which bounds epsilon below by about log(1 / delta) / 62; use "
+                "accountant = \"prv\"") if dp.accountant == "rdp" else ""
+        raise ValueError(f"target_epsilon {dp.target_epsilon:g} at delta {dp.delta:g} is below what Opacus' "
+                         f"{dp.accountant} accountant can certify for any noise ({exc}){hint}") from None
 
 
 def plan_round(dp: RecordDP, n_rows: int, settings: TrainSettings, history: Sequence[HistoryEntry]) -> RoundPlan:

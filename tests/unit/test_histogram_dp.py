@@ -131,3 +131,4 @@ def test_the_agents_status_carries_the_one_noised_release(tmp_path: Path) -> Non
                                                        "1": int((exact.data.y_train == 1).sum())}
     assert _agent(tmp_path / "none", PrivacyPolicy(label_histogram_epsilon=1.0), share=False)._status(
         "online").label_histogram is None
+
