@@ -21,9 +21,10 @@ from fedmqtt.strategies.sums import mean_refusal
 from fedmqtt.training.client_rules import optimiser_problem, record_dp_problem
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
 from fedmqtt.transport.signing import KEY_LIST_FILE, Identity, load_identity
+from ps_daemon.distributed_dp import distributed_dp_problem
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, RecordDP, TrainSettings
-from schemas.secagg import SecAggTerms
+from schemas.secagg import DistributedDPTerms, SecAggTerms
 
 # Rules that start from a pretrained model (docs/algorithms.md 11).
 NEEDS_PRETRAINED = ("adafed", "d-adafed")
@@ -109,6 +110,10 @@ class SecureAggregationConfig(BaseModel):
                                "rounding error of one coordinate is at most 2^-(fraction_bits + 1) per site")
     ring_bits: Literal[32, 64] = Field(default=32, description="the ring Z_(2^bits): 4 or 8 bytes a coordinate "
                                        "on the wire; the sum of every site's clip must fit it")
+    distributed_dp: Literal["off", "skellam"] = Field(default="off", description="with algorithm = \"dp-fedavg\": "
+                                                      "each site clips its model change to clip_norm and adds its "
+                                                      "share of Skellam noise in the ring, so nobody sees an "
+                                                      "un-noised sum (docs/privacy.md, \"Distributed DP\")")
     stage_timeout_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False, description="how long the "
                                    "PS waits for the sites at each stage after the keys (shares, masked inputs, "
                                    "unmasking answers) before it goes on without the missing ones; the shares and "
@@ -117,12 +122,14 @@ class SecureAggregationConfig(BaseModel):
                                    "stage waits round_timeout_s")
 
     def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0, variates: bool = False,
-              normalised: bool = False, work_bound: float = 1.0, uniform: bool = False) -> SecAggTerms:
+              normalised: bool = False, work_bound: float = 1.0, uniform: bool = False,
+              distributed_dp: DistributedDPTerms | None = None) -> SecAggTerms:
         """What each train task carries, for a run of `n_sites` sites (`variates`: the rule sums SCAFFOLD's
-        control-variate deltas too)."""
+        control-variate deltas too; `distributed_dp`: the sites add DP-FedAvg's noise)."""
         return SecAggTerms(ring_bits=self.ring_bits, fraction_bits=self.fraction_bits, clip=self.clip,
                            max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound,
-                           variates=variates, normalised=normalised, work_bound=work_bound, uniform=uniform)
+                           variates=variates, normalised=normalised, work_bound=work_bound, uniform=uniform,
+                           distributed_dp=distributed_dp)
 
     def fixed_point(self, n_sites: int) -> FixedPoint:
         """The ring, checked so that the sum of `n_sites` encodings cannot wrap (ConfigError otherwise)."""
@@ -140,7 +147,11 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
     sums the PS does not unmask (for the rule's `params`), fewer than three sites, or a ring too small for the
     sum."""
     if not sa.enabled:
-        return None
+        return ("secure_aggregation.distributed_dp needs secure aggregation: set enabled = true"
+                if sa.distributed_dp != "off" else None)
+    if sa.distributed_dp != "off":  # the sites clip and add the noise: the PS sees a noised sum of changes
+        return (distributed_dp_problem(algorithm, sa, n_sites, params) or _sites_problem(n_sites)
+                or _ring_problem(sa, n_sites))
     rule = STRATEGIES[algorithm]
     if not rule.needs_only_sums:
         return (f"secure_aggregation: {algorithm} cannot run under secure aggregation, the PS would see only the "
@@ -153,9 +164,17 @@ def secure_aggregation_problem(algorithm: str, sa: SecureAggregationConfig, n_si
     if any(getattr(rule, kind, False) for kind in ("from_weighted_mean", "sums_uniform")) and (
             refusal := mean_refusal(build_strategy(algorithm, dict(params or {})))):
         return f"secure_aggregation: {refusal}"
+    return _sites_problem(n_sites) or _ring_problem(sa, n_sites)
+
+
+def _sites_problem(n_sites: int) -> str | None:
     if n_sites < MIN_SITES:
         return (f"secure_aggregation needs at least {MIN_SITES} sites (got {n_sites}): with two, each learns the "
                 "other's update from the sum")
+    return None
+
+
+def _ring_problem(sa: SecureAggregationConfig, n_sites: int) -> str | None:
     try:
         sa.fixed_point(n_sites)
     except ConfigError as exc:

@@ -9,6 +9,7 @@ stragglers are named in the status (never a silent hang).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -379,6 +380,10 @@ class Machine(SecureSteps):
         if "epsilon" in record.server:  # a DP server rule: what the released models have cost so far
             head.append(fx.Log("info", f"round {record.round}: participant-level DP has spent epsilon "
                                        f"{record.server['epsilon']:.3g} at delta {record.server.get('delta', 0):g}"))
+        if record.server.get("sites_in_sum", math.inf) < record.server.get("noise_calibrated_for", 0):
+            head.append(fx.Log("warning", f"round {record.round}: distributed DP: only "
+                                          f"{record.server['sites_in_sum']:g} sites' noise in the sum, calibrated for "
+                                          f"{record.server['noise_calibrated_for']:g}: less noise, more epsilon"))
         if nxt > self.config.rounds:
             state = replace(state, phase="evaluating")
             return state, [fx.SaveCheckpoint(state), *head, *self._eval_effects(state)]

@@ -21,6 +21,7 @@ from fedmqtt.strategies.sums import (
 from ps_daemon import effects as fx
 from ps_daemon import secure_round as sec
 from ps_daemon.config import DaemonConfig
+from ps_daemon.distributed_dp import aggregate_noised
 from ps_daemon.events import SecAggReceived, UpdateReceived
 from ps_daemon.naming import named
 from ps_daemon.state import DaemonState, RoundRecord
@@ -174,10 +175,12 @@ class SecureSteps:
         shared = self.shared_model(state)
         floats, rest = split(shared)
         layout = sec.layout_of_run(self.config, floats)
-        mean, n_total = mean_from_sum(total.total, layout, sr.weight_bound)
-        mean.update(rest)
         inp = RoundInput(round_no=state.round, current=dict(state.weights), updates=[], enrolled=dict(state.enrolled),
                          manifest=state.manifest)
+        if self.config.secure_aggregation.distributed_dp != "off":  # a noised sum of clipped changes, no weights
+            return aggregate_noised(self.strategy, self.config, inp, total.total, layout, total.included)
+        mean, n_total = mean_from_sum(total.total, layout, sr.weight_bound)
+        mean.update(rest)
         if layout.normalised:
             return aggregate_from_sums(self.strategy, inp, mean, NormalisedSums(*normalised_from_sum(
                 total.total, layout, sr.work_bound)))

@@ -33,6 +33,7 @@ from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.server import ServerSession
 from fedmqtt.secagg.weighted import Layout, layout_of
 from fedmqtt.strategies import STRATEGIES
+from ps_daemon import distributed_dp
 from ps_daemon.config import DaemonConfig
 from schemas import secagg as wire
 
@@ -105,7 +106,8 @@ def context(config: DaemonConfig, round_no: int, sr: SecureRound) -> RoundContex
 def terms(config: DaemonConfig, sr: SecureRound) -> wire.SecAggTerms:
     return config.secure_aggregation.terms(len(config.sites), attempt=sr.attempt, weight_bound=sr.weight_bound,
                                            variates=with_variates(config), normalised=with_normalised(config),
-                                           work_bound=sr.work_bound, uniform=with_uniform(config))
+                                           work_bound=sr.work_bound, uniform=with_uniform(config),
+                                           distributed_dp=distributed_dp.terms_of(config))
 
 
 def with_variates(config: DaemonConfig) -> bool:

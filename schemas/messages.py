@@ -301,6 +301,10 @@ class PrivacyPolicy(Frozen):
     max_rounds: int | None = Field(default=None, ge=1, le=10**6, description="refuse training tasks of a later round")
     max_epochs: int | None = Field(default=None, ge=1, le=10**6, description="refuse tasks with more local epochs "
                                    "per round")
+    label_histogram_epsilon: float | None = Field(default=None, gt=0, le=100, allow_inf_nan=False, description="with "
+                                                  "share_label_histogram: release the label counts once, with "
+                                                  "Gaussian noise that spends this epsilon (at max_delta, else "
+                                                  "1e-5), charged to the privacy ledger; unset: the exact counts")
 
 
 SiteState = Literal["online", "training", "update_ready", "evaluating", "offline", "error"]

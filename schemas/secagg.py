@@ -39,6 +39,20 @@ def _sorted_distinct(ids: tuple[str, ...], what: str) -> None:
         raise ValueError(f"{what} must be sorted and distinct")
 
 
+class DistributedDPTerms(Frozen):
+    """Distributed differential privacy under secure aggregation (fedmqtt/secagg/skellam.py): each site clips its
+    model change to L2 norm `clip`, encodes it and adds its share of Skellam noise in the ring, calibrated so that
+    the sum of `expected_sites` sites carries noise of std noise_multiplier times the sensitivity."""
+
+    mechanism: Literal["skellam"] = Field(default="skellam", description="the noise's distribution")
+    clip: float = Field(gt=0, le=1e6, allow_inf_nan=False, description="C: the L2 norm a site's model change is "
+                        "clipped to before it is encoded")
+    noise_multiplier: float = Field(gt=0, le=1e4, allow_inf_nan=False, description="z: the noise on the sum of "
+                                    "expected_sites sites has std z times the sensitivity")
+    expected_sites: int = Field(ge=1, le=MAX_SITES, description="the sites the noise is calibrated for: each adds "
+                                "1 / expected_sites of the variance")
+
+
 class SecAggTerms(Frozen):
     """What a train task under secure aggregation tells its site: the ring it encodes its update into, the most
     sites the ring was sized for, and the dropout fraction the round's graph is built for (docs/secure-aggregation.md,
@@ -65,6 +79,9 @@ class SecAggTerms(Frozen):
     uniform: bool = Field(default=False, description="the rule needs the plain mean of the updates (FedFBN, "
                           "FedDyn): every site weighs by 1, not by its sample count, so p_i = 1 / B with B the "
                           "number of selected sites, and the PS unmasks the plain mean and how many sites it holds")
+    distributed_dp: DistributedDPTerms | None = Field(default=None, description="DP-FedAvg's noise added by the "
+                                                      "sites in the ring (distributed DP); the site sends its clipped "
+                                                      "model change instead of p_i times its model")
 
 
 class KeyAdvertBody(Frozen):

@@ -37,6 +37,8 @@ from schemas.secagg import CLIPPED_SCALAR
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
+from site_agent.distributed_dp import model_change
+from site_agent.histogram_release import HistogramRelease
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.policy import epsilon_refusal, task_refusal
 from site_agent.privacy_ledger import LedgerError, PrivacyLedger
@@ -113,6 +115,8 @@ class SiteAgent:
         self.best = BestSlot(c.state_dir / "best")
         # Never cleared with the rest when the PS starts afresh: the records behind it are the same.
         self.ledger = PrivacyLedger(c.state_dir / "privacy")
+        self.histograms = HistogramRelease(c.state_dir / "privacy")  # the shared label counts, noised once if asked
+        self._released: tuple[dict[str, int] | None] | None = None  # (what leaves,) once decided
         self.secagg_store = SecAggStore(c.state_dir / "secagg")  # round secrets, 0600: see site_agent/secagg_store.py
 
     def _recorded_session(self) -> str:
@@ -139,7 +143,7 @@ class SiteAgent:
     def _status(self, state: m.SiteState, detail: str = "", *, round_no: int = 0,
                 update_bytes: int = 0) -> m.SiteStatus:
         c, d = self.config, self.data
-        hist = label_histogram(d.task.kind, d.y_train, d.task.n_outputs) if c.share_label_histogram else None
+        hist = self._shared_histogram()
         return m.SiteStatus(run_id=c.run_id, sender=c.site_id, round=round_no, state=state, device=self.device,
                             n_train=d.n_train, n_val=d.n_val, n_test=d.n_test, label_histogram=hist,
                             detail=detail, version=__version__, update_bytes=update_bytes,
@@ -361,10 +365,13 @@ class SiteAgent:
             return
         upload = sorted(result.weights) if task.upload is None else list(task.upload)
         kept = {n: v for n, v in result.weights.items() if n not in set(upload)}
+        shared = {n: result.weights[n] for n in upload}
+        if task.secure_aggregation is not None and task.secure_aggregation.distributed_dp is not None:
+            shared = model_change(shared, start)  # distributed DP sums changes, clipped and noised when masked
         self.local.stage(task.round, {"model": kept, **result.algo_state})  # pending, before the uplink
         update = m.ClientUpdate(
             run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session, base_model_hash=task.model_hash,
-            tensors=arrays_to_blobs({n: result.weights[n] for n in upload}), n_samples=result.n_samples,
+            tensors=arrays_to_blobs(shared), n_samples=result.n_samples,
             local_steps=result.steps, train_loss=result.train_loss, val_metrics=result.val_metrics,
             undefined=result.undefined, compute_seconds=result.seconds, usage=result.usage,
             control_variates=arrays_to_blobs(result.uplink_extras.get("delta_c", {})),
@@ -641,11 +648,22 @@ class SiteAgent:
     def _histogram(self, task: m.TrainTask) -> dict[str, int] | None:
         """Label counts leave the site only if its egress policy allows it; FedDkw cannot run without."""
         if self.config.share_label_histogram:
-            return label_histogram(self.data.task.kind, self.data.y_train, self.data.task.n_outputs)
+            return self._shared_histogram()
         if task.settings.algorithm == "feddkw":
             raise ValueError("feddkw needs the label histogram, but this site's egress policy "
                              "(share_label_histogram = false) does not allow it to leave")
         return None
+
+    def _shared_histogram(self) -> dict[str, int] | None:
+        """The label counts this site's egress policy lets leave: exact, or (policy `label_histogram_epsilon`)
+        the one noised release, charged to the ledger (site_agent/histogram_release.py); decided once a start."""
+        c, d = self.config, self.data
+        if not c.share_label_histogram:
+            return None
+        if self._released is None:
+            exact = label_histogram(d.task.kind, d.y_train, d.task.n_outputs)
+            self._released = (self.histograms.shared(exact, c.privacy, d.task.kind, self.ledger),)
+        return self._released[0]
 
     def _evaluate(self, task: m.EvalTask, model: m.GlobalModel) -> None:
         c = self.config

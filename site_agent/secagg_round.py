@@ -8,6 +8,7 @@ after a restart. No MQTT here: the agent (site_agent/agent.py) publishes what it
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -17,6 +18,7 @@ from fedmqtt.secagg import wire as conv
 from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.site import SecAggRefused, SiteSecrets, SiteSession
+from fedmqtt.secagg.skellam import SkellamPlan, change_vector, noise_key, reach_problem, site_noise
 from fedmqtt.secagg.weighted import Layout, weighted_vector
 from fedmqtt.transport.signing import Identity
 from schemas import secagg as wire
@@ -35,6 +37,7 @@ class SiteRound:
         self.layout, self.weight_bound, self.work_bound = layout, terms.weight_bound, terms.work_bound
         self.uniform = terms.uniform  # the rule needs the plain mean: this site weighs by 1, not by its count
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
+        self.dp_terms, self.fraction_bits = terms.distributed_dp, terms.fraction_bits
         record = store.load(session, round_no, terms.attempt)
         secrets = SiteSecrets.from_bytes(record.secrets) if record is not None else SiteSecrets.fresh()
         self.session_state = SiteSession(self.ctx, self.site, identity.private_key, identity.ring, self.fixed,
@@ -58,6 +61,14 @@ class SiteRound:
             conv.inbox_from_wire(inbox) if isinstance(inbox, wire.SecAggInbox) else None,
             conv.unmask_from_wire(request) if isinstance(request, wire.SecAggUnmask) else None)
 
+    @functools.cached_property
+    def dp(self) -> SkellamPlan | None:
+        """DP-FedAvg's noise added here, in the ring (fedmqtt/secagg/skellam.py); None without distributed DP.
+        ValueError: terms no sampler can serve (the agent refuses the round with the reason)."""
+        dp = self.dp_terms
+        return None if dp is None else SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites,
+                                                   self.fraction_bits, self.layout.floats)
+
     @property
     def stage(self) -> str:
         return self.session_state.stage
@@ -78,10 +89,20 @@ class SiteRound:
                  n_samples: int, variates: Mapping[str, np.ndarray] | None = None,
                  work: tuple[float, float, float] | None = None) -> wire.SecAggMasked:
         """Step 2: the masked weighted vector of this site's trained tensors (and, when the layout has them, its
-        control-variate deltas). Deterministic given the inbox and the tensors, so after a restart the same input
-        gives the same bits (the PS ignores the copy)."""
-        vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound, variates,
-                                 work)
+        control-variate deltas); under distributed DP, `tensors` is the model change, which is clipped and gets
+        this site's share of the noise (fedmqtt/secagg/skellam.py). Deterministic given the inbox and the tensors
+        (the noise too: its key comes from the round's kept secret), so after a restart the same input gives the
+        same bits (the PS ignores the copy)."""
+        noise = None
+        if self.dp is not None:  # `tensors` is the model change: clipped, then noised in the ring
+            if problem := reach_problem(self.dp, self.fixed.max_sites, self.fixed.bits):
+                raise SecAggRefused(msg.MALFORMED, problem)
+            vector = change_vector(tensors, self.layout, self.dp.clip)
+            key = noise_key(self.ctx, self.session_state.secrets.cipher_private, self.site)
+            noise = site_noise(self.dp, key, self.layout)
+        else:
+            vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound,
+                                     variates, work)
         packed = pack_message(inbox)
         if self.record.inbox is None:
             self._keep(inbox=packed)
@@ -90,7 +111,7 @@ class SiteRound:
                                 "could pair with other neighbours than the first masked input")
         elif self.stage == "masked":  # resumed past this step: the same inbox and tensors give the same bits
             self.session_state.stage = "shared"
-        masked = self.session_state.mask(vector, conv.inbox_from_wire(inbox))
+        masked = self.session_state.mask(vector, conv.inbox_from_wire(inbox), noise)
         return conv.masked_to_wire(self.ctx, masked, self.fixed)
 
     def clipped(self, tensors: Mapping[str, np.ndarray], n_samples: int,
@@ -98,8 +119,11 @@ class SiteRound:
                 work: tuple[float, float, float] | None = None) -> int:
         """How many coordinates of the vector `on_inbox` would mask (same arguments) lie outside the ring's
         [-clip, clip]: the encoding clips them, so the sum is then off by more than the encoding's bound."""
-        vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound, variates,
-                                 work)
+        if self.dp is not None:  # under distributed DP the masked vector is the clipped model change
+            vector = change_vector(tensors, self.layout, self.dp.clip)
+        else:
+            vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound,
+                                     variates, work)
         return int(np.count_nonzero(np.abs(vector) > self.fixed.clip))
 
     def on_unmask(self, request: wire.SecAggUnmask) -> wire.SecAggAnswer:

@@ -147,7 +147,10 @@ class Trainer:
         problem = settings_problem(settings) or model_problem(build_model(spec.name, dict(spec.args)))
         if problem:
             return problem, None
-        return None, plan_round(settings.dp, self.records(), settings, history)
+        try:
+            return None, plan_round(settings.dp, self.records(), settings, history)
+        except ValueError as exc:  # a target epsilon the accountant cannot reach (noise_for says which)
+            return str(exc), None
 
     def records(self) -> int:
         """Labelled training rows: what an update is computed from."""

@@ -61,8 +61,10 @@ def play(n: int, length: int, *, seed: int = 0, round_no: int = 1, run_id: str =
          on_masked: Callable[[msg.MaskedInput], msg.MaskedInput | list[msg.MaskedInput]] | None = None,
          on_request: Callable[[str, msg.UnmaskRequest], msg.UnmaskRequest] | None = None,
          on_answer: Callable[[msg.UnmaskAnswer], msg.UnmaskAnswer] | None = None,
-         updates: dict[str, np.ndarray] | None = None, finish: bool = True) -> Played:
-    """Play one round (`finish=False`: stop before the PS rebuilds the sum, so a test can go on by hand)."""
+         updates: dict[str, np.ndarray] | None = None, finish: bool = True,
+         noise: Callable[[SiteSession], np.ndarray] | None = None) -> Played:
+    """Play one round (`finish=False`: stop before the PS rebuilds the sum, so a test can go on by hand;
+    `noise`: what each site adds in the ring after encoding, distributed DP's share)."""
     keys = federation(run_id, n)
     ring = keys.identity("observer").ring
     ctx = RoundContext(run_id, round_no)
@@ -92,7 +94,7 @@ def play(n: int, length: int, *, seed: int = 0, round_no: int = 1, run_id: str =
     alive = [s for s in alive if s not in losses.before_masked and s in inbox]
     for s in alive:
         def send_masked(s: str = s) -> None:
-            masked = sites[s].mask(updates[s], inbox[s])
+            masked = sites[s].mask(updates[s], inbox[s], noise(sites[s]) if noise else None)
             changed = on_masked(masked) if on_masked else masked
             for message in changed if isinstance(changed, list) else [changed]:  # a list: sent one after another
                 server.receive_masked(message)

@@ -151,8 +151,11 @@ class SiteSession:
         return graph
 
     # -- round 2 ------------------------------------------------------------------------------------------
-    def mask(self, update: npt.NDArray[np.floating], inbox: Sequence[msg.EncryptedShare]) -> msg.MaskedInput:
-        """The masked encoding of `update`, paired with every neighbour whose sealed share opened."""
+    def mask(self, update: npt.NDArray[np.floating], inbox: Sequence[msg.EncryptedShare],
+             noise: npt.NDArray[np.int64] | None = None) -> msg.MaskedInput:
+        """The masked encoding of `update`, paired with every neighbour whose sealed share opened. `noise`
+        (distributed DP, fedmqtt/secagg/skellam.py) is added in the ring after encoding, never clipped, so that
+        the sum is exactly the sum of the encodings plus the sum of the noises."""
         self._expect("shared")
         values = np.asarray(update)
         if values.shape != (self.length,):
@@ -163,6 +166,10 @@ class SiteSession:
             total = self.fixed.encode(values)
         except ValueError as exc:
             raise SecAggRefused(msg.MALFORMED, str(exc)) from None
+        if noise is not None:
+            if noise.shape != (self.length,):
+                raise SecAggRefused(msg.MALFORMED, f"the noise has shape {noise.shape}, not ({self.length},)")
+            total = total + np.asarray(noise, dtype=np.int64).astype(dtype)  # two's complement: modular
         total = total + self_mask(self.ctx, self._seed, self.site, self.length, dtype)
         for neighbour in paired:
             total = total + pair_mask(self.ctx, self._mask_key, self.site, self.roster[neighbour].mask_public,

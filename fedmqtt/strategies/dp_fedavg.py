@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
+from fedmqtt.secagg.skellam import SkellamPlan, skellam_epsilon
 from fedmqtt.strategies.aggregate import copy_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
 from fedmqtt.strategies.params import StrategyParams
@@ -61,8 +62,8 @@ class DPFedAvg(ServerRule):
     needs_only_sums = False
     sums_note = (
         "the server clips each site's model change to C before summing, and adaptive clipping counts the sites "
-        "under C: both need each site's own change (under secure aggregation the clipping would move to the sites, "
-        "not done)"
+        "under C: both need each site's own change; under secure aggregation use distributed_dp, where the sites "
+        "clip and add the noise (fixed C only)"
     )
 
     name = "dp-fedavg"
@@ -74,6 +75,8 @@ class DPFedAvg(ServerRule):
         super().__init__(params)
         self.clip = self.params.clip_norm
         self.noised_rounds = 0  # rounds whose release the accountant counts
+        # Distributed DP: (Delta_1, Delta_2, variance of the sum) of every round's Skellam release, ring units
+        self.skellam_releases: list[tuple[float, float, float]] = []
         # Fresh OS randomness unless a test fixes it: the run's seed is known to every site.
         self._secret = self.params.noise_seed if self.params.noise_seed >= 0 else secrets.randbits(62)
 
@@ -125,6 +128,26 @@ class DPFedAvg(ServerRule):
             diagnostics |= {"epsilon": eps, "delta": self.params.delta}
         return AggregateResult(weights=self.complete(inp, out), diagnostics=diagnostics)
 
+    def aggregate_noised_sum(self, inp: RoundInput, change_sum: Mapping[str, np.ndarray], plan: SkellamPlan,
+                             sites: int) -> AggregateResult:
+        """Distributed DP under secure aggregation (ps_daemon/distributed_dp.py): `change_sum` is what the PS
+        unmasked, the `sites` sites' changes (each clipped to C by its site) plus their Skellam noise, per float
+        tensor; the PS divides it by the fixed m and adds nothing. The round is charged the noise its sum had."""
+        if not change_sum or sites <= 0:
+            return AggregateResult(weights=copy_weights(inp.current))  # nothing released, nothing spent
+        m = self.denominator(inp.enrolled)
+        out: dict[str, np.ndarray] = {}
+        for name, total in change_sum.items():
+            ref = np.asarray(inp.current[name])
+            out[name] = (ref.astype(np.float64) + self.params.server_lr * np.asarray(total) / m).astype(ref.dtype)
+        self.skellam_releases.append((plan.l1, plan.l2, sites * plan.site_variance))
+        diagnostics = {"clip_norm": plan.clip, "noise_std": plan.sum_std(sites) / m, "sites_in_sum": float(sites),
+                       "noise_calibrated_for": float(plan.expected_sites)}
+        eps = skellam_epsilon(self.skellam_releases, self.params.delta)
+        if math.isfinite(eps):
+            diagnostics |= {"epsilon": eps, "delta": self.params.delta}
+        return AggregateResult(weights=self.complete(inp, out), diagnostics=diagnostics)
+
     # -- the accountant -----------------------------------------------------------------------------
     def epsilon(self, m: float, enrolled: int) -> float:
         """Participant-level epsilon after the rounds so far, by Opacus' RDP accountant: each round is one step of
@@ -137,14 +160,21 @@ class DPFedAvg(ServerRule):
         return participant_epsilon(z, min(1.0, m / max(1, enrolled)), self.noised_rounds, self.params.delta)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"clip": float(self.clip), "noised_rounds": int(self.noised_rounds)}
+        return {"clip": float(self.clip), "noised_rounds": int(self.noised_rounds),
+                "skellam_releases": [list(map(float, r)) for r in self.skellam_releases]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         clip = float(state.get("clip", self.params.clip_norm))
         rounds = int(state.get("noised_rounds", 0))
         if not (math.isfinite(clip) and clip > 0 and rounds >= 0):
             raise ValueError(f"{self.name}: bad server state (clip {clip}, rounds {rounds})")
+        releases = state.get("skellam_releases", [])
+        if not isinstance(releases, list) or not all(
+                isinstance(r, list | tuple) and len(r) == 3 and all(isinstance(x, int | float) and math.isfinite(x)
+                                                                  and x > 0 for x in r) for r in releases):
+            raise ValueError(f"{self.name}: bad server state (skellam_releases {releases!r:.200})")
         self.clip, self.noised_rounds = clip, rounds
+        self.skellam_releases = [(float(a), float(b), float(c)) for a, b, c in releases]
 
 
 def participant_epsilon(noise_multiplier: float, sample_rate: float, rounds: int, delta: float) -> float:
@@ -196,7 +226,9 @@ as FedAvg: plain local loss, local optimiser; send w_i^t (record-level DP-SGD to
             "Andrew, Thakkar, McMahan, Ramaswamy: Differentially private learning with adaptive clipping, NeurIPS "
             "2021 (arXiv 1905.03871).",
             "Mironov, Talwar, Zhang: Renyi differential privacy of the sampled Gaussian mechanism (arXiv "
-            "1908.10530), the accountant's analysis."),
+            "1908.10530), the accountant's analysis.",
+            "Agarwal, Kairouz, Liu: The Skellam mechanism for differentially private federated learning, NeurIPS "
+            "2021 (arXiv 2110.04995), the distributed form's noise and RDP."),
     differences=(
         "Fixed denominator m (McMahan et al.'s fixed-denominator estimator), never the number of sites that "
         "answered: the noise on the mean is exactly z_D C / m and one site's presence moves the sum by at most C. "
@@ -210,6 +242,10 @@ as FedAvg: plain local loss, local optimiser; send w_i^t (record-level DP-SGD to
         "answered.",
         "sigma_b defaults to max(m / 20, z): Andrew et al.'s m / 20 alone leaves no noise budget for the change "
         "when m < 10 z, the usual case with a few hospitals.",
+        "Under secure aggregation with `distributed_dp = \"skellam\"` (docs/privacy.md, \"Distributed DP\") the "
+        "sites clip their changes and add the noise as integer Skellam shares in the ring (Agarwal, Kairouz, Liu), "
+        "so the PS never sees an un-noised sum; the accountant then charges each round the Skellam RDP of the "
+        "noise its sum had (fewer sites: less noise). Fixed C only there.",
     ),
     example="""
 Two enrolled sites, C = 1, z = 0, m = 2: changes [3, 4] (norm 5, clipped to [0.6, 0.8]) and [0.3, 0] (kept)

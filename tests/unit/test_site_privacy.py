@@ -5,6 +5,7 @@ starts a new run (the rest of the site's state is cleared)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -79,3 +80,15 @@ def test_a_new_run_clears_the_sites_state_but_not_its_ledger(tmp_path: Path) -> 
     agent._join("bb")  # the PS started afresh
     assert PrivacyLedger(tmp_path / "state" / "privacy").history() == [(1.0, 0.1, 30)]
     assert agent.store.load("update", 1, "h" * 16) is None
+
+
+def test_a_target_epsilon_the_rdp_accountant_cannot_reach_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """epsilon 0.1 at delta 1e-5: Opacus' RDP orders (up to 63) cannot certify it for any noise; the site refuses
+    the round with the reason (answered, not a task error the PS re-sends forever), and PRV trains it."""
+    def dp(accountant: Literal["rdp", "prv"]) -> m.RecordDP:
+        return m.RecordDP(max_grad_norm=1.0, target_epsilon=0.1, delta=1e-5, planned_rounds=10, accountant=accountant)
+
+    agent = _agent(tmp_path, PrivacyPolicy())
+    why = agent._refusal(*_task(dp=dp("rdp")))
+    assert why is not None and "cannot train with record-level DP" in why and 'accountant = "prv"' in why
+    assert agent._refusal(*_task(dp=dp("prv"))) is None
