@@ -39,6 +39,14 @@ from fedmqtt.transport import topics  # noqa: E402
 UPLINKS = ("update", "report", "secagg")  # the site topics that carry models or results
 
 
+def available_mib() -> float:
+    """MemAvailable of the machine, in MiB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return float("inf")
+
+
 def rss_parts(pid: int) -> tuple[float, ...] | None:
     """(VmRSS, RssAnon, RssFile, RssShmem) of `pid` in MiB."""
     try:
@@ -113,6 +121,8 @@ def main() -> None:
     ap.add_argument("--train-alone", action="store_true", help="also run a site's local training alone")
     ap.add_argument("--trace", action="store_true", help="log the PS at debug level and say what it did "
                     "just before its highest resident-memory sample")
+    ap.add_argument("--min-available-mb", type=float, default=1500, help="stop every process of the run when "
+                    "the machine's available memory falls below this (a shared machine must not reach its OOM killer)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, checkpoints)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fedmqtt-big-"))
@@ -145,6 +155,8 @@ def main() -> None:
                     trace.append((time.time(), parts))
                 broker_peak = max(broker_peak, peak_rss_mb(broker.pid) or 0.0)
                 site_peaks = [max(old, peak_rss_mb(p.pid) or 0.0) for old, p in zip(site_peaks, procs, strict=True)]
+                if available_mib() < args.min_available_mb:
+                    raise SystemExit(f"stopped: only {available_mib():.0f} MiB of memory left on the machine")
                 failed = [k for k, p in enumerate(procs) if p.poll() not in (None, 0)]
                 if failed:
                     raise SystemExit(f"site {failed[0]} failed; see {work / 'logs' / f'site-{failed[0]}.log'}")
@@ -164,6 +176,8 @@ def main() -> None:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if sys.exc_info()[0] is not None and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)  # a 1 GB run leaves gigabytes of checkpoints and spool
     assert ps is not None
     if ps.returncode != 0:
         raise SystemExit(f"PS failed ({ps.returncode}); see {work / 'logs' / 'ps.log'}")
