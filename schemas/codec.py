@@ -121,18 +121,7 @@ def pack_pieces(obj: Any) -> list[bytes | memoryview]:
     """
     blobs: list[bytes | memoryview] = []
     token = secrets.token_bytes(16)
-
-    def swap(value: Any) -> Any:  # a (rare) bytearray stays inline: msgpack encodes it as the same bin
-        if isinstance(value, (bytes, memoryview)) and len(value) >= _LARGE_BIN:
-            blobs.append(value)
-            return token
-        if isinstance(value, dict):
-            return {k: swap(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [swap(v) for v in value]
-        return value
-
-    skeleton = msgpack.packb(swap(obj), use_bin_type=True)
+    skeleton = msgpack.packb(_swap_blobs(obj, blobs, token), use_bin_type=True)
     if not blobs:
         return [skeleton]
     placeholder = b"\xc4\x10" + token
@@ -143,6 +132,20 @@ def pack_pieces(obj: Any) -> list[bytes | memoryview]:
     for blob, piece in zip(blobs, pieces[1:], strict=True):
         out += [b"\xc6" + struct.pack(">I", len(blob)), blob, piece]
     return out
+
+
+def _swap_blobs(value: Any, blobs: list[bytes | memoryview], token: bytes) -> Any:
+    """`value` with each large blob replaced by `token` and appended to `blobs`, in packing order. A function of
+    its own, not a closure: a nested function that calls itself is a reference cycle, and it kept every blob
+    (the views of a whole model's arrays) alive until the cycle collector happened to run."""
+    if isinstance(value, (bytes, memoryview)) and len(value) >= _LARGE_BIN:
+        blobs.append(value)
+        return token
+    if isinstance(value, dict):
+        return {k: _swap_blobs(v, blobs, token) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_swap_blobs(v, blobs, token) for v in value]
+    return value  # a (rare) bytearray stays inline: msgpack encodes it as the same bin
 
 
 def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:

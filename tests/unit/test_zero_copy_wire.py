@@ -9,7 +9,6 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from signed_wire import identity
@@ -178,5 +177,25 @@ def test_a_chunked_model_is_received_in_place_in_about_its_own_size_of_memory() 
         ch.close()
 
 
-if __name__ == "__main__":
-    pytest.main([__file__])
+def test_encoding_a_message_as_pieces_leaves_no_cycle_that_keeps_its_arrays() -> None:
+    """The pieces reference the model's arrays; once they are dropped the arrays must go at once, not when the
+    cycle collector next runs (a PS held a whole extra model between rounds that way)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        # Prepare
+        array = np.ones(100_000, np.float32)
+        gone = weakref.ref(array)
+        blobs = arrays_to_blobs({"w": array})
+        message = m.GlobalModel(run_id="r", sender="ps", round=1, model=m.ModelSpec(name="mlp"),
+                                model_hash=tensors_hash(blobs), tensors=blobs)
+        # Execute
+        pieces = encode_pieces(message, max_bytes=64 * MiB)
+        assert any(isinstance(p, memoryview) for p in pieces)
+        del array, blobs, message, pieces
+        # Assert
+        assert gone() is None
+    finally:
+        gc.enable()
