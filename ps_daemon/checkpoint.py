@@ -14,7 +14,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from schemas.codec import decode_checkpoint, encode_checkpoint, pack_pieces
 from schemas.tensors import TensorBlob, arrays_to_blobs, blobs_to_arrays
 
 log = logging.getLogger(__name__)
+_WRITE_BLOCK = 64 * 2**20  # bytes written between two drops of the pages read (spill_best)
 
 
 def _pack(value: Any) -> Any:
@@ -159,14 +160,30 @@ class CheckpointStore:
         if best is None or isinstance(best.weights, StoredWeights):
             return state
         private_dir(self.folder)
-        record = BestRoundRecord(round=best.round, score=best.score, model_hash=best.model_hash,
-                                 tensors=arrays_to_blobs(best.weights))
-        pieces = pack_pieces(record.model_dump(mode="python"))
-        digest = hashlib.sha256()
-        for piece in pieces:
-            digest.update(piece)
-        path = write_atomic(self.folder / f"best-round-{best.round:06d}.msgpack", pieces)
-        drop_read_pages(best.weights)  # maps of an earlier file were read to write this one
+        # Not checked again (the PS made these weights and checked them when it did): the finiteness scan, in
+        # the blobs and again in the record, would read the maps whole before a byte is written.
+        record = BestRoundRecord.model_construct(round=best.round, score=best.score, model_hash=best.model_hash,
+                                                 tensors=arrays_to_blobs(best.weights, check=False))
+        digest, weights = hashlib.sha256(), best.weights
+
+        def blocks() -> Iterator[memoryview]:
+            """The file's bytes in blocks, hashed as they go; the pages of maps read for each are dropped once it
+            is written: the weights are usually maps of an earlier checkpoint, and read whole they would sit in
+            the PS's memory beside the new model it has just aggregated."""
+            unreleased = 0
+            for piece in pack_pieces(record.model_dump(mode="python")):
+                view = memoryview(piece)
+                for start in range(0, len(view), _WRITE_BLOCK):
+                    block = view[start:start + _WRITE_BLOCK]
+                    digest.update(block)
+                    yield block
+                    unreleased += len(block)
+                    if unreleased >= _WRITE_BLOCK:
+                        drop_read_pages(weights)
+                        unreleased = 0
+            drop_read_pages(weights)
+
+        path = write_atomic(self.folder / f"best-round-{best.round:06d}.msgpack", blocks())
         return replace(state, best=replace(best, weights=StoredWeights(path, digest.hexdigest())))
 
     def _drop_unreferenced_best_files(self) -> None:

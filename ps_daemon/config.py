@@ -216,6 +216,9 @@ class DaemonConfig(BaseModel):
     keep_checkpoints: int = Field(default=3, ge=1, description="checkpoints kept on disk (the newest ones)")
     upload_turns: int = Field(default=2, ge=1, le=1024, description="large (chunked) updates the sites may put on "
                               "the broker at once; the broker holds the model plus at most this many updates")
+    upload_turn_bytes: int = Field(default=256 * 2**20, ge=1, description="bytes the updates holding upload turns "
+                                   "may declare in all before no further turn is granted (one always is): with a "
+                                   "large model one update at a time is at the broker beside it")
     model: ModelSpec = Field(description="the model every site trains")
     train: TrainSettings = Field(default=TrainSettings(), description="local-training settings sent with each "
                                  "task")
@@ -298,7 +301,8 @@ class DaemonConfig(BaseModel):
     def config_hash(self) -> str:
         """What must not change across `--resume` (the broker, credentials and out_dir may)."""
         keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints",
-                                                      "pretrained", "upload_turns", "metrics"})
+                                                      "pretrained", "upload_turns", "upload_turn_bytes",
+                                                      "metrics"})
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def broker_settings(self) -> BrokerSettings:

@@ -63,7 +63,8 @@ class DaemonRunner:
         self.store = CheckpointStore(config.out_dir / "checkpoints", keep=config.keep_checkpoints)
         self.spool = UpdateSpool(config.out_dir / "spool")
         # Grant numbers start at this start's time in ms: a resumed PS never repeats one a site has answered.
-        self.turns = UploadTurns(config.upload_turns, first_grant=time.time_ns() // 1_000_000)
+        self.turns = UploadTurns(config.upload_turns, first_grant=time.time_ns() // 1_000_000,
+                                 max_bytes=config.upload_turn_bytes)
         self._turns_out: dict[str, int] = {}  # what ps/turn/<site> holds now (site -> grant)
         self.resume = resume
         self.force = force

@@ -4,8 +4,10 @@ Why (docs/design-notes.md, "Broker memory"): a chunked update stays retained at 
 fetched it, and N sites that finish a round together would otherwise make the broker hold N models beside the
 one it serves them. A site whose update is too large for one message announces it (`update_ready`, retained on
 its status topic) and uploads only when the PS grants it a turn (on ps/turn/<site>); the PS grants at most `slots`
-turns at once and removes each update from the broker as soon as it has accepted it. The broker then holds the
-model plus at most `slots` updates, whatever the number of sites.
+turns at once, and a second or later one only while the updates holding turns declare at most `max_bytes` in all,
+and removes each update from the broker as soon as it has accepted it. The broker then holds the model plus at
+most `slots` updates, and with a large model only one (a 1 GB model and two turns would be three models at the
+broker), whatever the number of sites.
 
 Nothing here needs to survive the PS: the site keeps its update on disk and its `update_ready` status stays
 retained, so a resumed PS learns again who is ready and grants them turns to send what it no longer holds.
@@ -37,9 +39,13 @@ class _Turn:
 
 
 class UploadTurns:
-    def __init__(self, slots: int, *, grace_s: float = TURN_GRACE_S, first_grant: int = 1) -> None:
-        """`first_grant`: numbers of this PS process start here (a time stamp, so a resumed PS never reuses one)."""
+    def __init__(self, slots: int, *, grace_s: float = TURN_GRACE_S, first_grant: int = 1,
+                 max_bytes: int | None = None) -> None:
+        """`first_grant`: numbers of this PS process start here (a time stamp, so a resumed PS never reuses one).
+        `max_bytes`: what the updates holding turns may declare in all before no further turn is granted (the
+        first is always granted); None: no such bound."""
         self.slots = slots
+        self.max_bytes = max_bytes
         self.grace_s = grace_s
         self.ready: dict[str, _Ready] = {}
         self.granted: dict[str, _Turn] = {}
@@ -70,11 +76,20 @@ class UploadTurns:
             if not uploading(site) and now - turn.since > grace:
                 del self.granted[site]  # to the back of the queue: a site that is slow to start waits for the others
                 self.ready[site].since = now
-        queue = sorted((r.since, site) for site, r in self.ready.items() if site not in self.granted)
-        for _, site in queue[: max(0, self.slots - len(self.granted))]:
+        for site in self.waiting():
+            if not self._fits(self.ready[site].nbytes):
+                break  # oldest first: a large update is not overtaken by smaller ones
             self.granted[site] = _Turn(self._next_grant, now)
             self._next_grant += 1
         return before != {site: turn.grant for site, turn in self.granted.items()}
+
+    def _fits(self, nbytes: int) -> bool:
+        """A free slot, and within `max_bytes` with the updates already holding turns (or no turn granted)."""
+        if len(self.granted) >= self.slots:
+            return False
+        if not self.granted or self.max_bytes is None:
+            return True
+        return sum(self.ready[site].nbytes for site in self.granted) + nbytes <= self.max_bytes
 
     def view(self) -> dict[str, int]:
         """The turns now: site -> grant number (ps/status lists them for observers)."""

@@ -26,6 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 from fedmqtt.errors import SchemaError
 from schemas.base import SCHEMA_VERSION
 from schemas.messages import TEXT_KINDS, Message
+from schemas.msgpack_views import unpack_with_views
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 # Far above what real messages need (a message is <= 5 levels deep; the largest list is a 1 GiB manifest's
@@ -40,6 +41,9 @@ MAX_CONTAINERS = 262_144
 # Status and metrics documents are small summaries; JSON has no container limits while parsing, so its size is.
 MAX_TEXT_BYTES = 4 * 1024 * 1024
 REASON_CHARS = 200  # attacker-controlled text in a reason is cut to this
+# From this size on a payload's tensor bytes are not copied out of it (schemas/msgpack_views.py): its tensors
+# are read-only views that keep it alive. Below it, msgpack's C decoder copies them; that is cheap there.
+VIEWS_FROM_BYTES = 1 << 20
 
 
 class WireError(SchemaError):
@@ -83,6 +87,18 @@ def encode(message: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     return data
 
 
+def encode_pieces(message: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[bytes | memoryview]:
+    """`encode(message)` as pieces whose concatenation it is (see `pack_pieces`): a large message's tensors stay
+    in their arrays, so a sender that cuts it into chunks (fedmqtt/transport/bulk.py) never encodes it whole."""
+    if message.kind in TEXT_KINDS:
+        return [encode(message, max_bytes=max_bytes)]
+    pieces = pack_pieces(message.model_dump(mode="python"))
+    size = sum(len(piece) for piece in pieces)
+    if size > max_bytes:
+        raise SchemaError(f"{message.kind} of {size} bytes exceeds the budget of {max_bytes} bytes")
+    return pieces
+
+
 _LARGE_BIN = 1 << 16  # from here on msgpack writes bin 32: a 0xc6 byte and a 4-byte big-endian length
 
 
@@ -105,18 +121,7 @@ def pack_pieces(obj: Any) -> list[bytes | memoryview]:
     """
     blobs: list[bytes | memoryview] = []
     token = secrets.token_bytes(16)
-
-    def swap(value: Any) -> Any:  # a (rare) bytearray stays inline: msgpack encodes it as the same bin
-        if isinstance(value, (bytes, memoryview)) and len(value) >= _LARGE_BIN:
-            blobs.append(value)
-            return token
-        if isinstance(value, dict):
-            return {k: swap(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [swap(v) for v in value]
-        return value
-
-    skeleton = msgpack.packb(swap(obj), use_bin_type=True)
+    skeleton = msgpack.packb(_swap_blobs(obj, blobs, token), use_bin_type=True)
     if not blobs:
         return [skeleton]
     placeholder = b"\xc4\x10" + token
@@ -129,7 +134,21 @@ def pack_pieces(obj: Any) -> list[bytes | memoryview]:
     return out
 
 
-def decode(data: bytes | bytearray, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
+def _swap_blobs(value: Any, blobs: list[bytes | memoryview], token: bytes) -> Any:
+    """`value` with each large blob replaced by `token` and appended to `blobs`, in packing order. A function of
+    its own, not a closure: a nested function that calls itself is a reference cycle, and it kept every blob
+    (the views of a whole model's arrays) alive until the cycle collector happened to run."""
+    if isinstance(value, (bytes, memoryview)) and len(value) >= _LARGE_BIN:
+        blobs.append(value)
+        return token
+    if isinstance(value, dict):
+        return {k: _swap_blobs(v, blobs, token) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_swap_blobs(v, blobs, token) for v in value]
+    return value  # a (rare) bytearray stays inline: msgpack encodes it as the same bin
+
+
+def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
     """Parse and validate a payload; raise WireError (a SchemaError) saying what is wrong."""
     if len(data) > max_bytes:
         raise WireError(TOO_LARGE, f"payload of {len(data)} bytes exceeds the budget of {max_bytes} bytes")
@@ -158,8 +177,14 @@ def decode(data: bytes | bytearray, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Me
         raise WireError(SCHEMA, f"invalid {clip(kind, 40)}: {type(exc).__name__}: {clip(exc)}") from None
 
 
-def _parse_msgpack(data: bytes | bytearray, max_bytes: int) -> Any:
-    """msgpack with every length bounded before it is allocated, and a cap on the number of containers."""
+def _parse_msgpack(data: bytes | bytearray | memoryview, max_bytes: int) -> Any:
+    """msgpack with every length bounded before it is allocated, and a cap on the number of containers. A large
+    payload's tensor bytes stay in it, as views (see VIEWS_FROM_BYTES)."""
+    if len(data) >= VIEWS_FROM_BYTES:
+        obj = unpack_with_views(data, max_bin_len=max_bytes, max_str_len=MAX_STR_LEN, max_array_len=MAX_ARRAY_LEN,
+                                max_map_len=MAX_MAP_LEN, max_containers=MAX_CONTAINERS, max_depth=MAX_DEPTH + 1)
+        if obj is not None:
+            return obj
     containers = 0
 
     def count(container: Any) -> Any:
@@ -185,7 +210,7 @@ def _parse_msgpack(data: bytes | bytearray, max_bytes: int) -> Any:
 _DEPTH_BLOCK = 1 << 18  # bytes scanned at a time: json_depth's temporaries stay ~2 MB for any payload
 
 
-def json_depth(data: bytes | bytearray) -> int:
+def json_depth(data: bytes | bytearray | memoryview) -> int:
     """Deepest bracket nesting outside strings, in linear time, without recursion and in bounded memory (run
     before json.loads, whose recursive parser would otherwise meet a hostile 100 000-deep document).
 
@@ -231,7 +256,7 @@ def _no_constant(name: str) -> None:
     raise WireError(NON_FINITE, f"{name} is not a JSON number")
 
 
-def _parse_json(data: bytes | bytearray) -> Any:
+def _parse_json(data: bytes | bytearray | memoryview) -> Any:
     if len(data) > MAX_TEXT_BYTES:
         raise WireError(TOO_LARGE, f"JSON payload of {len(data)} bytes exceeds {MAX_TEXT_BYTES} bytes")
     depth = json_depth(data)

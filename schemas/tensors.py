@@ -117,14 +117,19 @@ class TensorBlob(Frozen):
         return self.to_numpy().astype(np.float32)
 
     @classmethod
-    def from_numpy(cls, name: str, array: np.ndarray) -> TensorBlob:
+    def from_numpy(cls, name: str, array: np.ndarray, *, check: bool = True) -> TensorBlob:
+        """A blob aliasing `array`'s memory. `check=False` skips validation (the finiteness scan reads every
+        byte): only for arrays the caller made and checked itself, such as a model it holds as maps of a file,
+        which the scan would otherwise read into memory whole."""
         dtype = _WIRE_DTYPE.get(str(array.dtype))
         if dtype is None:
             raise ValueError(f"tensor {name!r}: dtype {array.dtype} is not allowed on the wire")
         little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).view()
         little.flags.writeable = False  # the blob aliases the array (no copy); it never writes through it
-        return cls(name=name, dtype=dtype, shape=tuple(int(d) for d in array.shape),
-                   data=memoryview(little.reshape(-1)).cast("B"))
+        shape, data = tuple(int(d) for d in array.shape), memoryview(little.reshape(-1)).cast("B")
+        if not check:
+            return cls.model_construct(name=name, dtype=dtype, shape=shape, data=data)
+        return cls(name=name, dtype=dtype, shape=shape, data=data)
 
     @property
     def nbytes(self) -> int:
@@ -134,9 +139,10 @@ class TensorBlob(Frozen):
 Tensors = Annotated[tuple[TensorBlob, ...], Field(max_length=MAX_TENSORS)]
 
 
-def arrays_to_blobs(arrays: Mapping[str, np.ndarray]) -> tuple[TensorBlob, ...]:
-    """Blobs in sorted name order, so the same weights always encode to the same bytes."""
-    return tuple(TensorBlob.from_numpy(name, arrays[name]) for name in sorted(arrays))
+def arrays_to_blobs(arrays: Mapping[str, np.ndarray], *, check: bool = True) -> tuple[TensorBlob, ...]:
+    """Blobs in sorted name order, so the same weights always encode to the same bytes (`check`: see
+    `TensorBlob.from_numpy`)."""
+    return tuple(TensorBlob.from_numpy(name, arrays[name], check=check) for name in sorted(arrays))
 
 
 def blobs_to_arrays(blobs: tuple[TensorBlob, ...] | list[TensorBlob]) -> dict[str, np.ndarray]:

@@ -77,6 +77,7 @@ class SiteAgent:
         self._stop = False
         self._seen_connects = 0
         self.ps_done = False
+        self._report_session: str | None = None  # our report is retained at the broker (for a resumed PS)
         self.ps_state = "not heard from"
         self._reminded_at = time.monotonic()
         self._last_work = "no task yet"
@@ -272,6 +273,11 @@ class SiteAgent:
                 self.task = msg
         elif isinstance(msg, m.DaemonStatus):
             self.ps_done = msg.state == "done"
+            if self.ps_done and msg.session == self._report_session:
+                # The PS has written its outputs: our report needs no retained copy for a resumed PS any more
+                self.channel.clear(topics.site_report_topic(self.config.run_id, self.config.site_id))
+                self._report_session = None
+                log.info("the PS has finished: removed our report from the broker")
             self.ps_state = f"{msg.state}, round {msg.round}"
             if msg.detail:
                 log.info("PS: %s (round %d) %s", msg.state, msg.round, msg.detail[:300])
@@ -681,6 +687,7 @@ class SiteAgent:
                               tag=task.tag, metrics=metrics, n_samples=counts, undefined=undefined,
                               best_round=best_round)
         self.channel.send(topics.site_report_topic(c.run_id, c.site_id), report)
+        self._report_session = task.session
         self.channel.send(topics.site_status_topic(c.run_id, c.site_id),
                           self._status("online", "final model evaluated"))
         log.info("evaluated model %s: test %s", task.model_hash[:8], metrics.get("test"))

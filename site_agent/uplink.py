@@ -69,6 +69,9 @@ class Uplink:
 
     def on_ps_status(self, status: m.DaemonStatus) -> None:
         self.ps_status = status
+        if status.state == "done" and self._retained is not None and self._retained[0] == status.session:
+            self.channel.clear(self.topic)  # a run that ended without a later model (on_model) leaves nothing
+            self._retained = None
 
     def on_turn(self, turn: m.UploadTurn) -> None:
         self.turn = turn

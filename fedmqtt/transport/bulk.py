@@ -20,11 +20,15 @@ This module holds the logic only; `Fetcher` talks to the broker through the thre
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
 import logging
 import math
+import mmap
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -61,28 +65,66 @@ def tensor_index(message: Any) -> tuple[TensorEntry, ...]:
     return tuple(TensorEntry(name=b.name, dtype=b.dtype, shape=b.shape) for b in blobs)
 
 
-def split(payload: bytes, message: Any, *, chunk_bytes: int) -> tuple[ChunkManifest, Callable[[], Iterator[Chunk]]]:
-    """The manifest of `payload` (the encoded `message`) and a generator of its chunks, made lazily so the
-    sender never holds a second copy of a large model.
+class Spliced:
+    """Pieces (an encoded message as `schemas.codec.encode_pieces` gives it) read as one byte string, unjoined."""
+
+    def __init__(self, pieces: Sequence[bytes | memoryview]) -> None:
+        self.pieces = [memoryview(p).cast("B") for p in pieces if len(p)]
+        self.starts = list(itertools.accumulate((len(p) for p in self.pieces), initial=0))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def parts(self, start: int, stop: int) -> list[memoryview]:
+        """Views of bytes [start, stop), one per piece they span."""
+        stop = min(stop, len(self))
+        out = []
+        i = bisect.bisect_right(self.starts, start) - 1
+        while start < stop:
+            offset = start - self.starts[i]
+            end = min(stop, self.starts[i + 1])
+            out.append(self.pieces[i][offset:offset + end - start])
+            start, i = end, i + 1
+        return out
+
+    def slice(self, start: int, stop: int) -> bytes | memoryview:
+        """Bytes [start, stop): a view where they lie in one piece, else the few pieces' parts joined."""
+        parts = self.parts(start, stop)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def digest(self, start: int, stop: int) -> str:
+        digest = hashlib.sha256()
+        for part in self.parts(start, stop):
+            digest.update(part)
+        return digest.hexdigest()
+
+
+def split(payload: bytes | Sequence[bytes | memoryview], message: Any, *,
+          chunk_bytes: int) -> tuple[ChunkManifest, Callable[[], Iterator[Chunk]]]:
+    """The manifest of `payload` (the encoded `message`, whole or as pieces) and a generator of its chunks, made
+    lazily so the sender never holds a second copy of a large model: a chunk is a view of the piece it lies in
+    (a tensor's own memory, for a message encoded as pieces); only one that spans pieces is joined.
 
     A payload that would need more than MAX_CHUNKS chunks of `chunk_bytes` goes in MAX_CHUNKS larger ones (at
     most MAX_CHUNK_BYTES each): the broker grants exactly MAX_CHUNKS chunk topics per topic."""
-    if len(payload) > MAX_CHUNKED_BYTES:
-        raise WireError(TOO_LARGE, f"a {message.kind} of {len(payload)} bytes exceeds what one chunked transfer "
+    pieces = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
+    size = sum(len(piece) for piece in pieces)
+    if size > MAX_CHUNKED_BYTES:
+        raise WireError(TOO_LARGE, f"a {message.kind} of {size} bytes exceeds what one chunked transfer "
                                    f"carries ({MAX_CHUNKS} chunks of at most {MAX_CHUNK_BYTES} bytes)")
-    chunk_bytes = max(chunk_bytes, -(-len(payload) // MAX_CHUNKS))
-    view = memoryview(payload)
-    count = math.ceil(len(payload) / chunk_bytes)
-    digests = tuple(chunk_digest(view[i * chunk_bytes:(i + 1) * chunk_bytes]) for i in range(count))
+    data = Spliced(pieces)
+    chunk_bytes = max(chunk_bytes, -(-size // MAX_CHUNKS))
+    count = math.ceil(size / chunk_bytes)
+    digests = tuple(data.digest(i * chunk_bytes, (i + 1) * chunk_bytes) for i in range(count))
     header = dict(run_id=message.run_id, sender=message.sender, round=message.round)
     manifest = ChunkManifest(**header, inner_kind=message.kind, transfer_id=message.msg_id,
-                             total_bytes=len(payload), chunk_bytes=chunk_bytes, chunk_sha256=digests,
+                             total_bytes=size, chunk_bytes=chunk_bytes, chunk_sha256=digests,
                              root_sha256=root_digest(digests), tensor_index=tensor_index(message))
 
     def chunks() -> Iterator[Chunk]:
         for i in range(count):
             yield Chunk(**header, msg_id=f"{message.msg_id[:48]}-c{i}", transfer_id=message.msg_id, index=i,
-                        data=view[i * chunk_bytes:(i + 1) * chunk_bytes])  # a view: encoding copies it once
+                        data=data.slice(i * chunk_bytes, (i + 1) * chunk_bytes))  # encoding copies it once
 
     return manifest, chunks
 
@@ -102,7 +144,7 @@ class TransferStats:
 class Completed:
     topic: str
     manifest: ChunkManifest
-    payload: bytes
+    payload: memoryview  # read-only, over the transfer's own map
 
 
 @dataclass
@@ -117,11 +159,12 @@ class _Transfer:
     topic: str
     manifest: ChunkManifest
     have: bytearray  # 1 per chunk received and verified
-    # Verified chunks 0..k-1 in order, joined once when the last arrives: appending each to one bytearray
-    # reallocated and copied the whole buffer at nearly every chunk.
-    parts: list[bytes | memoryview] = field(default_factory=list)
-    filled: int = 0  # their bytes
-    early: dict[int, bytes | memoryview] = field(default_factory=dict)  # verified, arrived ahead of the buffer
+    # The payload, written in place as verified chunks arrive. An anonymous map: its pages cost memory only once
+    # a chunk is written into them, so what is resident never exceeds what arrived and verified (the manifest's
+    # size only reserves addresses), and the whole payload is never joined or copied: the decoded message's
+    # tensors are views of it (schemas/msgpack_views.py).
+    buffer: mmap.mmap | None = None
+    filled: int = 0  # bytes of verified chunks written
     next_index: int = 0  # the next chunk not yet asked for
     outstanding: set[int] = field(default_factory=set)
     to_unsubscribe: list[int] = field(default_factory=list)
@@ -135,29 +178,22 @@ class _Transfer:
     @property
     def held_bytes(self) -> int:
         """Bytes of chunk data this transfer holds: never more than what arrived and verified."""
-        return self.filled + sum(len(c) for c in self.early.values())
+        return self.filled
 
     def store(self, index: int, data: bytes | memoryview) -> None:
-        """Keep a verified chunk: append it (and any early successors) to the buffer, or park it until its turn."""
-        chunk_bytes = self.manifest.chunk_bytes
-        if index * chunk_bytes != self.filled:
-            self.early[index] = data
-            return
-        self._append(data)
-        follow = index + 1
-        while follow in self.early:
-            self._append(self.early.pop(follow))
-            follow += 1
-
-    def _append(self, data: bytes | memoryview) -> None:
-        self.parts.append(data)
+        """Write a verified chunk (of its manifest's length) at its place in the payload."""
+        if self.buffer is None:
+            self.buffer = mmap.mmap(-1, self.manifest.total_bytes)
+        start = index * self.manifest.chunk_bytes
+        self.buffer[start:start + len(data)] = data
         self.filled += len(data)
 
-    def joined(self) -> bytes:
-        """The whole payload, once every chunk is in; the parts are let go as it is made."""
-        payload = b"".join(self.parts)
-        self.parts.clear()
-        return payload
+    def payload(self) -> memoryview:
+        """The whole payload, read-only, once every chunk is in (the map lives as long as views of it do)."""
+        assert self.buffer is not None
+        view = memoryview(self.buffer).toreadonly()
+        self.buffer = None
+        return view
 
 
 class Fetcher:
@@ -292,8 +328,8 @@ class Fetcher:
         self.active = None
         self.stats.completed += 1
         self._start_next()
-        assert t.filled == m.total_bytes and not t.early  # every chunk verified, in order
-        return Completed(t.topic, m, t.joined())
+        assert t.filled == m.total_bytes  # every chunk verified
+        return Completed(t.topic, m, t.payload())
 
     def _corrupt(self, t: _Transfer, index: int, what: str) -> Failed | None:
         self.stats.corrupt += 1

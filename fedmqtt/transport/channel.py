@@ -33,7 +33,7 @@ from fedmqtt.transport.topics import (
     parse_topic,
 )
 from schemas.chunks import MAX_CHUNK_BYTES, ChunkManifest
-from schemas.codec import WireError, clip, decode, encode
+from schemas.codec import WireError, clip, decode, encode, encode_pieces
 from schemas.messages import Message
 from schemas.signed import KeyList
 
@@ -158,8 +158,8 @@ def check_message(
     return parsed, _check_body(topic, parsed, payload, run_id=run_id, max_bytes=max_bytes)
 
 
-def check_vouched(topic: str, payload: bytes | bytearray, *, run_id: str, max_bytes: int) -> tuple[ParsedTopic,
-                                                                                                      Message]:
+def check_vouched(topic: str, payload: bytes | bytearray | memoryview, *, run_id: str,
+                  max_bytes: int) -> tuple[ParsedTopic, Message]:
     """check_message for the reassembled body of a chunked transfer, whose signed manifest's digests vouched for
     every byte of it already."""
     parsed = _check_topic(topic, run_id)
@@ -173,7 +173,7 @@ def _check_topic(topic: str, run_id: str) -> ParsedTopic:
     return parsed
 
 
-def _check_body(topic: str, parsed: ParsedTopic, payload: bytes | bytearray, *, run_id: str,
+def _check_body(topic: str, parsed: ParsedTopic, payload: bytes | bytearray | memoryview, *, run_id: str,
                 max_bytes: int) -> Message:
     message: Any = decode(payload, max_bytes=max_bytes)
     kind = message.kind
@@ -289,23 +289,25 @@ class Channel:
     def send(self, topic: str, message: object, *, retain: bool = True, payload: bytes | None = None) -> int:
         """Publish `message` (or its already-encoded `payload`, e.g. a stored uplink); returns the bytes put on
         the wire, chunks and manifest included."""
-        data = payload if payload is not None else encode(message, max_bytes=self.max_bytes)
+        pieces = [payload] if payload is not None else encode_pieces(message, max_bytes=self.max_bytes)
+        size = sum(len(piece) for piece in pieces)
         s = self.transport.settings
-        chunked = len(data) > s.chunk_threshold_bytes and parse_topic(topic).base in CHUNKED_KINDS
+        chunked = size > s.chunk_threshold_bytes and parse_topic(topic).base in CHUNKED_KINDS
         if not chunked:
             self._clear_old_chunks(topic, 0)
-            sealed = self.identity.seal(topic, data)
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            sealed = self.identity.seal(topic, bytes(data))
             self.transport.publish(topic, sealed, retain=retain)
             return len(sealed)
         # Chunks go unsigned: the manifest's SHA-256 per chunk (computed by split anyway) is signed instead, so a
         # receiver verifies one signature per transfer and every chunk by the digest it checks already.
-        manifest, chunks = split(data, message, chunk_bytes=s.chunk_bytes)
+        manifest, chunks = split(pieces, message, chunk_bytes=s.chunk_bytes)  # chunks are views: no join
         sent = self.bulk.publish_many(
             (chunk_topic(topic, c.index), encode(c, max_bytes=MAX_CHUNK_BYTES + 4096)) for c in chunks())
         self._clear_old_chunks(topic, manifest.count)
         head = self.identity.seal(topic, encode(manifest, max_bytes=self.max_bytes))
         self.transport.publish(topic, head, retain=retain)  # last: its chunks are at the broker already
-        release_free_heap(len(data))
+        release_free_heap(size)
         return sent + len(head)
 
     def clear(self, topic: str) -> None:

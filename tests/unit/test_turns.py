@@ -27,6 +27,28 @@ def test_turns_go_to_the_oldest_announcements_and_never_exceed_the_slots() -> No
     assert turns.view() == {"a": 101, "d": 102}
 
 
+def test_large_updates_go_up_one_at_a_time_within_the_byte_budget() -> None:
+    # Prepare: two turns, but 100 bytes of updates at the broker at once
+    turns = UploadTurns(2, max_bytes=100)
+    turns.announce("a", 1, 60, 0.0)
+    turns.announce("b", 1, 60, 1.0)
+    turns.announce("c", 1, 30, 2.0)
+
+    # Execute / Assert: a alone (a + b would be 120); c waits behind b rather than overtaking it
+    _update(turns, 3.0)
+    assert turns.view() == {"a": 1} and turns.waiting() == ["b", "c"]
+    turns.forget("a")
+    _update(turns, 4.0)
+    assert turns.view() == {"b": 2, "c": 3}  # 60 + 30 fit
+
+
+def test_one_turn_is_granted_whatever_the_size_of_the_update() -> None:
+    turns = UploadTurns(2, max_bytes=100)
+    turns.announce("a", 1, 10**9, 0.0)
+    _update(turns, 1.0)
+    assert turns.view() == {"a": 1}
+
+
 def test_a_repeated_announcement_keeps_its_place_and_its_turn() -> None:
     turns = UploadTurns(1)
     turns.announce("a", 1, 10, 0.0)
@@ -104,11 +126,13 @@ ACTION = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(slots=st.integers(1, 3), actions=st.lists(st.tuples(ACTION, st.floats(0, 100)), max_size=40))
-def test_turns_never_exceed_the_slots_and_each_grant_is_new(slots: int, actions: list) -> None:
-    """Whatever sites announce, forget and the round asks for: at most `slots` turns, only to sites the open round
-    still wants with an announcement of that round, and a grant number never given before."""
-    turns = UploadTurns(slots, grace_s=5.0)
+@given(slots=st.integers(1, 3), max_bytes=st.none() | st.integers(1, 2 * 10**9),
+       actions=st.lists(st.tuples(ACTION, st.floats(0, 100)), max_size=40))
+def test_turns_never_exceed_the_slots_and_each_grant_is_new(slots: int, max_bytes: int | None, actions: list) -> None:
+    """Whatever sites announce, forget and the round asks for: at most `slots` turns, more than one only within
+    `max_bytes`, only to sites the open round still wants with an announcement of that round, and a grant number
+    never given before."""
+    turns = UploadTurns(slots, grace_s=5.0, max_bytes=max_bytes)
     now, given_out = 0.0, set()
     for action, dt in actions:
         now += dt
@@ -126,8 +150,12 @@ def test_turns_never_exceed_the_slots_and_each_grant_is_new(slots: int, actions:
             fresh = [g for site, g in view.items() if before.get(site) != g]
             assert len(set(fresh)) == len(fresh) and not set(fresh) & given_out
             given_out |= set(fresh)
-            if len(view) < slots:  # a free turn is never left while someone waits
-                assert not turns.waiting()
+            held = sum(turns.ready[site].nbytes for site in view)
+            if max_bytes is not None and len(view) > 1:
+                assert held <= max_bytes
+            waiting = turns.waiting()
+            if len(view) < slots and waiting:  # a free turn is left only to keep within the bytes
+                assert view and max_bytes is not None and held + turns.ready[waiting[0]].nbytes > max_bytes
 
 
 def test_upload_turns_may_change_across_a_resume_but_the_rounds_may_not() -> None:
