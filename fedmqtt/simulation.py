@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from fedmqtt.atomic import volatile_writes
 from fedmqtt.data.read_once import shared_datasets
 from fedmqtt.simulation_config import (  # re-exported: callers import the config from here too
     DEFAULT_MODEL,
@@ -45,8 +46,9 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True,
     `tracker` (fedmqtt.tracking, opened by the caller, who closes it) gets every round's metrics as the PS
     publishes them and the finished report, baselines included.
     """
-    # Every site of a partition, the pretraining and the baselines read the same pooled file: once.
-    with shared_datasets():
+    # Every site of a partition, the pretraining and the baselines read the same pooled file: once. Nothing is
+    # fsynced: a simulation starts afresh and never resumes (its files are still written atomically).
+    with shared_datasets(), volatile_writes():
         return _run(config, progress=progress, tracker=tracker)
 
 

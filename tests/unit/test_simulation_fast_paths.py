@@ -4,6 +4,7 @@ replaces, which stays in the code.
 - read once: inside `shared_datasets()` every site of a partition gets the pooled file's first read
   (fedmqtt.data.read_once); outside it each load reads the file itself.
 - the best round's model is scored once when it is the final model (site_agent.agent.same_weights).
+- no fsync during a simulation (fedmqtt.atomic.volatile_writes): files are still replaced atomically.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ def test_fast_paths_give_the_plain_paths_bits(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(agent_module, "same_weights", counting)
     fast = outcome(config(tmp_path, "fast"))
     assert calls["same"] == 4  # every site took the shortcut's test (and the metrics below show it was right)
-    # The plain paths: every load reads the file, and the best model is always scored on its own.
+    # The plain paths: every load reads the file, the best model is always scored on its own, writes are fsynced.
     monkeypatch.setattr(simulation, "shared_datasets", contextlib.nullcontext)
+    monkeypatch.setattr(simulation, "volatile_writes", contextlib.nullcontext)
     monkeypatch.setattr(agent_module, "same_weights", lambda a, b: False)
     plain = outcome(config(tmp_path, "plain"))
     assert fast[0] == plain[0]
@@ -128,3 +130,21 @@ def test_same_weights_is_bitwise(change: str | None, same: bool) -> None:
     elif change == "nan":
         a["w"][0, 0] = b["w"][0, 0] = np.nan
     assert agent_module.same_weights(a, b) is same
+
+
+def test_volatile_writes_skip_fsync_but_stay_atomic_and_private(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from fedmqtt.atomic import volatile_writes, write_atomic
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    with volatile_writes():
+        write_atomic(tmp_path / "a.bin", b"inside")
+    assert synced == []
+    assert (tmp_path / "a.bin").read_bytes() == b"inside" and not (tmp_path / "a.bin.tmp").exists()
+    assert (tmp_path / "a.bin").stat().st_mode & 0o777 == 0o600
+    write_atomic(tmp_path / "a.bin", b"outside")
+    assert len(synced) == 2  # the file and its folder, as before
