@@ -10,7 +10,10 @@ validation pass and one shuffled epoch of SGD, then the weighted average of the 
 Both sides run in this process with one torch thread (as every simulated site does), interleaved A,B,A,B over
 `--repeats`, so load hits both alike. A side's round time is the wall time between the closes of rounds
 2..R (round 1 pays one-off costs; the simulation's start and its final evaluation and baselines are not
-rounds). Prints every repeat's seconds per round, the medians, their ratio and the load average.
+rounds), and "whole run / R" is everything a run takes (the simulation's start, data, final evaluation,
+baselines and report; the bare loop's data and rounds) divided by its rounds. Each is printed as wall time and
+as this process's CPU time (steadier than wall time on a shared machine), per repeat and as medians, with the
+ratios and the load average.
 
     python bench/sim_vs_bare.py --rounds 4 --repeats 3 [--data ../shared/datasets/medmnist/organamnist.npz]
     python bench/sim_vs_bare.py --profile sim|bare   # one run of one side under cProfile
@@ -200,7 +203,8 @@ def main() -> None:
             sim, bare = run_sim(config), run_bare(config)  # A, B, A, B...
             row = {"sim": _median(sim.rounds, 0), "bare": _median(bare.rounds, 0),
                    "sim_cpu": _median(sim.rounds, 1), "bare_cpu": _median(bare.rounds, 1),
-                   "sim_whole": sim.whole[0] / args.rounds, "bare_whole": bare.whole[0] / args.rounds}
+                   "sim_whole": sim.whole[0] / args.rounds, "bare_whole": bare.whole[0] / args.rounds,
+                   "sim_whole_cpu": sim.whole[1] / args.rounds, "bare_whole_cpu": bare.whole[1] / args.rounds}
             rows.append(row)
             print(f"repeat {repeat + 1}: {_line(row)}; load {load()}", flush=True)
         median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
@@ -211,7 +215,8 @@ def _line(r: dict[str, float]) -> str:
     return (f"round (2..R) simulation {r['sim']:.3f} s, bare {r['bare']:.3f} s, ratio {r['sim'] / r['bare']:.3f} "
             f"(CPU {r['sim_cpu']:.3f} / {r['bare_cpu']:.3f} = {r['sim_cpu'] / r['bare_cpu']:.3f}); "
             f"whole run / R: simulation {r['sim_whole']:.3f} s, bare {r['bare_whole']:.3f} s, "
-            f"ratio {r['sim_whole'] / r['bare_whole']:.3f}")
+            f"ratio {r['sim_whole'] / r['bare_whole']:.3f} (CPU {r['sim_whole_cpu']:.3f} / {r['bare_whole_cpu']:.3f} = "
+            f"{r['sim_whole_cpu'] / r['bare_whole_cpu']:.3f})")
 
 
 def _median(pairs: list[tuple[float, float]], which: int) -> float:
