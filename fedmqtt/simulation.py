@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from fedmqtt.atomic import volatile_writes
+from fedmqtt.data.read_once import shared_datasets
 from fedmqtt.simulation_config import (  # re-exported: callers import the config from here too
     DEFAULT_MODEL,
     DEFAULT_PRETRAIN_FRACTION,
@@ -44,6 +46,13 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True,
     `tracker` (fedmqtt.tracking, opened by the caller, who closes it) gets every round's metrics as the PS
     publishes them and the finished report, baselines included.
     """
+    # Every site of a partition, the pretraining and the baselines read the same pooled file: once. Nothing is
+    # fsynced: a simulation starts afresh and never resumes (its files are still written atomically).
+    with shared_datasets(), volatile_writes():
+        return _run(config, progress=progress, tracker=tracker)
+
+
+def _run(config: SimulationConfig, *, progress: bool, tracker: RunTracker | None) -> dict[str, Any]:
     if config.algorithm == "central":
         from fedmqtt.central import run_central
 

@@ -11,7 +11,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -679,7 +679,10 @@ class SiteAgent:
         metrics, counts, undefined = self.trainer.evaluate(model.model, weights, task.splits)
         best_round, best_weights = self.best.slot()
         if best_weights is not None:  # Hwang et al.: the best round's own (composed) model, on the same splits
-            best, _, why = self.trainer.evaluate(model.model, best_weights, task.splits)
+            if same_weights(best_weights, weights):  # the best round is the last: the same bits score the same
+                best, why = dict(metrics), dict(undefined)
+            else:
+                best, _, why = self.trainer.evaluate(model.model, best_weights, task.splits)
             metrics.update({f"best.{split}": values for split, values in best.items()})
             undefined.update({f"best.{k}": v for k, v in why.items()})
         report = m.EvalReport(run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session,
@@ -694,6 +697,13 @@ class SiteAgent:
 
 
 _NEXT_FROM_PS = {"advertised": "roster", "shared": "inbox of sealed shares", "masked": "unmasking request"}
+
+
+def same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    """Whether two models hold the same tensors bit for bit (dtype, shape and bytes; NaN never counts as equal).
+    Evaluation is a pure function of the weights (eval mode, no gradients), so equal weights score equally."""
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and bool(np.array_equal(a[k], b[k])) for k in a)
 
 
 def _build_trainer(config: SiteConfig, data: Any) -> Trainer:

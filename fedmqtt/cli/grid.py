@@ -19,6 +19,7 @@ app = typer.Typer(help="Experiment grids.")
 class Engine(str, Enum):
     """Values of --engine (fedmqtt.experiments.engines)."""
 
+    auto = "auto"
     serial = "serial"
     dask = "dask"
 
@@ -29,8 +30,9 @@ GRID_EPILOG = (
     "(values of base.model.args.norm), seeds, and partitions (\"natural\" = the base sites, or tables with "
     "name, spec = a partition spec as `fedmqtt partition` takes it, data = the pooled dataset).\n\n"
     "Examples:\n\n"
-    "  fedmqtt grid grid.toml --out runs/grid\n\n"
-    "  fedmqtt grid grid.toml --out runs/grid --engine dask --workers 2   (a local Dask cluster)\n\n"
+    "  fedmqtt grid grid.toml --out runs/grid   (two runs at a time on a local Dask cluster, if installed)\n\n"
+    "  fedmqtt grid grid.toml --out runs/grid --engine serial   (one run after another in this process)\n\n"
+    "  fedmqtt grid grid.toml --out runs/grid --engine dask --workers 4   (a local Dask cluster)\n\n"
     "  fedmqtt grid grid.toml --out /shared/grid --engine dask --cluster tcp://head:8786   (docs/grids.md)\n\n"
     "  fedmqtt grid grid.toml --out runs/grid --list\n\n"
     "  fedmqtt grid grid.toml --out runs/grid --only fedavg-bn-s0-natural --export   (configs for MQTT)\n\n"
@@ -50,14 +52,16 @@ def grid_command(
                                 "simulation.toml, ps.toml and sites/<id>.toml to run points over MQTT."),
     fed_dir: Path = typer.Option(Path("fed"), "--fed-dir", help="With --export: the federation folder of "
                                  "`fedmqtt broker init` whose credentials the configs name."),
-    engine: Engine = typer.Option(Engine.serial, "--engine", help="Where the runs go: serial (one after "
-                                  "another in this process) or dask (a Dask cluster, same results bit for bit)."),
+    engine: Engine = typer.Option(Engine.auto, "--engine", help="Where the runs go: serial (one after "
+                                  "another in this process), dask (a Dask cluster), or auto: a local Dask cluster "
+                                  "of two single-threaded workers (one per CPU if fewer) when there are two runs "
+                                  "or more and Dask is installed, else serial. The same results bit for bit."),
     cluster: str | None = typer.Option(None, "--cluster", metavar="ADDRESS", help="With --engine dask: the "
                                        "scheduler of a running cluster, e.g. tcp://head:8786 (default: start a "
                                        "local cluster on this machine). --out must be a path every worker sees."),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="With --engine dask and no --cluster: "
-                                       "worker processes of the local cluster (default: the CPU count, at "
-                                       "most one per run)."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="With --engine dask or auto and no "
+                                       "--cluster: worker processes of the local cluster (default: dask the CPU "
+                                       "count, auto two; at most one per run)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the grid's progress bar "
                                   "(runs in a grid never draw their own); --no-progress: no bar at all."),
     track: list[str] = typer.Option([], "--track", metavar="BACKEND[:WHERE]", help=TRACK_HELP + " One tracked "
@@ -76,9 +80,9 @@ def grid_command(
 
     try:
         specs = parse_tracks(track)  # a missing package stops here, before any point runs
-        runner = make_engine(engine.value, address=cluster, workers=workers)
         grid = g.load_grid(spec)
         points = [p for p in g.expand(grid) if not only or p.name in only]
+        runner = make_engine(engine.value, address=cluster, workers=workers, points=len(points))
         if list_points or export:
             _list_or_export(grid, points, out, export=export, fed_dir=fed_dir)
             return

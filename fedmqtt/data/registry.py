@@ -28,6 +28,7 @@ import numpy as np
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.data.partitioners import PartitionManifest, read_partition_manifest
 from fedmqtt.data.plausible import remove_out_of_range, removed_note
+from fedmqtt.data.read_once import freeze_arrays, read_once
 from fedmqtt.data.spec import DataSpec
 from fedmqtt.data.splits import (
     SiteData,
@@ -90,11 +91,13 @@ def labels_digest(y: np.ndarray) -> str:
 
 
 def load_dataset(spec: DataSpec) -> Dataset:
-    """Read the whole file/folder of `spec` (no partition, no split)."""
+    """Read the whole file/folder of `spec` (no partition, no split); inside `read_once.shared_datasets()`
+    (a simulation) each file once, read-only."""
     opts = spec.parsed_options()
     loader = {"heart_disease": _heart_disease, "table": _table, "medmnist": _medmnist, "wfdb": _wfdb,
               "physionet2012": _physionet2012}[spec.format]
-    return loader(Path(spec.path), opts)
+    return read_once(spec.format, Path(spec.path), opts,
+                     lambda: loader(Path(spec.path), opts), _read_only)
 
 
 def load_site_data(spec: DataSpec, *, dataset: Dataset | None = None) -> SiteData:
@@ -314,6 +317,5 @@ _ICU_MEMO: dict[tuple[str, str], Dataset] = {}
 
 def _read_only(data: Dataset) -> Dataset:
     """`data` with every array locked, so a caller that wrote into the shared copy would fail loudly."""
-    for arr in (data.x, data.y, *data.groups.values(), *data.features.values(), *data.removed.values()):
-        arr.setflags(write=False)
+    freeze_arrays(data.x, data.y, *data.groups.values(), *data.features.values(), *data.removed.values())
     return data

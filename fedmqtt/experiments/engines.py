@@ -22,7 +22,9 @@ Outcome = dict[str, Any] | BaseException
 # A generator rather than any iterator: the grid closes it when it stops early (Ctrl-C, a failing write),
 # which runs the engine's cleanup (the Dask client and local cluster shut down) at once.
 Outcomes = Generator[tuple[str, Outcome], None, None]
-ENGINES = ("serial", "dask")
+ENGINES = ("auto", "serial", "dask")
+# `auto` (the default): a local cluster of this many worker processes, or one per CPU where there are fewer.
+AUTO_WORKERS = 2
 log = logging.getLogger(__name__)
 
 
@@ -112,8 +114,12 @@ def _check_workers(client: Any, address: str | None) -> None:
         log.warning("no Dask worker at %s yet: the runs wait until one joins", address)
 
 
-def make_engine(name: str, *, address: str | None = None, workers: int | None = None) -> Engine:
-    """The engine `fedmqtt grid --engine NAME [--cluster ADDRESS] [--workers N]` asks for."""
+def make_engine(name: str, *, address: str | None = None, workers: int | None = None,
+                points: int | None = None) -> Engine:
+    """The engine `fedmqtt grid --engine NAME [--cluster ADDRESS] [--workers N]` asks for; `points`: how many
+    runs it will get (`auto` runs a single one here, without starting a cluster)."""
+    if name == "auto":
+        return _auto_engine(address, workers, points)
     if name == "serial":
         if address is not None or workers is not None:
             raise ConfigError("--cluster and --workers go with --engine dask")
@@ -121,6 +127,25 @@ def make_engine(name: str, *, address: str | None = None, workers: int | None = 
     if name == "dask":
         return DaskEngine(address, workers)
     raise ConfigError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}")
+
+
+def _auto_engine(address: str | None, workers: int | None, points: int | None) -> Engine:
+    """Both cores by default: the runs are independent and each has a worker process to itself, so a local
+    cluster gives the serial grid's bits (docs/grids.md). Serial where a cluster gains nothing (one run, one
+    CPU, or `--workers 1`) and where Dask is not installed."""
+    if address is not None:
+        return DaskEngine(address, workers)
+    n = workers if workers is not None else min(AUTO_WORKERS, os.cpu_count() or 1)
+    if n < 1:
+        raise ConfigError(f"--workers must be at least 1 (got {n})")
+    if n == 1 or (points is not None and points < 2):
+        return SerialEngine()
+    try:
+        _import_distributed()
+    except ConfigError:
+        log.info("Dask is not installed: the grid runs serially (pip install 'fedmqtt[cluster]' for %d workers)", n)
+        return SerialEngine()
+    return DaskEngine(None, n)
 
 
 def _import_distributed() -> Any:

@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,7 +194,9 @@ def train_local(
     # before it can queue the next step. float64 sums of float32 losses times batch sizes are exact in the
     # same way the host's float arithmetic was, so the mean comes out bit for bit as before.
     loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-    autocast = torch.autocast(dev.type, dtype=getattr(torch, amp or "float32"), enabled=amp is not None)
+    # Without AMP no autocast context at all: a disabled one changes nothing here (nothing trains under an outer
+    # autocast) but costs its entry and exit every step.
+    autocast = nullcontext() if amp is None else torch.autocast(dev.type, dtype=getattr(torch, amp))
     with _seeded_global_rng(seed, dev):
         for _ in range(settings.epochs):
             batches = _batches(xt.shape[0], settings.batch_size, shuffle, xt.device)

@@ -45,6 +45,10 @@ class LocalOptimiser:
         else:
             self.defaults.update(betas=ADAM_BETAS, eps=ADAM_EPS)
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+        # On the CPU torch.optim always takes the per-tensor loop (its multi-tensor kernels are for GPUs); saying
+        # so skips the choice it would make again at every step (about 3 % of a small model's local round).
+        # Anywhere else torch chooses, as the classes do.
+        self._foreach: bool | None = False if all(p.device.type == "cpu" for p in self.params) else None
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -65,7 +69,7 @@ class LocalOptimiser:
     def _sgd(self, live: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         d = self.defaults
         buffers = [self.state.get(p, {}).get("momentum_buffer") for p in live] if d["momentum"] else []
-        sgd(live, grads, buffers, weight_decay=d["weight_decay"], momentum=d["momentum"],
+        sgd(live, grads, buffers, foreach=self._foreach, weight_decay=d["weight_decay"], momentum=d["momentum"],
             lr=d["lr"], dampening=d["dampening"], nesterov=d["nesterov"], maximize=False)
         # sgd() creates the buffers on the first step; without momentum there are none (`buffers` is empty)
         for p, buf in zip(live, buffers, strict=False):
@@ -81,7 +85,7 @@ class LocalOptimiser:
                                  "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
         state = [self.state[p] for p in live]
         adam(live, grads, [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
-             [s["step"] for s in state], has_complex=any(torch.is_complex(p) for p in live),
+             [s["step"] for s in state], foreach=self._foreach, has_complex=any(torch.is_complex(p) for p in live),
              decoupled_weight_decay=self.kind == "adamw", amsgrad=False, beta1=ADAM_BETAS[0], beta2=ADAM_BETAS[1],
              lr=d["lr"], weight_decay=d["weight_decay"], eps=ADAM_EPS, maximize=False)
 

@@ -129,3 +129,26 @@ def test_workers_with_several_threads_are_refused() -> None:
         # Execute / Assert
         with pytest.raises(ConfigError, match="more than one thread.*--nthreads 1"):
             list(engine.run(json.loads, [("a", {"s": "1"})]))
+
+
+def test_grid_uses_two_workers_by_default_with_the_serial_bits(tmp_path: Path, capfd: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    """`fedmqtt grid` without --engine: two points go to a local cluster of two workers (the `auto` engine) and
+    end with the bits of `--engine serial`."""
+    # Prepare
+    (tmp_path / "grid.toml").write_text(GRID)
+    # Execute
+    default = CliRunner().invoke(app, ["grid", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "default")])
+    bars = default.stderr + default.stdout + capfd.readouterr().err
+    serial = CliRunner().invoke(app, ["grid", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "serial"),
+                                      "--engine", "serial", "--no-progress"])
+    # Assert
+    assert default.exit_code == 0 and serial.exit_code == 0, default.output + serial.output
+    assert "grid (dask)" in bars and "grid (serial)" not in bars, bars
+    for run in RUNS:
+        a, b = tmp_path / "default" / run, tmp_path / "serial" / run
+        for which in ("final", "best"):
+            wa, wb = weights(a, which), weights(b, which)
+            assert sorted(wa) == sorted(wb)
+            assert all(np.array_equal(wa[k], wb[k]) and wa[k].dtype == wb[k].dtype for k in wa), (run, which)
+        assert comparable(a) == comparable(b)

@@ -185,8 +185,38 @@ def test_no_progress_silences_every_bar_of_the_grid(tmp_path: Path, capfd: pytes
     # Prepare
     path = grid_file(tmp_path, 'algorithms = ["central", "fedavg"]\nnorms = ["none"]')
     # Execute
-    result = CliRunner().invoke(app, ["grid", str(path), "--out", str(tmp_path / "out"), flag])
+    result = CliRunner().invoke(app, ["grid", str(path), "--out", str(tmp_path / "out"), "--engine", "serial", flag])
     written = result.stderr + result.stdout + capfd.readouterr().err
     # Assert
     assert result.exit_code == 0, result.output
     assert {m.strip() for m in re.findall(r"([\w() -]+):\s+\d+%\|", written)} == bars, written
+
+
+@pytest.mark.parametrize(("cpus", "points", "workers", "expected"), [
+    (2, 6, None, ("dask", 2)),  # both cores by default
+    (16, 6, None, ("dask", 2)),  # two, not one per CPU: each run holds a whole federation in memory
+    (16, 6, 4, ("dask", 4)),
+    (2, 1, None, ("serial", None)),  # one run gains nothing from a cluster
+    (1, 6, None, ("serial", None)),
+    (2, 6, 1, ("serial", None)),
+])
+def test_auto_engine_uses_both_cores_where_it_can(monkeypatch: pytest.MonkeyPatch, cpus: int, points: int,
+                                                  workers: int | None, expected: tuple[str, int | None]) -> None:
+    from fedmqtt.experiments import engines
+
+    monkeypatch.setattr(engines.os, "cpu_count", lambda: cpus)
+    engine = engines.make_engine("auto", workers=workers, points=points)
+    assert (engine.name, getattr(engine, "workers", None)) == expected
+
+
+def test_auto_engine_runs_serially_without_dask(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedmqtt.errors import ConfigError
+    from fedmqtt.experiments import engines
+
+    def missing() -> None:
+        raise ConfigError("no dask")
+
+    monkeypatch.setattr(engines, "_import_distributed", missing)
+    assert engines.make_engine("auto", points=4).name == "serial"
+    with pytest.raises(ConfigError, match="--workers go with --engine dask"):
+        engines.make_engine("serial", workers=2)

@@ -317,7 +317,8 @@ def test_grid_tracks_one_run_per_point_grouped_by_the_grid(tmp_path: Path, monke
     out = tmp_path / "out"
     points = ["fedavg-none-s0-natural", "fedprox-none-s0-natural"]
     # Execute
-    result = CliRunner().invoke(app, ["grid", str(spec), "--out", str(out), "--no-progress", "--track", backend])
+    result = CliRunner().invoke(app, ["grid", str(spec), "--out", str(out), "--no-progress", "--track", backend,
+                                      "--engine", "serial"])
     # Assert
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
     for point in points:

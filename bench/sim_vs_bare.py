@@ -1,0 +1,226 @@
+"""A simulated FedAvg round against the same work in a bare torch loop (issue 30, goal 1).
+
+Setting (Chen et al.'s on OrganAMNIST, docs/results/organamnist): 20 clients by Dirichlet label skew alpha 0.1,
+each splitting its images 45/10/45 train/val/test, LeNet-5 with BatchNorm, SGD lr 0.01, batch 32, one local
+epoch. The simulated side is `fedmqtt.simulation.run_simulation` (PS runner, 20 site agents, in-memory broker,
+codec, signatures, strategies); the bare side is what a researcher would write by hand: the zoo's LeNet-5,
+the same clients' training and validation images as tensors, per client a copy of the global weights, a
+validation pass and one shuffled epoch of SGD, then the weighted average of the clients' state dicts.
+
+Both sides run in this process with one torch thread (as every simulated site does), interleaved A,B,A,B over
+`--repeats`, so load hits both alike. A side's round time is the wall time between the closes of rounds
+2..R (round 1 pays one-off costs; the simulation's start and its final evaluation and baselines are not
+rounds), and "whole run / R" is everything a run takes (the simulation's start, data, final evaluation,
+baselines and report; the bare loop's data and rounds) divided by its rounds. Each is printed as wall time and
+as this process's CPU time (steadier than wall time on a shared machine), per repeat and as medians, with the
+ratios and the load average.
+
+    python bench/sim_vs_bare.py --rounds 4 --repeats 3 [--data ../shared/datasets/medmnist/organamnist.npz]
+    python bench/sim_vs_bare.py --profile sim|bare   # one run of one side under cProfile
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "medmnist" / "organamnist.npz"
+N_SITES, ALPHA, LR, BATCH = 20, 0.1, 0.01, 32
+
+
+def simulation_config(data: Path, out: Path, rounds: int, seed: int = 0) -> Any:
+    """The simulated run's config: the grid's partition of `data` (written under `out`), FedAvg, LeNet-5 BN."""
+    from fedmqtt.data.partitioners import PartitionSpec
+    from fedmqtt.data.spec import DataSpec
+    from fedmqtt.experiments.grid import PartitionAxis, partition_sites
+    from fedmqtt.simulation import SimulationConfig
+
+    axis = PartitionAxis(name="label_skew", spec=PartitionSpec(kind="label_skew", n_sites=N_SITES, alpha=ALPHA),
+                         data=DataSpec(format="medmnist", path=data, fractions=(0.45, 0.1, 0.45)),
+                         drop_small_sites=True)
+    sites = partition_sites(axis, seed, out)
+    return SimulationConfig.model_validate({
+        "algorithm": "fedavg", "rounds": rounds, "seed": seed, "selection_metric": "accuracy",
+        "out_dir": out / "sim", "sites": sites,
+        "model": {"name": "lenet5", "args": {"n_classes": 11, "in_channels": 1, "norm": "bn"}},
+        "train": {"epochs": 1, "batch_size": BATCH, "lr": LR, "optimizer": "sgd"}})
+
+
+def run_sim(config: Any, profiler: Any = None) -> Timing:
+    """One simulated run: the wall and CPU seconds of each of its rounds 2..R (`profiler` runs during those),
+    and of the whole `run_simulation` call (start, data, every round, final evaluation, baselines, report)."""
+    from fedmqtt.simulation import run_simulation
+    from fedmqtt.tracking import RunTracker
+
+    closes: list[tuple[float, float]] = []
+
+    class Clock(RunTracker):
+        def round_closed(self, metrics: Any) -> None:
+            closes.append((time.perf_counter(), time.process_time()))
+            if profiler is not None:
+                (profiler.enable if metrics.round == 1 else profiler.disable if metrics.round == config.rounds
+                 else _nothing)()
+
+    tracker = Clock([])
+    start = (time.perf_counter(), time.process_time())
+    run_simulation(config, progress=False, tracker=tracker)
+    tracker.close()
+    return Timing(_rounds(closes), _since(start))
+
+
+def load_clients(config: Any) -> list[tuple[Any, Any, Any, Any]]:
+    """Every client's (x_train, y_train, x_val) as tensors, and its training rows, as the sites load them
+    (the pooled file read once, as a hand-written loop would)."""
+    import torch
+
+    from fedmqtt.data.registry import load_dataset
+    from site_agent.data import load_site_data
+
+    specs = [spec for _site, spec in sorted(config.sites.items())]
+    pooled = load_dataset(specs[0].model_copy(update={"partition": None, "site": None}))
+    out = []
+    for spec in specs:
+        d = load_site_data(spec, dataset=pooled)
+        out.append((torch.as_tensor(d.x_train, dtype=torch.float32), torch.as_tensor(d.y_train, dtype=torch.int64),
+                    torch.as_tensor(d.x_val, dtype=torch.float32), len(d.y_train)))
+    return out
+
+
+def run_bare(config: Any, profiler: Any = None) -> Timing:
+    """The same work by hand: rounds 2..R as `run_sim`, and the whole (the clients' data loaded, every round)."""
+    start = (time.perf_counter(), time.process_time())
+    clients = load_clients(config)
+    rounds = _bare_rounds(clients, config.rounds, seed=config.seed, profiler=profiler)
+    return Timing(rounds, _since(start))
+
+
+def _bare_rounds(clients: list[tuple[Any, Any, Any, Any]], rounds: int, *, seed: int,
+                 profiler: Any) -> list[tuple[float, float]]:
+    import torch
+    from torch.nn import functional as F
+
+    from fedmqtt.training.zoo import LeNet5
+
+    torch.manual_seed(seed)
+    model = LeNet5(n_classes=11, in_channels=1, norm="bn")
+    global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    closes = []
+    for round_no in range(rounds):
+        states, sizes = [], []
+        for i, (x, y, x_val, n) in enumerate(clients):
+            model.load_state_dict(global_state)
+            model.eval()
+            with torch.inference_mode():
+                for start in range(0, x_val.shape[0], 1024):
+                    torch.softmax(model(x_val[start:start + 1024]).double(), dim=1)
+            model.train()
+            params = list(model.parameters())
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1000 * round_no + i))
+            for start in range(0, n, BATCH):
+                idx = order[start:start + BATCH]
+                if len(idx) == 1:
+                    continue
+                for p in params:
+                    p.grad = None
+                F.cross_entropy(model(x[idx]), y[idx]).backward()
+                with torch.no_grad():  # plain SGD, torch.optim's arithmetic without its class's per-step cost
+                    for p in params:
+                        p.add_(p.grad, alpha=-LR)
+            states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+            sizes.append(n)
+        total = float(sum(sizes))
+        global_state = {k: (sum(s[k].double() * (w / total) for s, w in zip(states, sizes, strict=True))
+                            .to(v.dtype)) for k, v in states[0].items()}
+        closes.append((time.perf_counter(), time.process_time()))
+        if profiler is not None:
+            (profiler.enable if round_no == 0 else profiler.disable if round_no == rounds - 1 else _nothing)()
+    return _rounds(closes)
+
+
+def _nothing() -> None:
+    pass
+
+
+class Timing(NamedTuple):
+    rounds: list[tuple[float, float]]  # (wall, CPU) seconds of rounds 2..R
+    whole: tuple[float, float]  # (wall, CPU) seconds of the whole run
+
+
+def _since(start: tuple[float, float]) -> tuple[float, float]:
+    return time.perf_counter() - start[0], time.process_time() - start[1]
+
+
+def _rounds(closes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds between consecutive round closes."""
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(closes, closes[1:], strict=False)]
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="organamnist.npz")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per run (rounds 2..R are timed)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side, interleaved")
+    parser.add_argument("--profile", choices=("sim", "bare"), help="one run of one side under cProfile")
+    args = parser.parse_args()
+    if not args.data.is_file():
+        sys.exit(f"no {args.data}: see ../shared/datasets/medmnist/PROVENANCE.md")
+    import torch
+
+    torch.set_num_threads(1)  # as every simulated site runs (SiteConfig.threads = 1)
+    with tempfile.TemporaryDirectory(prefix="sim-vs-bare-") as tmp:
+        config = simulation_config(args.data.resolve(), Path(tmp), args.rounds)
+        clients = load_clients(config)
+        print(f"{len(clients)} clients, {sum(c[3] for c in clients)} training images, "
+              f"{sum(c[2].shape[0] for c in clients)} validation images; {args.rounds} rounds, 2..{args.rounds} "
+              f"timed as rounds; torch {torch.__version__}, 1 thread; load {load()}", flush=True)
+        del clients
+        if args.profile:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile(time.process_time)  # CPU seconds: steadier than wall time under load
+            timing = run_sim(config, profiler) if args.profile == "sim" else run_bare(config, profiler)
+            print(f"{args.profile}: {_median(timing.rounds, 0):.3f} s/round")
+            stats = pstats.Stats(profiler)
+            stats.sort_stats("tottime").print_stats(30)
+            stats.sort_stats("cumulative").print_stats(50)
+            return
+        rows: list[dict[str, float]] = []
+        for repeat in range(args.repeats):
+            sim, bare = run_sim(config), run_bare(config)  # A, B, A, B...
+            row = {"sim": _median(sim.rounds, 0), "bare": _median(bare.rounds, 0),
+                   "sim_cpu": _median(sim.rounds, 1), "bare_cpu": _median(bare.rounds, 1),
+                   "sim_whole": sim.whole[0] / args.rounds, "bare_whole": bare.whole[0] / args.rounds,
+                   "sim_whole_cpu": sim.whole[1] / args.rounds, "bare_whole_cpu": bare.whole[1] / args.rounds}
+            rows.append(row)
+            print(f"repeat {repeat + 1}: {_line(row)}; load {load()}", flush=True)
+        median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        print(f"median of {args.repeats}: {_line(median)}; load {load()}")
+
+
+def _line(r: dict[str, float]) -> str:
+    return (f"round (2..R) simulation {r['sim']:.3f} s, bare {r['bare']:.3f} s, ratio {r['sim'] / r['bare']:.3f} "
+            f"(CPU {r['sim_cpu']:.3f} / {r['bare_cpu']:.3f} = {r['sim_cpu'] / r['bare_cpu']:.3f}); "
+            f"whole run / R: simulation {r['sim_whole']:.3f} s, bare {r['bare_whole']:.3f} s, "
+            f"ratio {r['sim_whole'] / r['bare_whole']:.3f} (CPU {r['sim_whole_cpu']:.3f} / {r['bare_whole_cpu']:.3f} = "
+            f"{r['sim_whole_cpu'] / r['bare_whole_cpu']:.3f})")
+
+
+def _median(pairs: list[tuple[float, float]], which: int) -> float:
+    return statistics.median(p[which] for p in pairs)
+
+if __name__ == "__main__":
+    main()
