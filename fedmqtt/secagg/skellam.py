@@ -17,7 +17,7 @@ The guarantee is for one site's contribution: the released sum with its encoded 
 RDP of one release (Agarwal, Kairouz, Liu, the Skellam mechanism's RDP, for integer orders alpha > 1 and variance v):
     eps(alpha) <= alpha Delta_2^2 / (2 v) + min(((2 alpha - 1) Delta_2^2 + 6 Delta_1) / (4 v^2), 3 Delta_1 / (2 v))
 The first term is the Gaussian mechanism's RDP at the same variance, the second vanishes as v grows: Skellam costs
-a little more than a Gaussian of the same variance and converges to it (tests/unit/test_skellam.py checks this
+a little more than a Gaussian of the same variance and converges to it (tests/unit/test_distributed_dp.py checks this
 against Opacus' Gaussian RDP). Rounds compose by adding RDP at every order; the conversion to (epsilon, delta) is
 Opacus' (`get_privacy_spent`, the conversion of Balle et al.).
 
