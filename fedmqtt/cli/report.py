@@ -13,6 +13,7 @@ REPORT_EPILOG = (
     "Examples:\n\n"
     "  fedmqtt report runs/grid --metric auroc --out runs/grid/report\n\n"
     "  fedmqtt report runs/fedavg runs/fedprox --metric accuracy --which best\n\n"
+    "  fedmqtt report runs/grid --metric auroc --which best --versus fedpxn --norm-pairs\n\n"
     "  fedmqtt report runs/all runs/recruited --metric mae --held-out\n"
 )
 
@@ -30,6 +31,13 @@ def report_command(
         None, "--held-out/--no-held-out", help="Also evaluate every run's final model on every site's test "
         "split (one held-out union, recruited or not): pooled per patient and per-site mean side by side. "
         "Default: on when a run trained on recruited sites only."),
+    versus: str | None = typer.Option(
+        None, "--versus", metavar="METHOD", help="Compare only METHOD (a table label such as fedpxn/bn, or an "
+        "algorithm for each of its norms) against every other method, Holm-corrected over those comparisons "
+        "(Hwang et al.'s one-against-all tests). Default: every pair."),
+    norm_pairs: bool = typer.Option(
+        False, "--norm-pairs", help="Compare the norms of each algorithm against each other (BN - GN, ...); "
+        "with --versus, both families, Holm-corrected together."),
     test_sites: Path | None = typer.Option(
         None, "--test-sites", help="Simulation TOML whose sites make the held-out union, for runs that do "
         "not record their sites' data (grids and simulations do)."),
@@ -38,11 +46,12 @@ def report_command(
 
     Per partition: the seeds it rests on, the test metric's table (best per column marked; the site
     average's bootstrap interval, sites resampled) and every pair of algorithms compared on (site, seed)
-    pairs: Wilcoxon signed-rank p, Holm-corrected over the table, median difference with its interval and
-    the rank-biserial correlation. With --out: report.md and PNGs of the validation metric per round (mean
-    over sites, and per site). When a run trained on recruited sites only, its own test table covers only
-    those sites: the held-out union table then scores every run on the same patients, beside every
-    metric-optimal constant.
+    pairs (with --versus / --norm-pairs, a chosen family of pairs): Wilcoxon signed-rank p, Holm-corrected
+    over the table's comparisons, median difference with its interval and the rank-biserial correlation.
+    With --out: report.md and PNGs of the validation metric per round (mean over sites, and per site).
+    When a run trained on recruited sites only, its own test table covers only those sites: the
+    held-out union table then scores every run on the same patients, beside every metric-optimal
+    constant.
     """
     from fedmqtt.errors import FedMqttError
     from fedmqtt.experiments.heldout import render_union_text, trained_on_subset
@@ -60,7 +69,12 @@ def report_command(
     if metric not in (known := metric_names(records)):
         typer.echo(f"error: no run has test metric {metric!r}; they have: {', '.join(known)}", err=True)
         raise typer.Exit(code=2)
-    seeds = seed_report(records, metric, which="best" if which == "best" else "final")
+    try:
+        seeds = seed_report(records, metric, which="best" if which == "best" else "final", versus=versus,
+                            norm_pairs=norm_pairs)
+    except FedMqttError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
     typer.echo(seeds.text())
     if seeds.summarised:  # many sites: min / median / max over sites, per-site table in a file
         typer.echo(f"more than {MAX_SITE_COLUMNS} sites: summarised over sites above; "

@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fedmqtt.errors import ConfigError
 from fedmqtt.experiments.runs import RunRecord, Which, algorithm_label, group_by, site_seed_matrix
 from fedmqtt.experiments.stats import CONFIDENCE, Paired, holm, paired
 from fedmqtt.means import direction_of
 
 ALPHA = 0.05  # a Holm-adjusted p below this is marked "*"
+EVERY_PAIR = "every pair of methods"
 
 
 @dataclass(frozen=True)
@@ -30,17 +32,31 @@ class PairedTable:
     partition: str
     names: tuple[str, ...]
     comparisons: tuple[Comparison, ...]
+    family: str = EVERY_PAIR  # which pairs were compared (and Holm-corrected together)
 
 
-def paired_table(records: Sequence[RunRecord], metric: str, *, which: Which = "final") -> list[PairedTable]:
-    """Per partition, each pair of methods on the (site, seed) pairs where both have a defined test value
-    (the site-average is not a pair); Holm's correction runs over every pair of the partition's table."""
+def paired_table(records: Sequence[RunRecord], metric: str, *, which: Which = "final", versus: str | None = None,
+                 norm_pairs: bool = False) -> list[PairedTable]:
+    """Per partition, pairs of methods on the (site, seed) pairs where both have a defined test value
+    (the site-average is not a pair); Holm's correction runs over the pairs the partition's table holds.
+
+    By default every pair. `versus` (a method's label, or an algorithm name standing for each of its norms)
+    keeps the pairs of that method against every other one, with it as `a`: the one-against-all family of
+    Hwang et al.'s tests, whose Holm correction then counts those comparisons only. `norm_pairs` keeps the
+    pairs of one algorithm under different norms (BN - GN...). With both, the union of the two families.
+
+    Raises:
+        ConfigError: `versus` names no method of the runs.
+    """
     out = []
+    if versus is not None and not any(versus in _names_of(r, records) for r in records):
+        known = sorted({algorithm_label(records)(r) for r in records} | {r.algorithm for r in records})
+        raise ConfigError(f"--versus {versus!r}: no such method; the runs have {', '.join(known)}")
     for partition, recs in group_by(records, lambda r: r.partition).items():
         groups = group_by(recs, algorithm_label(recs))
         sites = sorted({s for r in recs for s in r.sites})
         names = tuple(groups)
-        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+        pairs = _pairs(names, {n: groups[n][0].algorithm for n in names}, versus, norm_pairs)
         results = []
         for a, b in pairs:
             seeds = sorted({r.seed for r in groups[a]} | {r.seed for r in groups[b]})
@@ -49,8 +65,38 @@ def paired_table(records: Sequence[RunRecord], metric: str, *, which: Which = "f
         adjusted = holm([r.p for r in results])
         out.append(PairedTable(metric=metric, which=which, partition=partition, names=names,
                                comparisons=tuple(Comparison(a, b, r, q) for (a, b), r, q
-                                                 in zip(pairs, results, adjusted, strict=True))))
+                                                 in zip(pairs, results, adjusted, strict=True)),
+                               family=_family(versus, norm_pairs)))
     return out
+
+
+def _names_of(record: RunRecord, records: Sequence[RunRecord]) -> set[str]:
+    """The names `versus` may give a record's method: its table label and its algorithm."""
+    return {algorithm_label(records)(record), record.algorithm}
+
+
+def _pairs(names: Sequence[str], algorithm: dict[str, str], versus: str | None,
+           norm_pairs: bool) -> list[tuple[str, str]]:
+    """The (a, b) pairs of the family, in table order; a `versus` method is always a."""
+    def is_versus(name: str) -> bool:
+        return versus is not None and versus in (name, algorithm[name])
+
+    every = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    if versus is None and not norm_pairs:
+        return every
+    out = []
+    for a, b in every:
+        if is_versus(a) != is_versus(b):
+            out.append((a, b) if is_versus(a) else (b, a))
+        elif norm_pairs and algorithm[a] == algorithm[b]:
+            out.append((a, b))
+    return out
+
+
+def _family(versus: str | None, norm_pairs: bool) -> str:
+    parts = ([f"{versus} against every other method"] if versus is not None else []) + (
+        ["the norms of each algorithm against each other"] if norm_pairs else [])
+    return " and ".join(parts) or EVERY_PAIR
 
 
 def paired_rows(table: PairedTable) -> list[list[str]]:

@@ -37,10 +37,12 @@ class SeedReport:
         return render_text(self.shown, self.tests)
 
 
-def seed_report(records: Sequence[RunRecord], metric: str, *, which: Which = "final") -> SeedReport:
+def seed_report(records: Sequence[RunRecord], metric: str, *, which: Which = "final", versus: str | None = None,
+                norm_pairs: bool = False) -> SeedReport:
+    """The tables and paired comparisons; `versus` and `norm_pairs` choose the pairs (`paired_table`)."""
     tables = summary_table(records, metric, which=which)
     return SeedReport(tables=tables, shown=[compact(t) for t in tables],
-                      tests=paired_table(records, metric, which=which))
+                      tests=paired_table(records, metric, which=which, versus=versus, norm_pairs=norm_pairs))
 
 
 def write_report(out: Path, records: Sequence[RunRecord], metric: str, seeds: SeedReport,

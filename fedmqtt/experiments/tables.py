@@ -204,6 +204,11 @@ def _notes(metric: str, tables: Sequence[SummaryTable]) -> list[str]:
     return notes
 
 
+def comparisons_heading(test: PairedTable) -> str:
+    """Which family of pairs the table compares, and over how many comparisons Holm's correction ran."""
+    return f"{test.family}, Holm over {len(test.comparisons)}"
+
+
 def render_text(tables: Sequence[SummaryTable], tests: Sequence[PairedTable]) -> str:
     """Plain text: aligned tables, best cells suffixed with "*", the seeds, then the paired comparisons."""
     out: list[str] = []
@@ -211,7 +216,7 @@ def render_text(tables: Sequence[SummaryTable], tests: Sequence[PairedTable]) ->
         out += [_title(table.metric, table.which, table.partition), seeds_line(table),
                 align(_summary_rows(table, lambda s: s + " *")), ""]
         if test.comparisons:  # one algorithm: nothing to compare
-            out += ["paired comparisons", align(paired_rows(test)), ""]
+            out += [f"paired comparisons: {comparisons_heading(test)}", align(paired_rows(test)), ""]
     return "\n".join(out + (_notes(tables[0].metric, tables) if tables else []))
 
 
@@ -223,7 +228,7 @@ def render_markdown(tables: Sequence[SummaryTable], tests: Sequence[PairedTable]
         md += [f"## {_title(table.metric, table.which, table.partition)}", "", f"{seeds_line(table)}.", "",
                *markdown_rows(_summary_rows(table, lambda s: f"**{s}**")), ""]
         if test.comparisons:
-            md += ["Paired comparisons:", "", *markdown_rows(paired_rows(test)), ""]
+            md += [f"Paired comparisons: {comparisons_heading(test)}.", "", *markdown_rows(paired_rows(test)), ""]
     md += [f"- {n}" for n in (_notes(tables[0].metric, tables) if tables else [])]
     md += ["", *(f"![{p.stem}]({p.name})" for p in plots)] if plots else []
     return "\n".join(md).rstrip("\n") + "\n"

@@ -133,3 +133,76 @@ def test_reference_rows_come_from_the_reports_and_are_neither_best_nor_compared(
     assert "(pooled reference)" in text and "rows in parentheses are references" in text
     (auroc,) = summary_table(load_runs(runs), "auroc")  # no run has AUROC: no reference row either
     assert all(not row.reference for row in auroc.rows)
+
+
+def _three_algorithms_two_norms(root: Path) -> list[Path]:
+    """fedavg, fedprox, fedpxn (in that table order) with BN and GN, 5 sites x 3 seeds; fedpxn/bn is
+    0.02 better than everything at every pair, the others differ by noise only."""
+    rng = np.random.default_rng(3)
+    sites = [f"s{i}" for i in range(5)]
+    runs = []
+    for seed in range(3):
+        level = {s: 0.6 + 0.05 * i for i, s in enumerate(sites)}
+        for alg in ("fedavg", "fedprox", "fedpxn"):
+            for norm in ("bn", "gn"):
+                shift = 0.02 if (alg, norm) == ("fedpxn", "bn") else 0.0
+                values = {s: v + shift + 0.003 * rng.normal() for s, v in level.items()}
+                runs.append(write_run(root, alg, seed, values, norm=norm))
+    return runs
+
+
+def test_versus_compares_one_method_against_every_other_with_holm_over_those(tmp_path: Path) -> None:
+    """--versus fedpxn/bn: five comparisons (not fifteen), fedpxn/bn always on the a side though it comes
+    last in the table, p = scipy's signed-rank p of its (site, seed) differences, Holm over the five."""
+    from scipy.stats import wilcoxon
+
+    records = load_runs(_three_algorithms_two_norms(tmp_path))
+    (table,) = paired_table(records, "auroc", versus="fedpxn/bn")
+    assert [(c.a, c.b) for c in table.comparisons] == [("fedpxn/bn", other) for other in
+                                                      ("fedavg/bn", "fedavg/gn", "fedprox/bn", "fedprox/gn",
+                                                       "fedpxn/gn")]
+    assert table.family == "fedpxn/bn against every other method"
+    by_label = {(r.algorithm + "/" + r.norm, r.seed): r for r in records}
+    first = table.comparisons[0]
+    diffs = [by_label[("fedpxn/bn", seed)].value("final", s, "auroc")
+             - by_label[("fedavg/bn", seed)].value("final", s, "auroc")  # type: ignore[operator]
+             for seed in range(3) for s in by_label[("fedavg/bn", seed)].sites]
+    assert first.result.n == 15 and first.result.p == pytest.approx(float(wilcoxon(diffs).pvalue))
+    assert first.result.median is not None and first.result.median > 0.01 and first.result.rank_biserial == 1.0
+    smallest = min(table.comparisons, key=lambda c: c.result.p or 1.0)
+    assert smallest.p_holm == pytest.approx(min(1.0, 5 * (smallest.result.p or 1.0)))
+    assert all(c.p_holm is not None and c.p_holm < 0.05 for c in table.comparisons)
+    # Every pair: fifteen comparisons, so the same p-values are multiplied by up to fifteen.
+    (every,) = paired_table(records, "auroc")
+    assert len(every.comparisons) == 15 and every.family == "every pair of methods"
+
+
+def test_versus_an_algorithm_stands_for_each_of_its_norms_and_norm_pairs_stay_within_one(tmp_path: Path) -> None:
+    records = load_runs(_three_algorithms_two_norms(tmp_path))
+    (versus,) = paired_table(records, "auroc", versus="fedpxn")
+    assert len(versus.comparisons) == 8  # fedpxn/bn and fedpxn/gn against the four others
+    assert all(c.a.startswith("fedpxn/") and not c.b.startswith("fedpxn/") for c in versus.comparisons)
+    (norms,) = paired_table(records, "auroc", norm_pairs=True)
+    assert [(c.a, c.b) for c in norms.comparisons] == [("fedavg/bn", "fedavg/gn"), ("fedprox/bn", "fedprox/gn"),
+                                                       ("fedpxn/bn", "fedpxn/gn")]
+    (both,) = paired_table(records, "auroc", versus="fedpxn", norm_pairs=True)
+    assert len(both.comparisons) == 8 + 3
+    assert "fedpxn against every other method and the norms" in both.family
+    text = render_text(summary_table(records, "auroc"), [both])
+    assert "paired comparisons: fedpxn against every other method and the norms of each algorithm against each " \
+           "other, Holm over 11" in text
+
+
+def test_versus_an_unknown_method_names_the_known_ones(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fedmqtt.cli import app
+    from fedmqtt.errors import ConfigError
+
+    _three_algorithms_two_norms(tmp_path)
+    with pytest.raises(ConfigError, match="fedpxn/bn"):
+        paired_table(load_runs([tmp_path]), "auroc", versus="fedpnx")
+    result = CliRunner().invoke(app, ["report", str(tmp_path), "--metric", "auroc", "--versus", "fedpnx"])
+    assert result.exit_code == 2 and "no such method" in result.output
+    ok = CliRunner().invoke(app, ["report", str(tmp_path), "--metric", "auroc", "--versus", "fedpxn/bn"])
+    assert ok.exit_code == 0 and "fedpxn/bn - fedavg/gn" in ok.output and "fedavg/bn - fedprox/bn" not in ok.output
