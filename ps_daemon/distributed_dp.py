@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -16,20 +16,39 @@ from fedmqtt.strategies.base import AggregateResult, RoundInput, Strategy
 from fedmqtt.strategies.dp_fedavg import DPFedAvg, DPFedAvgParams
 from schemas.secagg import DistributedDPTerms
 
-if TYPE_CHECKING:
-    from ps_daemon.config import DaemonConfig, SecureAggregationConfig
+
+# What this module reads of the PS config (SecureAggregationConfig, DaemonConfig), as protocols: ps_daemon.config
+# checks its runs with distributed_dp_problem, so importing the config here would make the two import each other.
+class SecureAggregationView(Protocol):
+    @property
+    def dropout(self) -> float: ...
+    @property
+    def fraction_bits(self) -> int: ...
+    @property
+    def ring_bits(self) -> Literal[32, 64]: ...
+    @property
+    def distributed_dp(self) -> Literal["off", "skellam"]: ...
+
+
+class RunView(Protocol):
+    @property
+    def secure_aggregation(self) -> SecureAggregationView: ...
+    @property
+    def sites(self) -> tuple[str, ...]: ...
+    def strategy_params(self) -> dict[str, float]: ...
+
 
 ALGORITHM = "dp-fedavg"
 
 
-def expected_sites(sa: SecureAggregationConfig, params: DPFedAvgParams, n_sites: int) -> int:
+def expected_sites(sa: SecureAggregationView, params: DPFedAvgParams, n_sites: int) -> int:
     """The sites the noise is calibrated for: DP-FedAvg's m (every configured site by default) less the fraction
     the secure aggregation round is built to lose, at least 1."""
     m = params.sites_per_round or float(n_sites)
     return max(1, math.ceil((1.0 - sa.dropout) * min(m, n_sites) - 1e-9))
 
 
-def distributed_dp_problem(algorithm: str, sa: SecureAggregationConfig, n_sites: int,
+def distributed_dp_problem(algorithm: str, sa: SecureAggregationView, n_sites: int,
                            params: Mapping[str, Any] | None) -> str | None:
     """Why this run cannot use distributed DP (None when it can): another rule than DP-FedAvg, adaptive clipping
     (its noised count is not summed yet), no noise, or a ring too small for the sum and its noise (checked here for
@@ -50,12 +69,12 @@ def distributed_dp_problem(algorithm: str, sa: SecureAggregationConfig, n_sites:
     return reach_problem(plan, n_sites, sa.ring_bits)
 
 
-def plan_of(sa: SecureAggregationConfig, params: DPFedAvgParams, n_sites: int, dim: int) -> SkellamPlan:
+def plan_of(sa: SecureAggregationView, params: DPFedAvgParams, n_sites: int, dim: int) -> SkellamPlan:
     return SkellamPlan(params.clip_norm, params.noise_multiplier, expected_sites(sa, params, n_sites),
                        sa.fraction_bits, dim)
 
 
-def terms_of(config: DaemonConfig) -> DistributedDPTerms | None:
+def terms_of(config: RunView) -> DistributedDPTerms | None:
     """What each train task tells its site about the noise; None without distributed DP."""
     sa = config.secure_aggregation
     if sa.distributed_dp == "off":
@@ -65,7 +84,7 @@ def terms_of(config: DaemonConfig) -> DistributedDPTerms | None:
                               expected_sites=expected_sites(sa, p, len(config.sites)))
 
 
-def aggregate_noised(strategy: Strategy, config: DaemonConfig, inp: RoundInput, total: np.ndarray,
+def aggregate_noised(strategy: Strategy, config: RunView, inp: RoundInput, total: np.ndarray,
                      layout: Layout, included: tuple[str, ...]) -> AggregateResult:
     """DP-FedAvg's step from the unmasked sum: the sites' clipped changes plus their noise (first the float
     tensors in `layout`'s order, then the weight's slot, which carries 0)."""
