@@ -44,6 +44,9 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True,
     `tracker` (fedmqtt.tracking, opened by the caller, who closes it) gets every round's metrics as the PS
     publishes them and the finished report, baselines included.
     """
+    from fedmqtt.federation_stats import with_federation_statistics
+
+    config = with_federation_statistics(config)  # feature_statistics: the sites' data reads the federation's
     if config.algorithm == "central":
         from fedmqtt.central import run_central
 

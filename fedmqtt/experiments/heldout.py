@@ -3,6 +3,7 @@ on every site's test split, trained on or not, so that runs on a subset of the s
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -100,11 +101,27 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
     report that has them (`report_constants`), predicted for every patient."""
     import numpy as np
 
+    from fedmqtt.data.spec import DataSpec
+    from fedmqtt.federation_stats import STATISTICS_FILE
     from fedmqtt.metrics import task_metrics
     from fedmqtt.training.holdout import load_test_splits, predict_test_splits
 
     splits = load_test_splits(sites)
     names = tuple(splits)
+    federated: dict[str, Any] = {}  # per federation statistics file: the test splits standardised with it
+
+    def splits_of(run: Path) -> dict[str, Any]:
+        """The test splits as this run's sites read them: with the federation's statistics where it used
+        them (fedmqtt.federation_stats), else the sites' own."""
+        path = run / STATISTICS_FILE
+        if not path.is_file():
+            return splits
+        key = hashlib.sha256(path.read_bytes()).hexdigest()
+        if key not in federated:
+            federated[key] = load_test_splits({s: DataSpec.model_validate(spec).model_copy(
+                update={"statistics": path}) for s, spec in sites.items()})
+        return federated[key]
+
     patients = sum(len(s.y) for s in splits.values())
 
     def score(preds: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -129,7 +146,7 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
             rows.append(UnionRow(name, trained, None, Cell(None, None, 0, len(names)), f"no {FINAL_MODEL}"))
             continue
         try:
-            preds = predict_test_splits(config["model"], weights, splits)
+            preds = predict_test_splits(config["model"], weights, splits_of(rec.path))
         except (KeyError, ValueError) as exc:
             rows.append(UnionRow(name, trained, None, Cell(None, None, 0, len(names)),
                                  f"not evaluated: {exc}"))
