@@ -3,7 +3,6 @@ on every site's test split, trained on or not, so that runs on a subset of the s
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -57,6 +56,27 @@ def held_out_sites(records: Sequence[RunRecord], extra: dict[str, Any] | None = 
     return dict(sorted(found.items()))
 
 
+def run_test_splits(run: Path, sites: dict[str, Any], splits: dict[str, Any],
+                    cache: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The test splits as `run`'s sites read them: standardised with the federation's statistics where the run
+    used them (its feature_statistics.json, fedmqtt.federation_stats), else `splits` (each site's own).
+    `cache` keeps the splits per statistics (the file's values, not its message id or time), so runs of one
+    federation share them."""
+    from fedmqtt.data.spec import DataSpec
+    from fedmqtt.federation_stats import STATISTICS_FILE
+    from fedmqtt.training.holdout import load_test_splits
+
+    path = run / STATISTICS_FILE
+    if not path.is_file():
+        return splits
+    doc = json.loads(path.read_text())  # read_statistics checks it fully when the splits are loaded
+    key = json.dumps({k: doc.get(k) for k in ("columns", "low", "high", "fill", "mean", "std")})
+    if key not in cache:
+        cache[key] = load_test_splits({site: DataSpec.model_validate(spec).model_copy(update={"statistics": path})
+                                       for site, spec in sites.items()})
+    return cache[key]
+
+
 def same_site_data(site: str, a: Any, b: Any) -> bool:
     """Whether two DataSpecs give `site` the same items: equal, or differing only in the partition manifest
     when both manifests come from the same pooled data and give the site the same items and labels (a
@@ -101,28 +121,13 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
     report that has them (`report_constants`), predicted for every patient."""
     import numpy as np
 
-    from fedmqtt.data.spec import DataSpec
-    from fedmqtt.federation_stats import STATISTICS_FILE
     from fedmqtt.metrics import task_metrics
     from fedmqtt.training.holdout import load_test_splits, predict_test_splits
 
     splits = load_test_splits(sites)
     names = tuple(splits)
-    federated: dict[str, Any] = {}  # per federation statistics file: the test splits standardised with it
-
-    def splits_of(run: Path) -> dict[str, Any]:
-        """The test splits as this run's sites read them: with the federation's statistics where it used
-        them (fedmqtt.federation_stats), else the sites' own."""
-        path = run / STATISTICS_FILE
-        if not path.is_file():
-            return splits
-        key = hashlib.sha256(path.read_bytes()).hexdigest()
-        if key not in federated:
-            federated[key] = load_test_splits({s: DataSpec.model_validate(spec).model_copy(
-                update={"statistics": path}) for s, spec in sites.items()})
-        return federated[key]
-
     patients = sum(len(s.y) for s in splits.values())
+    federated: dict[str, dict[str, Any]] = {}  # per federation statistics file: the test splits read with it
 
     def score(preds: dict[str, np.ndarray]) -> dict[str, Any]:
         per_site = {s: finite_or_none(task_metrics(splits[s].task, splits[s].y, preds[s])[0].get(metric))
@@ -146,7 +151,7 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
             rows.append(UnionRow(name, trained, None, Cell(None, None, 0, len(names)), f"no {FINAL_MODEL}"))
             continue
         try:
-            preds = predict_test_splits(config["model"], weights, splits_of(rec.path))
+            preds = predict_test_splits(config["model"], weights, run_test_splits(rec.path, sites, splits, federated))
         except (KeyError, ValueError) as exc:
             rows.append(UnionRow(name, trained, None, Cell(None, None, 0, len(names)),
                                  f"not evaluated: {exc}"))

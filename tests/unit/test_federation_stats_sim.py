@@ -84,3 +84,17 @@ def test_simulation_and_central_use_the_same_statistics(tmp_path: Path) -> None:
     for report, run in ((fed, "fed"), (central, "central")):
         sites = report["site_data"]
         assert all(Path(s["statistics"]) == (tmp_path / run / STATISTICS_FILE).resolve() for s in sites.values())
+    # the held-out scoring reads each run's test splits as its sites did
+    from fedmqtt.experiments.heldout import run_test_splits
+    from fedmqtt.training.holdout import load_test_splits
+
+    own = SimulationConfig().sites
+    local = load_test_splits(own)
+    cache: dict = {}
+    read = run_test_splits(tmp_path / "fed", own, local, cache)
+    assert run_test_splits(tmp_path / "central", own, local, cache) is read  # one federation, one copy
+    for site, spec in own.items():
+        fed_spec = spec.model_copy(update={"statistics": (tmp_path / "fed" / STATISTICS_FILE).resolve()})
+        np.testing.assert_array_equal(read[site].x, load_site_data(fed_spec).x_test)
+        assert not np.array_equal(read[site].x, local[site].x)
+    assert run_test_splits(tmp_path, own, local, cache) is local  # no statistics file: the sites' own
