@@ -38,8 +38,8 @@ ASINH_LIMIT = 1e9
 # `feature_statistics = "auto"`: the federation's statistics when the smallest site has fewer training rows than
 # this (its 0.5 % quantiles then rest on at most two values per tail and its std on few rows); per-site otherwise.
 SMALL_SITE_ROWS = 500
-# A site withholds a column it has observed fewer times than this (it sends it as never observed): the sum of
-# one to four values, or their bins, would come close to a patient's own values.
+# A site withholds a column observed in fewer of its items (rows, stays) than this (it sends it as never
+# observed): the sum of one to four patients' values, or their bins, would come close to their own values.
 MIN_VALUES = 5
 Scale = Literal["linear", "asinh"]
 LINEAR: Scale = "linear"
@@ -99,22 +99,26 @@ class Summary:
 
 
 def summarise(x_train: np.ndarray, grid: Grid) -> Summary:
-    """A site's Summary of its training values (columns on the last axis, NaN = missing), each value first
-    brought inside its column's grid so that the sums and the histogram describe the same numbers; a column
-    with fewer than MIN_VALUES observed values is withheld (sent as never observed)."""
-    flat = np.asarray(x_train, dtype=np.float64).reshape(-1, x_train.shape[-1])
+    """A site's Summary of its training values (items on the first axis, columns on the last, NaN = missing),
+    each value first brought inside its column's grid so that the sums and the histogram describe the same
+    numbers; a column observed in fewer than MIN_VALUES items is withheld (sent as never observed). Items, not
+    values: an ICU stay repeats one measurement over many hours, and 48 copies of one value are still one
+    patient's value."""
+    x = np.asarray(x_train, dtype=np.float64)
+    flat = x.reshape(-1, x.shape[-1])
     c = flat.shape[1]
     if len(grid.low) != c:
         raise ValueError(f"{c} columns but a grid of {len(grid.low)}")
+    items_observed = (~np.isnan(x.reshape(x.shape[0], -1, c))).any(axis=1).sum(axis=0)
     count = np.zeros(c, dtype=np.int64)
     total = np.zeros(c)
     total_sq = np.zeros(c)
     hist = np.zeros((c, grid.bins), dtype=np.int64)
     for j in range(c):
+        if items_observed[j] < MIN_VALUES:
+            continue  # withheld (MIN_VALUES): counted as missing in `entries`
         col = flat[:, j]
         col = np.clip(col[~np.isnan(col)], grid.low[j], grid.high[j])
-        if col.size < MIN_VALUES:
-            continue  # withheld (MIN_VALUES): counted as missing in `entries`
         count[j] = col.size
         total[j] = col.sum()
         total_sq[j] = np.square(col).sum()

@@ -222,3 +222,16 @@ def test_statistics_file_is_checked_like_a_message(tmp_path) -> None:  # type: i
         read_statistics(path, NAMES)
     with pytest.raises(DataError, match="not found"):
         read_statistics(tmp_path / "missing.json", NAMES)
+
+
+def test_a_stay_repeating_one_value_counts_once_for_withholding() -> None:
+    """An ICU stay carries one measurement forward over 48 hours: 48 values, one patient. A column seen in
+    fewer than MIN_VALUES stays is withheld however many hours repeat it."""
+    grid = column_grid(("ph", "hr"), {"ph": (6.5, 8.0)})
+    x = np.full((MIN_VALUES + 2, 48, 2), np.nan)
+    x[:, :, 1] = 80.0 + np.arange(MIN_VALUES + 2)[:, None]  # heart rate in every stay
+    x[: MIN_VALUES - 1, :, 0] = 7.31  # pH in four stays, every hour
+    s = summarise(x, grid)
+    assert s.entries == (MIN_VALUES + 2) * 48
+    assert s.count[0] == 0 and s.total[0] == 0 and s.histogram[0].sum() == 0
+    assert s.count[1] == (MIN_VALUES + 2) * 48
