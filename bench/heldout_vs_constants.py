@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedmqtt.experiments.heldout import held_out_sites, report_constants  # noqa: E402
+from fedmqtt.experiments.heldout import held_out_sites, report_constants, run_test_splits  # noqa: E402
 from fedmqtt.experiments.runs import RunRecord, Which, group_by, load_runs  # noqa: E402
 from fedmqtt.experiments.stats import CONFIDENCE, holm, mean_interval, paired  # noqa: E402
 from fedmqtt.training.holdout import load_test_splits, predict_test_splits  # noqa: E402
@@ -77,10 +77,12 @@ def compare(records: list[RunRecord], metrics: list[str], which: Which = "final"
     sites = held_out_sites(records)
     splits = load_test_splits(sites)
     preds = {}
+    federated: dict[str, dict[str, Any]] = {}  # runs with federated feature statistics read their test splits so
     for rec in records:
         report = json.loads((rec.path / "report.json").read_text())
         if (rec.path / WEIGHTS[which]).is_file():  # central runs keep no weights: their own per-site metrics
-            preds[rec.path] = predict_test_splits(report["config"]["model"], rec.path / WEIGHTS[which], splits)
+            preds[rec.path] = predict_test_splits(report["config"]["model"], rec.path / WEIGHTS[which],
+                                                  run_test_splits(rec.path, sites, splits, federated))
     first = json.loads((records[0].path / "report.json").read_text())
     task = splits[next(iter(splits))].task
     constants = {c.label: c.constant for c in report_constants(first, task)}

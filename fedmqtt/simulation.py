@@ -53,6 +53,9 @@ def run_simulation(config: SimulationConfig, *, progress: bool = True,
 
 
 def _run(config: SimulationConfig, *, progress: bool, tracker: RunTracker | None) -> dict[str, Any]:
+    from fedmqtt.federation_stats import with_federation_statistics
+
+    config = with_federation_statistics(config)  # feature_statistics: the sites' data reads the federation's
     if config.algorithm == "central":
         from fedmqtt.central import run_central
 

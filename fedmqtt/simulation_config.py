@@ -7,7 +7,7 @@ baseline (fedmqtt.central), import the config without importing each other.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -76,6 +76,11 @@ class SimulationConfig(BaseModel):
     pretrain_fraction: float | None = Field(default=None, gt=0, le=1, description="simulation only: pretrain "
                                             "that model on this share of the pooled training rows (AdaFed "
                                             f"without `pretrained` gets {DEFAULT_PRETRAIN_FRACTION})")
+    feature_statistics: Literal["site", "federated", "auto"] = Field(
+        default="site", description="what tables and ICU stays are clipped, filled and standardised with: each "
+        "site's own training statistics (site), the federation's, combined from every site's sums before round 1 "
+        "(federated; docs/data-preparation.md), or the federation's when the smallest site has fewer than "
+        "fedmqtt.data.feature_stats.SMALL_SITE_ROWS training rows (auto)")
 
     @model_validator(mode="before")
     @classmethod

@@ -30,6 +30,7 @@ from schemas.base import (  # noqa: F401
     Timestamp,
 )
 from schemas.chunks import Chunk, ChunkManifest
+from schemas.feature_stats import FeatureStatistics, FeatureSummary
 from schemas.secagg import (
     SecAggAdvert,
     SecAggAnswer,
@@ -410,9 +411,11 @@ Message = Annotated[
     GlobalModel | TrainTask | EvalTask | RecruitmentResult | UploadTurn | ClientUpdate | EvalReport | SiteStatus
     | DaemonStatus | RoundMetrics | ChunkManifest | Chunk | KeyList
     # secure aggregation (docs/secure-aggregation.md), in the order of a round
-    | SecAggAdvert | SecAggRoster | SecAggShares | SecAggInbox | SecAggMasked | SecAggUnmask | SecAggAnswer,
+    | SecAggAdvert | SecAggRoster | SecAggShares | SecAggInbox | SecAggMasked | SecAggUnmask | SecAggAnswer
+    # federated feature statistics (docs/data-preparation.md): a site's sums, the federation's statistics
+    | FeatureSummary | FeatureStatistics,
     Field(discriminator="kind"),
 ]
 
 # Kinds that observers read with plain MQTT clients travel as JSON text; the rest as msgpack.
-TEXT_KINDS = frozenset({"site_status", "daemon_status", "round_metrics", "key_list"})
+TEXT_KINDS = frozenset({"site_status", "daemon_status", "round_metrics", "key_list", "feature_statistics"})

@@ -1,4 +1,4 @@
-"""From a DataSpec to a site's normalised SiteData, whatever the format (local statistics only).
+"""From a DataSpec to a site's normalised SiteData, whatever the format (its own statistics or the federation's).
 
 Per site: read the file(s), values outside a column's plausible range set to missing (tables' feature spec,
 PhysioNet 2012's options; fedmqtt.data.plausible); keep the manifest's items when a partition is given; drop
@@ -8,7 +8,9 @@ channels to the train split's robust bounds (fedmqtt.data.splits.clip_bounds); f
 train median and standardise with the train mean/std, per feature (tables), per colour channel (images) or per
 channel over all hours (ICU; mask channels untouched). A channel constant or entirely missing in this site's train
 split is 0 in every split (fedmqtt.data.splits: relative std floor; docs/data-preparation.md). ECG
-records are standardised per record and lead by the adapter.
+records are standardised per record and lead by the adapter. With `statistics` (a federation's statistics file),
+tables and ICU stays are clipped, filled and standardised with those instead (fedmqtt.data.feature_stats), and
+`site_train_summary` gives the sums a site contributes to them.
 
 ICU length of stay: Scheltjens et al. used one global train/val/test split; here every site splits its own stays
 with the same fractions, so the union of the sites' test splits is a site-stratified global test split of
@@ -26,6 +28,8 @@ from typing import Any, Literal
 import numpy as np
 
 from fedmqtt.data.base import BINARY, TaskInfo
+from fedmqtt.data.feature_stats import Grid, Summary, column_grid, standardise_with, summarise
+from fedmqtt.data.feature_wire import read_statistics
 from fedmqtt.data.partitioners import PartitionManifest, read_partition_manifest
 from fedmqtt.data.plausible import remove_out_of_range, removed_note
 from fedmqtt.data.read_once import freeze_arrays, read_once
@@ -104,7 +108,59 @@ def load_site_data(spec: DataSpec, *, dataset: Dataset | None = None) -> SiteDat
     """This site's split and normalised data (see the module docstring for each step).
 
     `dataset`: what `load_dataset(spec)` returned, when the caller read it already (`fedmqtt site check` counts
-    the raw missing values, then goes on exactly as the agent does)."""
+    the raw missing values, then goes on exactly as the agent does). With `spec.statistics`, tables and ICU
+    stays are clipped, filled and standardised with the federation's statistics (fedmqtt.data.feature_stats)."""
+    data, notes, out_of_range = _site_items(spec, dataset)
+    if spec.format == "heart_disease" and spec.statistics is None:  # the original path, bit for bit
+        site = split_and_normalise(data.x, data.y, seed=spec.split_seed, fractions=spec.fractions,
+                                   feature_names=data.feature_names, where=_where(spec))
+        return replace(site, notes=(*notes, *site.notes), task=data.task, out_of_range=out_of_range)
+    train, val, test, split_notes = _split(spec, data)
+    if spec.statistics is not None:
+        norm, zeroed = _federation_normaliser(data, spec, notes)
+    else:
+        norm, zeroed = _normaliser(data, train, {"val": val, "test": test}, notes, _where(spec))
+    if zeroed:
+        notes.append(f"{_where(spec)}: constant or missing in train, set to 0: {', '.join(zeroed)}")
+    x_train = norm(train)
+    if data.layout in ("table", "icu"):
+        notes.extend(warn_extreme(x_train, data.feature_names, _where(spec)))
+    return SiteData(
+        x_train=x_train, y_train=data.y[train], x_val=norm(val), y_val=data.y[val],
+        x_test=norm(test), y_test=data.y[test], feature_names=data.feature_names,
+        notes=(*notes, *split_notes), task=data.task, out_of_range=out_of_range,
+    )
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    """What a site contributes to the federation's feature statistics: its training values' sums on the grid
+    every site derives from the same spec options, and the channels left as they are (ICU masks)."""
+
+    columns: tuple[str, ...]
+    grid: Grid
+    summary: Summary
+    fixed: tuple[int, ...]
+    n_train: int
+
+
+def site_train_summary(spec: DataSpec, *, dataset: Dataset | None = None) -> TrainSummary:
+    """This site's Summary of its training split, the split `load_site_data` makes (same items, same seed).
+
+    Raises:
+        DataError: a format without per-column statistics (images, ECG records).
+    """
+    data, _, _ = _site_items(spec, dataset)
+    if data.layout not in ("table", "icu"):
+        raise DataError(f"{_where(spec)}: federated feature statistics are for tables and ICU stays, not "
+                        f"{data.layout} data")
+    train, _, _, _ = _split(spec, data)
+    grid = column_grid(data.feature_names, _plausible_ranges(spec))
+    return TrainSummary(data.feature_names, grid, summarise(data.x[train], grid), data.fixed, int(train.size))
+
+
+def _site_items(spec: DataSpec, dataset: Dataset | None) -> tuple[Dataset, list[str], dict[str, int]]:
+    """This site's labelled items (its part of a partition), the notes so far and its out-of-range counts."""
     manifest = _read_manifest(spec) if spec.partition is not None else None  # cheap checks first
     data = dataset if dataset is not None else load_dataset(spec)
     notes = list(data.notes)
@@ -118,24 +174,39 @@ def load_site_data(spec: DataSpec, *, dataset: Dataset | None = None) -> SiteDat
     if (removed := removed_note(data.removed, _where(spec))) is not None:
         notes.append(removed)
     out_of_range = {name: int(counts.sum()) for name, counts in sorted(data.removed.items()) if counts.sum()}
-    if spec.format == "heart_disease":  # the original path, bit for bit (simulation equivalence tests)
-        site = split_and_normalise(data.x, data.y, seed=spec.split_seed, fractions=spec.fractions,
-                                   feature_names=data.feature_names, where=_where(spec))
-        return replace(site, notes=(*notes, *site.notes), task=data.task, out_of_range=out_of_range)
+    return data, notes, out_of_range
+
+
+def _split(spec: DataSpec, data: Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
     stratify = data.task.kind in ("binary", "multiclass")
-    train, val, test, split_notes = split_indices(data.y, seed=spec.split_seed, fractions=spec.fractions,
-                                                  stratify=stratify)
-    norm, zeroed = _normaliser(data, train, {"val": val, "test": test}, notes, _where(spec))
-    if zeroed:
-        notes.append(f"{_where(spec)}: constant or missing in train, set to 0: {', '.join(zeroed)}")
-    x_train = norm(train)
-    if data.layout in ("table", "icu"):
-        notes.extend(warn_extreme(x_train, data.feature_names, _where(spec)))
-    return SiteData(
-        x_train=x_train, y_train=data.y[train], x_val=norm(val), y_val=data.y[val],
-        x_test=norm(test), y_test=data.y[test], feature_names=data.feature_names,
-        notes=(*notes, *split_notes), task=data.task, out_of_range=out_of_range,
-    )
+    return split_indices(data.y, seed=spec.split_seed, fractions=spec.fractions, stratify=stratify)
+
+
+def _plausible_ranges(spec: DataSpec) -> dict[str, tuple[float, float]]:
+    """The columns' plausible ranges the spec applies (the histogram grid follows them); {} when none."""
+    opts = spec.parsed_options()
+    if spec.format == "physionet2012":
+        return dict(opts.ranges)
+    if spec.format == "table":
+        from fedmqtt.data.tables import resolve_spec
+
+        return dict(resolve_spec(opts.spec).ranges)
+    return {}
+
+
+def _federation_normaliser(data: Dataset, spec: DataSpec, notes: list[str]) -> tuple[Normaliser, list[str]]:
+    """Rows -> float32 rows clipped, filled and standardised with the federation's statistics file."""
+    if data.layout not in ("table", "icu"):
+        raise DataError(f"{_where(spec)}: federated feature statistics are for tables and ICU stays, not "
+                        f"{data.layout} data")
+    stats = read_statistics(Path(str(spec.statistics)), data.feature_names)
+    notes.append(f"{_where(spec)}: clipped, filled and standardised with the federation's statistics "
+                 f"({spec.statistics})")
+
+    def norm(rows: np.ndarray) -> np.ndarray:
+        return standardise_with(data.x[rows], stats)
+
+    return norm, constant_columns(stats.std, data.feature_names)
 
 
 def _read_manifest(spec: DataSpec) -> PartitionManifest:

@@ -116,7 +116,7 @@ class DataSpec(BaseModel):
     With `partition` (a manifest written by `fedmqtt partition`) the file at `path` is the pooled dataset
     and the site keeps only the items the manifest lists under `site`; the manifest's source must match.
     The site then splits its own items into train/val/test (`fractions`, seeded by `split_seed`) and
-    normalises with its own train statistics.
+    normalises with its own train statistics, or with the federation's (`statistics`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -128,6 +128,9 @@ class DataSpec(BaseModel):
     site: str | None = Field(default=None, description="which part of the manifest is this site's")
     split_seed: int = 0
     fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
+    statistics: Path | None = Field(default=None, description="a feature_statistics file (the federation's "
+                                    "statistics, fedmqtt.data.feature_stats): tables and ICU stays are clipped, "
+                                    "filled and standardised with it instead of this site's own train statistics")
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:
@@ -158,6 +161,7 @@ class DataSpec(BaseModel):
         return self.model_copy(update={
             "path": Path(fix(self.path)), "options": options,
             "partition": None if self.partition is None else Path(fix(self.partition)),
+            "statistics": None if self.statistics is None else Path(fix(self.statistics)),
         })
 
 

@@ -56,6 +56,27 @@ def held_out_sites(records: Sequence[RunRecord], extra: dict[str, Any] | None = 
     return dict(sorted(found.items()))
 
 
+def run_test_splits(run: Path, sites: dict[str, Any], splits: dict[str, Any],
+                    cache: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The test splits as `run`'s sites read them: standardised with the federation's statistics where the run
+    used them (its feature_statistics.json, fedmqtt.federation_stats), else `splits` (each site's own).
+    `cache` keeps the splits per statistics (the file's values, not its message id or time), so runs of one
+    federation share them."""
+    from fedmqtt.data.spec import DataSpec
+    from fedmqtt.federation_stats import STATISTICS_FILE
+    from fedmqtt.training.holdout import load_test_splits
+
+    path = run / STATISTICS_FILE
+    if not path.is_file():
+        return splits
+    doc = json.loads(path.read_text())  # read_statistics checks it fully when the splits are loaded
+    key = json.dumps({k: doc.get(k) for k in ("columns", "low", "high", "fill", "mean", "std")})
+    if key not in cache:
+        cache[key] = load_test_splits({site: DataSpec.model_validate(spec).model_copy(update={"statistics": path})
+                                       for site, spec in sites.items()})
+    return cache[key]
+
+
 def same_site_data(site: str, a: Any, b: Any) -> bool:
     """Whether two DataSpecs give `site` the same items: equal, or differing only in the partition manifest
     when both manifests come from the same pooled data and give the site the same items and labels (a
@@ -106,6 +127,7 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
     splits = load_test_splits(sites)
     names = tuple(splits)
     patients = sum(len(s.y) for s in splits.values())
+    federated: dict[str, dict[str, Any]] = {}  # per federation statistics file: the test splits read with it
 
     def score(preds: dict[str, np.ndarray]) -> dict[str, Any]:
         per_site = {s: finite_or_none(task_metrics(splits[s].task, splits[s].y, preds[s])[0].get(metric))
@@ -129,7 +151,7 @@ def union_table(records: Sequence[RunRecord], metric: str, sites: dict[str, Any]
             rows.append(UnionRow(name, trained, None, Cell(None, None, 0, len(names)), f"no {FINAL_MODEL}"))
             continue
         try:
-            preds = predict_test_splits(config["model"], weights, splits)
+            preds = predict_test_splits(config["model"], weights, run_test_splits(rec.path, sites, splits, federated))
         except (KeyError, ValueError) as exc:
             rows.append(UnionRow(name, trained, None, Cell(None, None, 0, len(names)),
                                  f"not evaluated: {exc}"))

@@ -8,6 +8,7 @@ import typing
 import msgpack
 import numpy as np
 import pytest
+from feature_examples import feature_examples
 from pydantic import BaseModel, ValidationError
 from secagg_examples import secagg_examples
 
@@ -125,6 +126,7 @@ def _all_messages() -> list[BaseModel]:
         KeyList(run_id=RUN, sender="coordinator", round=0, version=3,
                 keys={"ps": PartyKey(ed25519="A" * 43), "site-a": PartyKey(ed25519="b-_" * 14 + "c")}),
         *secagg_examples(RUN),
+        *feature_examples(RUN),
     ]
 
 
@@ -173,7 +175,7 @@ def test_round_trip_equals(message: BaseModel) -> None:
 def test_observer_kinds_are_json_and_the_rest_msgpack(message: BaseModel) -> None:
     """site_status, daemon_status, round_metrics and key_list are JSON text; tensor-carrying kinds are msgpack."""
     data = encode(message)
-    if message.kind in {"site_status", "daemon_status", "round_metrics", "key_list"}:
+    if message.kind in {"site_status", "daemon_status", "round_metrics", "key_list", "feature_statistics"}:
         assert data[:1] == b"{"
         assert json.loads(data.decode("utf-8"))["kind"] == message.kind
     else:
@@ -182,8 +184,9 @@ def test_observer_kinds_are_json_and_the_rest_msgpack(message: BaseModel) -> Non
 
 
 def test_text_kinds_constant_matches_the_observer_kinds() -> None:
-    """TEXT_KINDS names exactly the three observer-facing kinds and the key list (observers verify with it)."""
-    assert TEXT_KINDS == {"site_status", "daemon_status", "round_metrics", "key_list"}
+    """TEXT_KINDS names exactly the three observer-facing kinds, the key list (observers verify with it) and the
+    federation's feature statistics (observers and people read them)."""
+    assert TEXT_KINDS == {"site_status", "daemon_status", "round_metrics", "key_list", "feature_statistics"}
 
 
 def test_tensors_survive_the_round_trip_bit_identical() -> None:

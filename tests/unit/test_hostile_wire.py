@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from feature_examples import feature_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -98,6 +99,7 @@ def _examples() -> list[BaseModel]:
         Chunk(run_id=RUN, sender="ps", round=1, transfer_id="t" * 32, index=0, data=b"\x01" * 2048),
         KeyList(run_id=RUN, sender="coordinator", round=0, version=2, keys={"ps": PartyKey(ed25519="A" * 43)}),
         *secagg_examples(RUN),
+        *feature_examples(RUN),
     ]
 
 
@@ -301,6 +303,9 @@ def test_scalar_fields_are_finite_and_in_range(field: str, value: Any) -> None:
     ("daemon_status", "deadline", float("inf")), ("site_status", "version", "v" * 1000),
     ("site_status", "n_train", -5), ("global_model", "model", {"name": "mlp", "args": {"x": float("nan")}}),
     ("chunk_manifest", "total_bytes", 10**400), ("chunk", "index", 10**6),
+    ("feature_summary", "total", [float("nan"), 0.0]), ("feature_summary", "bins", 10**6),
+    ("feature_summary", "columns", ["c" * 1000, "flag"]), ("feature_statistics", "std", [-1.0, 1.0]),
+    ("feature_statistics", "mean", [1e300, 0.0]), ("feature_statistics", "low", [100.0, None]),
 ])
 def test_every_kind_bounds_its_numbers_and_strings(kind: str, field: str, value: Any) -> None:
     message = next(e for e in EXAMPLES if e.kind == kind)
