@@ -123,13 +123,13 @@ class SecureAggregationConfig(BaseModel):
 
     def terms(self, n_sites: int, *, attempt: int = 0, weight_bound: float = 1.0, variates: bool = False,
               normalised: bool = False, work_bound: float = 1.0, uniform: bool = False,
-              distributed_dp: DistributedDPTerms | None = None) -> SecAggTerms:
+              distributed_dp: DistributedDPTerms | None = None, label_rows: tuple[str, ...] = ()) -> SecAggTerms:
         """What each train task carries, for a run of `n_sites` sites (`variates`: the rule sums SCAFFOLD's
         control-variate deltas too; `distributed_dp`: the sites add DP-FedAvg's noise)."""
         return SecAggTerms(ring_bits=self.ring_bits, fraction_bits=self.fraction_bits, clip=self.clip,
                            max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound,
                            variates=variates, normalised=normalised, work_bound=work_bound, uniform=uniform,
-                           distributed_dp=distributed_dp)
+                           distributed_dp=distributed_dp, label_rows=label_rows)
 
     def fixed_point(self, n_sites: int) -> FixedPoint:
         """The ring, checked so that the sum of `n_sites` encodings cannot wrap (ConfigError otherwise)."""

@@ -9,11 +9,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+import numpy as np
+
 from fedmqtt.secagg import messages as smsg
-from fedmqtt.secagg.weighted import mean_from_sum, normalised_from_sum, split, variates_from_sum
+from fedmqtt.secagg.weighted import (
+    label_sums_from_sum,
+    mean_from_sum,
+    normalised_from_sum,
+    split,
+    variates_from_sum,
+)
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Strategy, Weights
 from fedmqtt.strategies.sums import (
+    LabelSums,
     NormalisedSums,
+    aggregate_from_label_sums,
     aggregate_from_mean,
     aggregate_from_sums,
     aggregate_from_uniform_mean,
@@ -56,16 +66,19 @@ class SecureSteps:
         if not self.secure_on:
             return state
         attempt = sec.new_attempt(now, previous_attempt)
+        floats = split(self.shared_model(state))[0]
         return replace(state, secure=sec.SecureRound(
             attempt=attempt, stage="keys", deadline=now + self.config.round_timeout_s,
             weight_bound=sec.weight_bound(state.enrolled, state.selected, uniform=sec.with_uniform(self.config)),
             failures=failures,
-            work_bound=sec.work_bound(self.config, state.enrolled, state.selected)))
+            work_bound=sec.work_bound(self.config, state.enrolled, state.selected),
+            label_rows=(sec.label_rows(self.strategy, state.manifest, floats)
+                        if self.config.secure_aggregation.distributed_dp == "off" else ())))
 
     def _secure_session(self, state: DaemonState) -> tuple[sec.SecureRound, sec.ServerSession]:
         sr = state.secure
         assert sr is not None
-        layout = sec.layout_of_run(self.config, split(self.shared_model(state))[0])
+        layout = sec.layout_of_run(self.config, split(self.shared_model(state))[0], sr.label_rows)
         return sr, self.sessions.of(state.session, state.round, state.selected, layout, sr)
 
     def _secure_waiting(self, state: DaemonState) -> tuple[str, ...]:
@@ -82,7 +95,8 @@ class SecureSteps:
         clipped = ev.update.extras.get(CLIPPED_SCALAR)
         if clipped is None:
             return None
-        length = sec.layout_of_run(self.config, split(self.shared_model(state))[0]).length
+        rows = state.secure.label_rows if state.secure is not None else ()
+        length = sec.layout_of_run(self.config, split(self.shared_model(state))[0], rows).length
         if not (isinstance(clipped, float | int) and float(clipped).is_integer() and 0 <= clipped <= length):
             return f"{CLIPPED_SCALAR} must be a whole number from 0 to {length}, not {clipped!r}"
         return None
@@ -174,7 +188,7 @@ class SecureSteps:
         assert sr is not None
         shared = self.shared_model(state)
         floats, rest = split(shared)
-        layout = sec.layout_of_run(self.config, floats)
+        layout = sec.layout_of_run(self.config, floats, sr.label_rows)
         inp = RoundInput(round_no=state.round, current=dict(state.weights), updates=[], enrolled=dict(state.enrolled),
                          manifest=state.manifest)
         if self.config.secure_aggregation.distributed_dp != "off":  # a noised sum of clipped changes, no weights
@@ -184,6 +198,10 @@ class SecureSteps:
         if layout.normalised:
             return aggregate_from_sums(self.strategy, inp, mean, NormalisedSums(*normalised_from_sum(
                 total.total, layout, sr.work_bound)))
+        if layout.labels:  # the plain mean, and the output rows label by label (FedFBN surgical)
+            weight, rows = label_sums_from_sum(total.total, layout)
+            holders = np.rint(weight * sr.weight_bound).astype(np.int64)
+            return aggregate_from_label_sums(self.strategy, inp, mean, n_total, LabelSums(weight, holders, rows))
         if sec.with_uniform(self.config):  # the plain mean; n_total is then how many sites are in the sum
             return aggregate_from_uniform_mean(self.strategy, inp, mean, n_total)
         variates = variates_from_sum(total.total, layout, sr.weight_bound) if layout.variates else None

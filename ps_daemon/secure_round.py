@@ -33,6 +33,7 @@ from fedmqtt.secagg.context import RoundContext
 from fedmqtt.secagg.server import ServerSession
 from fedmqtt.secagg.weighted import Layout, layout_of
 from fedmqtt.strategies import STRATEGIES
+from fedmqtt.strategies.base import TensorSpec
 from ps_daemon import distributed_dp
 from ps_daemon.config import DaemonConfig
 from schemas import secagg as wire
@@ -58,6 +59,7 @@ class SecureRound:
     deadline: float
     weight_bound: float
     work_bound: float = 1.0  # W: the most local work a selected site can report (FedNova's scalars are over it)
+    label_rows: tuple[str, ...] = ()  # output tensors summed label by label (FedFBN surgical), one row per label
     log: tuple[Entry, ...] = ()
     sent: tuple[tuple[str, BaseModel], ...] = ()  # the open stage's messages to the sites (re-sent with the round)
     failures: tuple[str, ...] = ()  # why earlier tries of this round failed
@@ -107,7 +109,7 @@ def terms(config: DaemonConfig, sr: SecureRound) -> wire.SecAggTerms:
     return config.secure_aggregation.terms(len(config.sites), attempt=sr.attempt, weight_bound=sr.weight_bound,
                                            variates=with_variates(config), normalised=with_normalised(config),
                                            work_bound=sr.work_bound, uniform=with_uniform(config),
-                                           distributed_dp=distributed_dp.terms_of(config))
+                                           distributed_dp=distributed_dp.terms_of(config), label_rows=sr.label_rows)
 
 
 def with_variates(config: DaemonConfig) -> bool:
@@ -125,9 +127,19 @@ def with_normalised(config: DaemonConfig) -> bool:
     return bool(getattr(STRATEGIES[config.algorithm], "sums_normalised", False))
 
 
-def layout_of_run(config: DaemonConfig, floats: Mapping[str, np.ndarray]) -> Layout:
-    """The masked vector's layout for this run's rule: the shared float tensors, and what the rule sums besides."""
-    return layout_of(floats, variates=with_variates(config), normalised=with_normalised(config))
+def label_rows(strategy: object, manifest: Mapping[str, TensorSpec], floats: Mapping[str, np.ndarray]
+               ) -> tuple[str, ...]:
+    """The shared float tensors a rule that averages its output rows label by label (`sums_label_rows`: FedFBN
+    surgical) sums per label: the output layer (HEAD in the manifest), one row per label; () for another rule."""
+    if not getattr(strategy, "sums_label_rows", False):
+        return ()
+    return tuple(sorted(n for n in floats if n in manifest and manifest[n].is_head and np.ndim(floats[n]) >= 1))
+
+
+def layout_of_run(config: DaemonConfig, floats: Mapping[str, np.ndarray], rows: tuple[str, ...] = ()) -> Layout:
+    """The masked vector's layout for this run's rule: the shared float tensors, and what the rule sums besides
+    (`rows`: the tensors summed label by label, `SecureRound.label_rows`)."""
+    return layout_of(floats, variates=with_variates(config), normalised=with_normalised(config), rows=rows)
 
 
 def msg_id(*parts: object) -> str:

@@ -15,12 +15,14 @@ from pydantic import Field, model_validator
 
 from schemas.base import ID_PATTERN, MAX_SITES, Frozen, Header
 from schemas.signed import Signature
-from schemas.tensors import TensorBlob
+from schemas.tensors import MAX_TENSOR_NAME, TensorBlob
 
 KEY_BYTES = 32  # an X25519 public key, a SHA-256 commitment
 SHARE_BYTES = 16  # a Shamir share of a 128-bit seed
 SEALED_SHARE_BYTES = 2 + 2 * SHARE_BYTES + 16  # x-coordinate, two shares, the Poly1305 tag
 MAX_NEIGHBOURS = 1024  # far above any degree the graph rule picks (42 at 10 000 sites, delta = 0.1)
+MAX_LABEL_ROWS = 64  # output tensors summed label by label: a layer's weight and bias in practice
+TensorName = Annotated[str, Field(min_length=1, max_length=MAX_TENSOR_NAME)]
 MAX_SHARE_INDEX = 65_535  # two bytes in the sealed share
 # The one scalar a site's update carries under secure aggregation (its tensors travel masked): how many coordinates
 # of its weighted vector the ring's [-clip, clip] clipped, an integer from 0 to the vector's length. The PS warns
@@ -79,9 +81,21 @@ class SecAggTerms(Frozen):
     uniform: bool = Field(default=False, description="the rule needs the plain mean of the updates (FedFBN, "
                           "FedDyn): every site weighs by 1, not by its sample count, so p_i = 1 / B with B the "
                           "number of selected sites, and the PS unmasks the plain mean and how many sites it holds")
+    label_rows: tuple[TensorName, ...] = Field(default=(), max_length=MAX_LABEL_ROWS, description="with `uniform`, the "
+                                         "output tensors the rule averages label by label (FedFBN surgical): row r "
+                                         "is masked times 1 if the site annotates label r, else 0, and those zeros "
+                                         "and ones end the vector (fedmqtt/secagg/weighted.py)")
     distributed_dp: DistributedDPTerms | None = Field(default=None, description="DP-FedAvg's noise added by the "
                                                       "sites in the ring (distributed DP); the site sends its clipped "
                                                       "model change instead of p_i times its model")
+
+    @model_validator(mode="after")
+    def _label_rows_with_the_plain_mean(self) -> SecAggTerms:
+        if self.label_rows and (not self.uniform or self.variates or self.normalised
+                                or self.distributed_dp is not None):
+            raise ValueError("label_rows go only with the plain mean (uniform), without variates, normalised "
+                             "updates or distributed DP")
+        return self
 
 
 class KeyAdvertBody(Frozen):

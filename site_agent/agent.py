@@ -42,7 +42,7 @@ from site_agent.histogram_release import HistogramRelease
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.policy import epsilon_refusal, task_refusal
 from site_agent.privacy_ledger import LedgerError, PrivacyLedger
-from site_agent.secagg_round import SiteRound
+from site_agent.secagg_round import SiteRound, annotated_labels
 from site_agent.secagg_store import SecAggRecordError, SecAggStore
 from site_agent.store import UplinkStore
 from site_agent.uplink import Uplink
@@ -533,12 +533,15 @@ class SiteAgent:
     def _layout(task: m.TrainTask, floats: dict[str, np.ndarray]) -> Layout:
         assert task.secure_aggregation is not None
         return layout_of(floats, variates=task.secure_aggregation.variates,
-                         normalised=task.secure_aggregation.normalised)
+                         normalised=task.secure_aggregation.normalised, rows=task.secure_aggregation.label_rows)
 
     def _secure_round(self, task: m.TrainTask, floats: dict[str, np.ndarray]) -> SiteRound:
         assert task.secure_aggregation is not None
+        layout = self._layout(task, floats)
+        d = self.data
+        mask = annotated_labels(d.task.kind, d.y_train, layout.labels) if layout.labels else None
         return SiteRound(self.secagg_store, self.identity, run_id=self.config.run_id, session=task.session,
-                         round_no=task.round, terms=task.secure_aggregation, layout=self._layout(task, floats))
+                         round_no=task.round, terms=task.secure_aggregation, layout=layout, label_mask=mask)
 
     def _secagg_for(self, msg: sw.SecAggRoster | sw.SecAggInbox | sw.SecAggUnmask
                     ) -> tuple[SiteRound, m.TrainTask, m.ClientUpdate | None] | None:

@@ -25,16 +25,28 @@ from schemas import secagg as wire
 from site_agent.secagg_store import RoundRecord, SecAggStore, pack_message, unpack_message
 
 
+def annotated_labels(kind: str, y_train: np.ndarray, labels: int) -> np.ndarray:
+    """Which of the `labels` output rows this site's training data annotates (1.0) or not (0.0), for the
+    surgical output layer: multi-label data marks a label it does not annotate with NaN in every record; for
+    any other task kind every output row is its own (all ones, the plain mean)."""
+    y = np.asarray(y_train, dtype=np.float64)
+    if kind == "multilabel" and y.ndim == 2 and y.shape[1] == labels:
+        return np.asarray((~np.isnan(y)).any(axis=0), dtype=np.float64)
+    return np.ones(labels)
+
+
 class SiteRound:
-    """This site's part in one try of round `round_no` of session `session`, under `terms`."""
+    """This site's part in one try of round `round_no` of session `session`, under `terms`; `label_mask`: which
+    labels it annotates (`annotated_labels`), needed when the layout sums output rows label by label."""
 
     def __init__(self, store: SecAggStore, identity: Identity, *, run_id: str, session: str, round_no: int,
-                 terms: wire.SecAggTerms, layout: Layout) -> None:
+                 terms: wire.SecAggTerms, layout: Layout, label_mask: np.ndarray | None = None) -> None:
         if identity.private_key is None:
             raise ValueError(f"{identity.party!r} holds no signing key: it cannot advertise keys")
         self.store, self.site, self.session = store, identity.party, session
         self.ctx = RoundContext(run_id, round_no, terms.attempt)
         self.layout, self.weight_bound, self.work_bound = layout, terms.weight_bound, terms.work_bound
+        self.label_mask = label_mask
         self.uniform = terms.uniform  # the rule needs the plain mean: this site weighs by 1, not by its count
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
         self.dp_terms, self.fraction_bits = terms.distributed_dp, terms.fraction_bits
@@ -102,7 +114,7 @@ class SiteRound:
             noise = site_noise(self.dp, key, self.layout)
         else:
             vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound,
-                                     variates, work)
+                                     variates, work, self.label_mask)
         packed = pack_message(inbox)
         if self.record.inbox is None:
             self._keep(inbox=packed)
@@ -123,7 +135,7 @@ class SiteRound:
             vector = change_vector(tensors, self.layout, self.dp.clip)
         else:
             vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound,
-                                     variates, work)
+                                     variates, work, self.label_mask)
         return int(np.count_nonzero(np.abs(vector) > self.fixed.clip))
 
     def on_unmask(self, request: wire.SecAggUnmask) -> wire.SecAggAnswer:

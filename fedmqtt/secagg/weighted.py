@@ -11,6 +11,12 @@ A rule that also needs the sum of the sites' control-variate deltas (SCAFFOLD: c
 gets them in the same vector (`Layout.variates`): after p_i, p_i times Delta_c_i for every float tensor in the same
 order (zeros for a tensor without one), so B times that part of the sum is sum_i n_i Delta_c_i (`variates_from_sum`).
 
+A rule that averages output rows label by label (FedFBN's surgical aggregation: row r is the mean over the sites
+that annotate label r) gets per-label sums (`Layout.rows`, `Layout.labels`): in the tensors of `rows` (the output
+layer, one row per label) row r is p_i m_r times the site's row, m_r = 1 when it annotates label r, else 0; after
+everything else come the K per-label weights p_i m_r (`label_sums_from_sum`). Row r's mean is its sum over the
+sum of the r-th weight; the other tensors' mean is read as before.
+
 Integer tensors (BatchNorm's num_batches_tracked) are not averaged by any rule (the maximum is taken) and a sum
 cannot give a maximum: they stay out of the masked vector (`split`), and the caller decides how they travel.
 
@@ -41,6 +47,8 @@ class Layout:
     dtypes: tuple[str, ...]
     variates: bool = False  # the weighted control-variate deltas follow the weight (SCAFFOLD)
     normalised: bool = False  # the tensors over the site's local work, then three scalars, follow (FedNova)
+    rows: tuple[str, ...] = ()  # tensors whose row r is weighted by label r (surgical output layer)
+    labels: int = 0  # K: the rows of each of them, and the per-label weights at the end of the vector
 
     @property
     def floats(self) -> int:
@@ -50,20 +58,31 @@ class Layout:
     @property
     def length(self) -> int:
         """Coordinates of the masked vector: every float tensor's, one for the weight, then the variates' if any."""
-        return self.floats * (1 + self.variates + self.normalised) + 1 + 3 * self.normalised
+        return self.floats * (1 + self.variates + self.normalised) + 1 + 3 * self.normalised + self.labels
 
 
 def float_names(tensors: Mapping[str, np.ndarray]) -> list[str]:
     return sorted(n for n, v in tensors.items() if np.asarray(v).dtype.kind == "f")
 
 
-def layout_of(tensors: Mapping[str, np.ndarray], *, variates: bool = False, normalised: bool = False) -> Layout:
-    """The layout of `tensors`' float part (the model the PS sent: every site derives the same one)."""
+def layout_of(tensors: Mapping[str, np.ndarray], *, variates: bool = False, normalised: bool = False,
+              rows: tuple[str, ...] = ()) -> Layout:
+    """The layout of `tensors`' float part (the model the PS sent: every site derives the same one); `rows` names
+    the float tensors weighted label by label (each with the same K > 0 rows)."""
     if variates and normalised:
         raise ValueError("one rule sums either control-variate deltas or normalised updates, not both")
+    if rows and (variates or normalised):
+        raise ValueError("per-label rows are summed only next to the plain tensors")
     names = float_names(tensors)
+    rows = tuple(sorted(set(rows)))
+    if missing := [n for n in rows if n not in names]:
+        raise ValueError(f"the per-label tensors {missing} are not float tensors of the model")
+    heights = {int(np.shape(tensors[n])[0]) if np.ndim(tensors[n]) else 0 for n in rows}
+    if rows and (len(heights) != 1 or min(heights) < 1):
+        raise ValueError(f"the per-label tensors {list(rows)} must have one row per label, all the same number")
     return Layout(tuple(names), tuple(tuple(np.shape(tensors[n])) for n in names),
-                  tuple(str(np.asarray(tensors[n]).dtype) for n in names), variates, normalised)
+                  tuple(str(np.asarray(tensors[n]).dtype) for n in names), variates, normalised, rows,
+                  heights.pop() if rows else 0)
 
 
 def split(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -81,17 +100,31 @@ def site_weight(n_samples: int, weight_bound: float) -> float:
 
 def weighted_vector(tensors: Mapping[str, np.ndarray], layout: Layout, n_samples: int,
                     weight_bound: float, variates: Mapping[str, np.ndarray] | None = None,
-                    work: tuple[float, float, float] | None = None) -> FloatVector:
+                    work: tuple[float, float, float] | None = None,
+                    label_mask: npt.ArrayLike | None = None) -> FloatVector:
     """What a site encodes and masks: p_i times its float tensors (in `layout`'s order), then p_i, then (when the
     layout has them) p_i times its control-variate deltas `variates` (zeros for a tensor without one), or, for a
     normalised layout with `work` = (a_i, tau_i, W), p_i / a_i times its float tensors, p_i a_i / W, p_i tau_i / W and
     p_i / a_i (the tensor and last parts 0 when a_i = 0: a site that took no step adds nothing to FedNova's
     direction). W is public (the PS's bound on local work): a site whose a_i or tau_i exceeds it is refused here,
-    never clipped in silence."""
-    if layout_of(tensors, variates=layout.variates, normalised=layout.normalised) != layout:
+    never clipped in silence. A layout with per-label rows needs `label_mask`, K values of 0 or 1 (1: this site
+    annotates the label): row r of each of `layout.rows` is multiplied by it, and p_i times it ends the vector."""
+    if layout_of(tensors, variates=layout.variates, normalised=layout.normalised, rows=layout.rows) != layout:
         raise ValueError("the update's float tensors do not match the round's layout (names, shapes or dtypes)")
     p = site_weight(n_samples, weight_bound)
-    parts = [np.asarray(tensors[n], dtype=np.float64).ravel() * p for n in layout.names]
+    mask = np.zeros(0)
+    if layout.labels:
+        mask = np.asarray(label_mask if label_mask is not None else [], dtype=np.float64)
+        if mask.shape != (layout.labels,) or not np.isin(mask, (0.0, 1.0)).all():
+            raise ValueError(f"a layout with per-label rows needs a label mask of {layout.labels} zeros and ones")
+
+    def weighted(name: str) -> FloatVector:
+        array = np.asarray(tensors[name], dtype=np.float64)
+        if name in layout.rows:
+            array = array * mask.reshape((-1,) + (1,) * (array.ndim - 1))
+        return array.ravel() * p
+
+    parts = [weighted(n) for n in layout.names]
     parts.append(np.array([p]))
     if layout.variates:
         given = variates or {}
@@ -111,6 +144,8 @@ def weighted_vector(tensors: Mapping[str, np.ndarray], layout: Layout, n_samples
         over = p / a if a > 0 else 0.0
         parts.extend(np.asarray(tensors[n], dtype=np.float64).ravel() * over for n in layout.names)
         parts.append(np.array([p * a / bound, p * steps / bound, over]))
+    if layout.labels:
+        parts.append(mask * p)
     return np.concatenate(parts)
 
 
@@ -161,6 +196,21 @@ def normalised_from_sum(total: FloatVector, layout: Layout, work_bound: float
         at += size
     return (float(total[layout.floats]), scaled, float(total[at]) * work_bound, float(total[at + 1]) * work_bound,
             float(total[at + 2]))
+
+
+def label_sums_from_sum(total: FloatVector, layout: Layout) -> tuple[FloatVector, dict[str, np.ndarray]]:
+    """From the decoded sum of a layout with per-label rows: (the K per-label weights sum_i p_i m_r, each of
+    `layout.rows` as sum_i p_i m_r row_r (float64, in its shape)). Row r's mean is the second over the first."""
+    if not layout.labels or total.shape != (layout.length,):
+        raise ValueError("the sum carries no per-label rows (or has another length than the layout)")
+    rows: dict[str, np.ndarray] = {}
+    at = 0
+    for name, shape in zip(layout.names, layout.shapes, strict=True):
+        size = int(np.prod(shape, dtype=np.int64))
+        if name in layout.rows:
+            rows[name] = total[at:at + size].reshape(shape)
+        at += size
+    return total[layout.length - layout.labels:].copy(), rows
 
 
 def mean_error_bound(fixed: FixedPoint, n_sites: int, total_weight: float, largest: float) -> float:

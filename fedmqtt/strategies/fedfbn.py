@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from fedmqtt.strategies.aggregate import combine, copy_weights, uniform_weights
-from fedmqtt.strategies.base import AggregateResult, RoundInput, TensorSpec, Weights
+from fedmqtt.strategies.base import AggregateResult, RoundInput, SiteUpdate, TensorSpec, Weights
 from fedmqtt.strategies.params import StrategyParams
 from fedmqtt.strategies.rule import ServerRule, keeps_norm_local
 from fedmqtt.strategies.strategy_doc import StrategyDoc
+
+if TYPE_CHECKING:
+    from fedmqtt.strategies.sums import LabelSums
 
 LabelRows = dict[str, dict[str, np.ndarray]]  # label -> output-layer tensor name -> that label's row
 
@@ -94,10 +98,10 @@ class FedFBN(ServerRule):
     needs_only_sums = True
     sums_uniform = True
     sums_note = (
-        "the plain mean of the shared tensors (each site weighs its masked vector by 1), with partial_labels = "
-        "\"masked_loss\"; the surgical output layer is a per-label mean, a sum once each site sends its rows in "
-        "the federation's label order with a count of 1 for its own labels and 0 for the others, which is not "
-        "wired: partial_labels = \"surgical\" is refused under secure aggregation"
+        "the plain mean of the shared tensors (each site weighs its masked vector by 1); the surgical output layer "
+        "(partial_labels = \"surgical\") from per-label sums: each site masks row r of the output layer times 1 "
+        "if it annotates label r, else 0, and those K zeros and ones; the PS learns how many summed sites "
+        "annotate each label"
     )
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
@@ -107,14 +111,32 @@ class FedFBN(ServerRule):
     def keeps_local(self, spec: TensorSpec) -> bool:
         return keeps_norm_local(spec, ("batchnorm",))
 
+    @property
+    def sums_label_rows(self) -> bool:
+        """Under secure aggregation the surgical output layer comes from per-label sums (`LabelSums`)."""
+        return self.params.partial_labels == "surgical"
+
     def uniform_mean_refusal(self) -> str | None:
-        """Under secure aggregation the PS holds the plain mean of the shared tensors, never a site's label set or
-        rows: surgical aggregation of the output layer cannot run from it."""
-        if self.params.partial_labels == "surgical":
-            return ("fedfbn with partial_labels = \"surgical\" needs each site's label set and output rows; under "
-                    "secure aggregation set partial_labels = \"masked_loss\" (every site carries the union output "
-                    "layer, averaged like the rest)")
         return None
+
+    def aggregate_from_label_sums(self, inp: RoundInput, mean: Mapping[str, np.ndarray], count: int,
+                                  sums: LabelSums) -> AggregateResult:
+        """Surgical aggregation from a secure sum, every site carrying the union output layer (row r = label r):
+        the other tensors from their plain mean; row r of each output tensor is its sum over the sum of its
+        label's weights, i.e. the mean over the sites that annotate label r, as `surgical_aggregate` gives; a
+        label no summed site annotates keeps its current rows. The rows go out in the shared model (every site
+        takes its own from the union layer), and are kept per label (its row index) as server state."""
+        one = SiteUpdate(site_id="secure-sum", tensors=dict(mean), n_samples=count, local_steps=0)
+        result = self.aggregate_train(replace(inp, updates=[one]))
+        weights = dict(result.weights)
+        for name, summed in sums.rows.items():
+            current = np.asarray(inp.current[name])
+            rows = current.astype(np.float64)
+            for r in np.flatnonzero(np.asarray(sums.holders) > 0):
+                rows[r] = summed[r] / sums.weight[r]
+                self.label_rows.setdefault(str(r), {})[name] = rows[r].astype(current.dtype)
+            weights[name] = rows.astype(current.dtype)
+        return replace(result, weights=weights)
 
     def aggregate_train(self, inp: RoundInput) -> AggregateResult:
         if not inp.updates:

@@ -81,6 +81,29 @@ def weighted_mean_refusal(strategy: object) -> str | None:
 
 
 @dataclass(frozen=True)
+class LabelSums:
+    """Per-label sums over the sites in a secure sum (FedFBN's surgical output layer, fedmqtt/secagg/weighted.py):
+    `weight[r]` sum_i p_i m_ir, `holders[r]` how many sites annotate label r (m_ir = 1), and per output tensor
+    `rows[name][r]` sum_i p_i m_ir row_ir: row r's mean over its holders is rows[name][r] / weight[r]."""
+
+    weight: np.ndarray
+    holders: np.ndarray
+    rows: Mapping[str, np.ndarray]
+
+
+def aggregate_from_label_sums(strategy: Strategy, inp: RoundInput, mean: Mapping[str, np.ndarray], count: int,
+                              sums: LabelSums) -> AggregateResult:
+    """The aggregate of a rule that averages its output rows label by label (`sums_label_rows`, FedFBN surgical):
+    the plain mean of the other tensors, each output row from its label's sums. ValueError for another rule."""
+    step = getattr(strategy, "aggregate_from_label_sums", None)
+    if not getattr(strategy, "sums_label_rows", False) or step is None:
+        raise ValueError(f"{strategy.name} does not aggregate output rows label by label")
+    result = step(inp, mean, max(int(count), 1), sums)
+    assert isinstance(result, AggregateResult)
+    return result
+
+
+@dataclass(frozen=True)
 class NormalisedSums:
     """FedNova's sums over the sites in a secure sum (sites with a_i = 0 add 0 to `scaled` and `inverse_work`):
     `weight` P = sum p_i, `scaled` sum p_i y_i / a_i per TRAIN tensor, `work` sum p_i a_i, `steps` sum p_i tau_i,

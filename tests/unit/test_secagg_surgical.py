@@ -1,0 +1,130 @@
+"""FedFBN's surgical output layer from a secure sum: each site masks row r of the output layer times 1 if it
+annotates label r (else 0) and those K zeros and ones (fedmqtt/secagg/weighted.py); the PS reads each row's mean
+over the sites that annotate its label, as the clear rule (`surgical_aggregate`) gives, within the ring's bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from secagg_round import Losses, play, site_ids
+
+from fedmqtt.secagg import messages as msg
+from fedmqtt.secagg.ring import FixedPoint
+from fedmqtt.secagg.weighted import (
+    label_sums_from_sum,
+    layout_of,
+    mean_error_bound,
+    mean_from_sum,
+    split,
+    weighted_vector,
+)
+from fedmqtt.strategies import build_strategy
+from fedmqtt.strategies.base import Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
+from fedmqtt.strategies.sums import LabelSums, aggregate_from_label_sums
+from ps_daemon.secure_round import label_rows
+from schemas.secagg import SecAggTerms
+from site_agent.secagg_round import annotated_labels
+
+FIXED = FixedPoint(clip=4.0, fraction_bits=20, bits=64, max_sites=8)
+LABELS = ("L0", "L1", "L2", "L3")  # row r of the output layer is label r; nobody annotates L3
+MASKS = np.array([[1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 0], [0, 1, 0, 0]], dtype=np.float64)
+
+
+def _model(rng: np.random.Generator) -> tuple[Weights, Manifest]:
+    model = {"body.weight": rng.normal(size=(5, 3)).astype(np.float32),
+             "fc.weight": rng.normal(size=(4, 5)).astype(np.float32), "fc.bias": rng.normal(size=4).astype(np.float32),
+             "bn.weight": np.ones(5, np.float32), "bn.num_batches_tracked": np.array(2, dtype=np.int64)}
+    tags = {"body.weight": {"TRAIN"}, "fc.weight": {"TRAIN", "HEAD"}, "fc.bias": {"TRAIN", "HEAD"},
+            "bn.weight": {"TRAIN", "NORM:BatchNorm1d"}, "bn.num_batches_tracked": {"NORM:BatchNorm1d"}}
+    return model, {n: TensorSpec(n, tuple(np.shape(v)), str(v.dtype), frozenset(tags[n])) for n, v in model.items()}
+
+
+def test_surgical_rows_from_label_sums_equal_the_clear_rule_with_a_dropout() -> None:
+    """Five sites, one lost after sharing its keys: the body is the plain mean of the four that remain, each
+    output row the mean over the remaining sites that annotate its label (the clear rule on their own rows),
+    and the label nobody annotates keeps its current rows exactly."""
+    rng = np.random.default_rng(11)
+    current, manifest = _model(rng)
+    secure_rule, clear_rule = build_strategy("fedfbn", {}), build_strategy("fedfbn", {})
+    shared = {k: current[k] for k in secure_rule.shared_names(manifest)}
+    floats = split(shared)[0]
+    rows = label_rows(secure_rule, manifest, floats)
+    assert rows == ("fc.bias", "fc.weight")
+    layout = layout_of(floats, rows=rows)
+    assert layout.labels == 4 and layout.length == sum(v.size for v in floats.values()) + 1 + 4
+    names = site_ids(5)
+    masks = dict(zip(names, MASKS, strict=True))
+    trained = {s: {k: v + rng.normal(scale=0.4, size=v.shape).astype(v.dtype) for k, v in floats.items()}
+               for s in names}
+    bound_b = 5.0  # the plain mean: B = the selected sites, p_i = 1 / B
+    vectors = {s: weighted_vector(trained[s], layout, 1, bound_b, label_mask=masks[s]) for s in names}
+    played = play(5, layout.length, fixed=FIXED, updates=vectors, losses=Losses(before_masked={names[2]}))
+    assert isinstance(played.outcome, msg.RoundSum), played.outcome
+    included = sorted(played.outcome.included)
+    assert names[2] not in included and len(included) == 4
+
+    mean, count = mean_from_sum(played.outcome.total, layout, bound_b)
+    mean.update(split(shared)[1])
+    weight, summed = label_sums_from_sum(played.outcome.total, layout)
+    holders = np.rint(weight * bound_b).astype(np.int64)
+    assert count == 4 and holders.tolist() == MASKS[[names.index(s) for s in included]].sum(axis=0).tolist()
+    inp = RoundInput(1, dict(shared), [], {s: 10 for s in names}, manifest)
+    secure = aggregate_from_label_sums(secure_rule, inp, mean, count, LabelSums(weight, holders, summed)).weights
+
+    def own(s: str) -> tuple[list[str], dict[str, np.ndarray]]:
+        held = np.flatnonzero(masks[s])
+        return [LABELS[r] for r in held], {n: trained[s][n][held] for n in rows}
+
+    clear = clear_rule.aggregate_train(RoundInput(1, dict(shared), [
+        SiteUpdate(s, {**trained[s], **own(s)[1]}, 10, 1, extras={"label_set": own(s)[0]}) for s in included], {},
+        manifest))
+    largest = max(float(np.max(np.abs(trained[s][k]))) for s in included for k in floats)
+    cast = largest * 2.0**-23  # the float32 cast of the mean
+    body_bound = mean_error_bound(FIXED, 4, count / bound_b, largest) + cast
+    body_error = np.max(np.abs(secure["body.weight"].astype(np.float64) - clear.weights["body.weight"]))
+    assert body_error <= body_bound < 1e-4
+    for r, label in enumerate(LABELS):
+        for name in rows:
+            got = secure[name][r].astype(np.float64)
+            if not holders[r]:  # nobody annotates it: the current rows, untouched (the clear rule keeps them too)
+                assert label not in clear_rule.label_rows
+                assert np.array_equal(secure[name][r], shared[name][r])
+                continue
+            row_bound = mean_error_bound(FIXED, 4, holders[r] / bound_b, largest) + cast
+            assert np.max(np.abs(got - clear_rule.label_rows[label][name])) <= row_bound, (label, name)
+            everyone = np.mean([trained[s][name][r] for s in included], axis=0)  # the comparison can fail
+            if holders[r] < 4:
+                assert np.max(np.abs(got - everyone)) > 100 * row_bound, (label, name)
+
+
+def test_the_masked_vector_refuses_a_bad_label_mask_and_ragged_rows() -> None:
+    rng = np.random.default_rng(2)
+    current, manifest = _model(rng)
+    floats = split({k: current[k] for k in ("body.weight", "fc.weight", "fc.bias")})[0]
+    layout = layout_of(floats, rows=("fc.weight", "fc.bias"))
+    for mask in (None, [1, 0, 1], [1, 0, 0.5, 1], [1, 0, np.nan, 1]):
+        with pytest.raises(ValueError, match="label mask"):
+            weighted_vector(floats, layout, 1, 3.0, label_mask=mask)
+    with pytest.raises(ValueError, match="one row per label"):
+        layout_of(floats, rows=("fc.weight", "body.weight"))
+    with pytest.raises(ValueError, match="not float tensors"):
+        layout_of(floats, rows=("bn.num_batches_tracked",))
+    with pytest.raises(ValueError, match="plain tensors"):
+        layout_of(floats, rows=("fc.bias",), variates=True)
+    assert label_rows(build_strategy("fedfbn", {"partial_labels": "masked_loss"}), manifest, floats) == ()
+    assert label_rows(build_strategy("fedavg", {}), manifest, floats) == ()
+
+
+def test_terms_carry_label_rows_only_with_the_plain_mean() -> None:
+    base = {"ring_bits": 64, "fraction_bits": 20, "clip": 4.0, "max_sites": 5, "dropout": 0.1}
+    assert SecAggTerms(**base, uniform=True, label_rows=("fc.bias",)).label_rows == ("fc.bias",)
+    for other in ({}, {"uniform": True, "variates": True}):
+        with pytest.raises(ValidationError, match="label_rows go only with the plain mean"):
+            SecAggTerms(**base, **other, label_rows=("fc.bias",))
+
+
+def test_a_site_annotates_the_labels_its_records_do_not_leave_as_nan() -> None:
+    y = np.array([[1, np.nan, 0], [0, np.nan, np.nan]], dtype=np.float32)
+    assert annotated_labels("multilabel", y, 3).tolist() == [1.0, 0.0, 1.0]
+    assert annotated_labels("multiclass", np.array([0, 2]), 3).tolist() == [1.0, 1.0, 1.0]
