@@ -4,10 +4,13 @@ over the sites that annotate its label, as the clear rule (`surgical_aggregate`)
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from secagg_round import Losses, play, site_ids
+from secagg_round import Losses, federation, play, site_ids
 
 from fedmqtt.secagg import messages as msg
 from fedmqtt.secagg.ring import FixedPoint
@@ -21,14 +24,26 @@ from fedmqtt.secagg.weighted import (
 )
 from fedmqtt.strategies import build_strategy
 from fedmqtt.strategies.base import Manifest, RoundInput, SiteUpdate, TensorSpec, Weights
+from fedmqtt.strategies.fedfbn import FedFBN
 from fedmqtt.strategies.sums import LabelSums, aggregate_from_label_sums
+from ps_daemon import effects as fx
+from ps_daemon.config import DaemonConfig
+from ps_daemon.events import SecAggReceived, SiteOnline, UpdateReceived
+from ps_daemon.machine import Machine
+from ps_daemon.model_init import hash_weights
 from ps_daemon.secure_round import label_rows
-from schemas.secagg import SecAggTerms
-from site_agent.secagg_round import annotated_labels
+from schemas.codec import decode, encode
+from schemas.secagg import SecAggInbox, SecAggRoster, SecAggTerms
+from site_agent.secagg_round import SiteRound, annotated_labels
+from site_agent.secagg_store import SecAggStore
 
 FIXED = FixedPoint(clip=4.0, fraction_bits=20, bits=64, max_sites=8)
 LABELS = ("L0", "L1", "L2", "L3")  # row r of the output layer is label r; nobody annotates L3
 MASKS = np.array([[1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 0], [0, 1, 0, 0]], dtype=np.float64)
+
+
+def _trip(message: object) -> Any:
+    return decode(encode(message))
 
 
 def _model(rng: np.random.Generator) -> tuple[Weights, Manifest]:
@@ -128,3 +143,64 @@ def test_a_site_annotates_the_labels_its_records_do_not_leave_as_nan() -> None:
     y = np.array([[1, np.nan, 0], [0, np.nan, np.nan]], dtype=np.float32)
     assert annotated_labels("multilabel", y, 3).tolist() == [1.0, 0.0, 1.0]
     assert annotated_labels("multiclass", np.array([0, 2]), 3).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_surgical_round_through_the_ps_machine(tmp_path: Path) -> None:
+    """The PS's pure machine with FedFBN (surgical, the default) and four sites played by the site driver over the
+    wire kinds: the tasks name the output tensors, each site masks by its labels, and the round's model has each
+    output row as the clear rule's mean over the sites that annotate it (within 1e-4), the body the plain mean."""
+    run, sites = "secagg-surgical", tuple(site_ids(4))
+    config = DaemonConfig.model_validate({
+        "run_id": run, "sites": list(sites), "rounds": 2, "quorum": 1, "round_timeout_s": 100.0,
+        "model": {"name": "mlp", "args": {}}, "credentials": "creds.toml", "algorithm": "fedfbn",
+        "secure_aggregation": {"enabled": True, "stage_timeout_s": 10.0, "fraction_bits": 20, "clip": 4.0}})
+    keys = federation(run, 4)
+    machine = Machine(config, FedFBN(), hash_weights, verifier=keys.identity("observer").ring)
+    rng = np.random.default_rng(5)
+    weights, manifest = _model(rng)
+    weights = {k: weights[k] for k in ("body.weight", "fc.weight", "fc.bias")}
+    manifest = {k: manifest[k] for k in weights}
+    masks = dict(zip(sites, MASKS[:4], strict=True))
+    trained = {s: {k: v + rng.normal(scale=0.4, size=v.shape).astype(v.dtype) for k, v in weights.items()}
+               for s in sites}
+    state = machine.initial_state(weights, manifest, session="ab12")
+    effects: list[fx.Effect] = []
+    for s in sites:
+        state, effects = machine.step(state, SiteOnline(s, now=0.0, n_train=50))
+    tasks = {e.site_id: e.secure for e in effects if isinstance(e, fx.PublishTrainTask)}
+    assert set(tasks) == set(sites) and all(t is not None and t.label_rows == ("fc.bias", "fc.weight")
+                                            for t in tasks.values())
+    drivers: dict[str, SiteRound] = {}
+    for s in sites:
+        terms = tasks[s]
+        assert terms is not None
+        layout = layout_of(split(machine.shared_model(state))[0], rows=terms.label_rows)
+        drivers[s] = SiteRound(SecAggStore(tmp_path / s), keys.identity(s), run_id=run, session=state.session,
+                               round_no=state.round, terms=terms, layout=layout, label_mask=masks[s])
+        state, effects = machine.step(state, UpdateReceived(s, 1.0, state.round, state.model_hash,
+                                                            SiteUpdate(s, {}, 50, 3), 0.3, {"auroc": 0.7}))
+        state, effects = machine.step(state, SecAggReceived(s, 1.0, state.round, _trip(drivers[s].advert())))
+    for _ in range(3):  # shares, masked inputs, unmasking answers
+        out = effects
+        for e in [e for e in out if isinstance(e, fx.PublishSecAgg)]:
+            message, site = _trip(e.message), drivers[e.site_id]
+            if isinstance(message, SecAggRoster):
+                reply: object = site.on_roster(message)
+            elif isinstance(message, SecAggInbox):
+                reply = site.on_inbox(message, trained[e.site_id], 50)
+            else:
+                reply = site.on_unmask(message)
+            state, effects = machine.step(state, SecAggReceived(e.site_id, 2.0, state.round, _trip(reply)))
+    assert state.round == 2 and state.history[-1].sites == sites
+
+    clear_rule = FedFBN()
+    clear = clear_rule.aggregate_train(RoundInput(1, dict(weights), [SiteUpdate(
+        s, {**trained[s], **{n: trained[s][n][np.flatnonzero(masks[s])] for n in ("fc.weight", "fc.bias")}}, 50, 1,
+        extras={"label_set": [LABELS[r] for r in np.flatnonzero(masks[s])]}) for s in sites], {}, manifest))
+    assert np.max(np.abs(state.weights["body.weight"] - clear.weights["body.weight"])) <= 1e-4
+    for r, label in enumerate(LABELS):
+        for name in ("fc.weight", "fc.bias"):
+            if label not in clear_rule.label_rows:
+                assert np.array_equal(state.weights[name][r], weights[name][r])
+            else:
+                assert np.max(np.abs(state.weights[name][r] - clear_rule.label_rows[label][name])) <= 1e-4
