@@ -540,6 +540,9 @@ class SiteAgent:
         layout = self._layout(task, floats)
         d = self.data
         mask = annotated_labels(d.task.kind, d.y_train, layout.labels) if layout.labels else None
+        if mask is not None:
+            log.info("round %d: secure aggregation: output rows summed label by label; this site annotates %d of "
+                     "%d labels", task.round, int(mask.sum()), layout.labels)
         return SiteRound(self.secagg_store, self.identity, run_id=self.config.run_id, session=task.session,
                          round_no=task.round, terms=task.secure_aggregation, layout=layout, label_mask=mask)
 

@@ -148,3 +148,27 @@ def test_a_ps_killed_mid_round_resumes_with_a_new_try(cli_federation, tmp_path) 
     assert [r["secure"]["included"] for r in report["rounds"]] == [sorted(SITES)] * 2
     for site in SITES:
         assert "trained before; secure aggregation try" in fed.tail(site, 2000)  # round 2 not trained twice
+
+
+def test_a_secure_surgical_fedfbn_round_equals_the_clear_one(cli_federation, tmp_path) -> None:  # noqa: ANN001
+    """FedFBN with its default surgical output layer: the tasks name the output tensors (`label_rows`), each site
+    masks its output rows by the labels it annotates and appends those per-label weights (the heart-disease sites
+    annotate their one label: every row is theirs), and the PS reads the rows from the per-label sums; the round's
+    model equals FedFBN's in the clear within the bound (per-label masks that differ between sites are checked
+    against the clear rule in tests/unit/test_secagg_surgical.py)."""
+    fed = cli_federation("secure-fedfbn", run_id="e2e-secure-fedfbn", rounds=1, sites=SITES, algorithm="fedfbn",
+                         ps_extra={"secure_aggregation": SECURE})
+    fed.run_to_completion(300)
+    expected, got = _clear(tmp_path, "e2e-secure-fedfbn", 1, SITES, "fedfbn"), fed.final_weights()
+    assert sorted(got) == sorted(expected)
+    bound = _bound(expected)  # B = the four sites, each weighing 1: the total weight and each label's are 1
+    for name, value in expected.items():
+        diff = np.abs(got[name].astype(np.float64) - value.astype(np.float64))
+        assert float(np.max(diff)) <= bound, (name, float(np.max(diff)), bound)
+    assert any(name.startswith("head.") for name in expected)
+    report = json.loads((fed.work / "ps" / "report.json").read_text())
+    assert report["rounds"][0]["secure"]["included"] == sorted(SITES)
+    for site in SITES:
+        assert "Traceback" not in fed.tail(site, 2000)
+        assert "refused" not in fed.tail(site, 2000)
+        assert "output rows summed label by label; this site annotates 1 of 1 labels" in fed.tail(site, 4000)
