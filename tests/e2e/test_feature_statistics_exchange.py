@@ -14,18 +14,36 @@ import numpy as np
 import pytest
 
 from fedmqtt.config_io import dump_toml, read_toml
-from fedmqtt.data.feature_wire import read_statistics_message
+from fedmqtt.data.feature_stats import Grid, Summary
+from fedmqtt.data.feature_wire import read_statistics_message, summary_message
 from fedmqtt.data.registry import site_train_summary
 from fedmqtt.federation_stats import federation_statistics
+from fedmqtt.transport import topics
 from schemas import messages as m
-from site_agent.config import load_site_config
+from schemas.codec import encode, pack
+from site_agent.config import SiteConfig, load_site_config
 
 pytestmark = pytest.mark.e2e
+RUN = "e2e-fstats"
 
 
-def test_sites_send_summaries_and_all_standardise_with_the_same_statistics(cli_federation, tmp_path: Path) -> None:
+def _hostile_summaries(site: str, config: SiteConfig) -> list[tuple[str, bytes]]:
+    """Summaries a party with the site's credentials can sign: valid ones of other columns, and broken sums."""
+    item = site_train_summary(config.data)
+    real = summary_message(item.summary, item.grid, item.columns, run_id=RUN, sender=site)
+    fewer = summary_message(
+        Summary(item.summary.entries, item.summary.count[:2], item.summary.total[:2], item.summary.total_sq[:2],
+                item.summary.histogram[:2]),
+        Grid(item.grid.low[:2], item.grid.high[:2], item.grid.scale[:2], item.grid.bins), item.columns[:2],
+        run_id=RUN, sender=site)
+    shifted = dict(real.model_dump(mode="python"), total=[real.count[0] * (real.high[0] + 1), *real.total[1:]])
+    return [("other columns", encode(fewer)), ("a sum its histogram contradicts", pack(shifted))]
+
+
+def test_sites_send_summaries_and_all_standardise_with_the_same_statistics(cli_federation, paho_client,
+                                                                           tmp_path: Path) -> None:
     # Prepare
-    fed = cli_federation("fstats", run_id="e2e-fstats", rounds=1, sites=("cleveland", "hungary"),
+    fed = cli_federation("fstats", run_id=RUN, rounds=1, sites=("cleveland", "hungary"),
                          ps_extra={"quorum": 2, "feature_statistics": "federated"})
     config = read_toml(fed.site_configs["cleveland"])
     config["feature_statistics"] = "federated"
@@ -40,8 +58,21 @@ def test_sites_send_summaries_and_all_standardise_with_the_same_statistics(cli_f
                                90, "ps/status waiting for feature summaries")
     assert isinstance(waiting, m.DaemonStatus) and waiting.state == "waiting_for_sites"
     assert waiting.detail == "waiting for feature summaries from sites hungary"
-    # hungary's hospital switches to federated statistics and restarts: the run goes through
+    # A party with hungary's credentials sends summaries that do not fit (signed: signing does not make content
+    # valid): each is refused and counted in ps/status, and the PS keeps waiting
     fed.kill("hungary")
+    mallory, me = paho_client(fed.layout.settings("hungary")), fed.layout.identity("hungary")
+    features = topics.site_features_topic(RUN, "hungary")
+    for _what, payload in _hostile_summaries("hungary", load_site_config(fed.site_configs["hungary"])):
+        mallory.publish(features, me.seal(features, payload), qos=2, retain=True).wait_for_publish(10)
+    counted = fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus)
+                               and sum(msg.rejected.get("hungary", {}).values()) >= 2, 60, "the refusals counted")
+    assert isinstance(counted, m.DaemonStatus) and counted.state == "waiting_for_sites"
+    assert "feature summary refused" in counted.rejected["hungary"]
+    mallory.disconnect()
+    fed.check_alive()
+    # hungary's hospital switches to federated statistics and restarts (its summary replaces the retained one):
+    # the run goes through
     config = read_toml(fed.site_configs["hungary"])
     config["feature_statistics"] = "federated"
     fed.site_configs["hungary"].write_text(dump_toml(config))
@@ -58,7 +89,7 @@ def test_sites_send_summaries_and_all_standardise_with_the_same_statistics(cli_f
     got = read_statistics_message(fed.work / "ps" / "feature_statistics.msgpack")
     assert got.sites == ("cleveland", "hungary")
     summaries = {site: site_train_summary(config.data) for site, config in sorted(configs.items())}
-    want = read_statistics_message(federation_statistics("e2e-fstats", summaries, tmp_path / "sim"))
+    want = read_statistics_message(federation_statistics(RUN, summaries, tmp_path / "sim"))
     for field in ("low", "high", "fill", "mean", "std"):
         np.testing.assert_array_equal(np.array(getattr(got, field), dtype=float),
                                       np.array(getattr(want, field), dtype=float), err_msg=field)
