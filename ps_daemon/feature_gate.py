@@ -28,6 +28,12 @@ def wanted(config: DaemonConfig) -> bool:
     return config.feature_statistics == "federated"
 
 
+def already_combined(statistics: FeatureStatistics | None, site: str) -> bool:
+    """Whether this site's summary is in the federation's statistics: another copy (the broker keeps summaries
+    retained and replays them to a resumed PS, which holds the statistics but not the summaries) changes nothing."""
+    return statistics is not None and site in statistics.sites
+
+
 def summary_rejection(config: DaemonConfig, held: Mapping[str, FeatureSummary], statistics: FeatureStatistics | None,
                       site: str, summary: FeatureSummary) -> str | None:
     """Why this summary cannot be held now (None: it can). A copy of the one held (a restarted site sends its

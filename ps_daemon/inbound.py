@@ -151,7 +151,7 @@ class InboundEvents:
     def _summary_event(self, state: DaemonState, site: str, msg: FeatureSummary, now: float) -> Event | None:
         """Judged before the machine sees it, so that every refusal is counted (a copy of a summary combined
         already is no refusal: the broker replays retained summaries after a reconnect)."""
-        if state.feature_summaries.get(site) == msg:
+        if state.feature_summaries.get(site) == msg or feature_gate.already_combined(state.feature_statistics, site):
             return None
         why = feature_gate.summary_rejection(self.config, state.feature_summaries, state.feature_statistics, site, msg)
         if why is not None:

@@ -132,6 +132,8 @@ class Machine(SecureSteps):
 
     def _summary_while_waiting(self, state: DaemonState, ev: FeatureSummaryReceived) -> Result:
         """Held if it fits the ones held (ps_daemon.feature_gate), then round 1 starts if everything is there."""
+        if feature_gate.already_combined(state.feature_statistics, ev.site_id):
+            return state, []  # resumed before round 1 with the kept statistics
         why = feature_gate.summary_rejection(self.config, state.feature_summaries, state.feature_statistics,
                                              ev.site_id, ev.summary)
         if why is not None:
@@ -142,9 +144,8 @@ class Machine(SecureSteps):
         return self._try_start(state, ev.now)
 
     def _refuse_summary(self, state: DaemonState, ev: FeatureSummaryReceived) -> Result:
-        held = state.feature_summaries.get(ev.site_id)
-        if state.feature_statistics is not None and held is not None and held == ev.summary:
-            return state, []  # a retained copy arriving again after a reconnect: already combined
+        if feature_gate.already_combined(state.feature_statistics, ev.site_id):
+            return state, []  # a retained copy replayed after a reconnect or a resume: nothing to combine
         why = ("this run standardises with each site's own statistics (feature_statistics = \"site\")"
                if not feature_gate.wanted(self.config) else "the federation's statistics are combined already")
         return state, [self._summary_ignored(ev, why)]

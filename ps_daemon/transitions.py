@@ -62,7 +62,8 @@ def _refuse_secagg(phase: Phase) -> Transition:
 
 def _refuse_summary(phase: Phase) -> Transition:
     return Transition("_refuse_summary", "refused with a log: the federation's feature statistics are combined "
-                      "before round 1 (a copy of a summary already combined is dropped silently)", (phase,))
+                      "before round 1 (a summary of a site whose summary is in them is dropped silently: a "
+                      "retained copy replayed after a reconnect or a resume)", (phase,))
 
 
 def _ignore_report(phase: Phase) -> Transition:

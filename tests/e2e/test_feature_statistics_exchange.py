@@ -96,3 +96,33 @@ def test_sites_send_summaries_and_all_standardise_with_the_same_statistics(cli_f
     assert "feature statistics combined from 2 sites (cleveland, hungary)" in fed.tail("ps", 400)
     report = json.loads((fed.work / "ps" / "report.json").read_text())
     assert [r["sites"] for r in report["rounds"]] == [["cleveland", "hungary"]]
+
+
+def test_a_resumed_ps_uses_the_kept_statistics_and_does_not_ask_again(cli_federation) -> None:
+    # Prepare: the PS SIGKILLs itself right after round 1's checkpoint
+    fed = cli_federation("fstats-resume", run_id=RUN, rounds=2, sites=("cleveland", "hungary"),
+                         ps_extra={"quorum": 2, "feature_statistics": "federated"})
+    for site in fed.sites:
+        config = read_toml(fed.site_configs[site])
+        config["feature_statistics"] = "federated"
+        fed.site_configs[site].write_text(dump_toml(config))
+    fed.start_broker()
+    fed.start_ps(fault="after_checkpoint:1")
+    for site in fed.sites:
+        fed.start_site(site)
+    fed.procs["ps"].wait(180)
+    kept = (fed.work / "ps" / "feature_statistics.msgpack").read_bytes()
+    # Execute: --resume, with the sites' summaries still retained at the broker (replayed to the new PS)
+    fed.start_ps(resume=True)
+    fed.wait_ps_done(180)
+    # Assert: combined once, read back on resume, the replayed summaries neither combined nor counted as refusals
+    log = fed.tail("ps", 1000)
+    assert log.count("feature statistics combined from 2 sites") == 1
+    assert "--resume: the federation's feature statistics of sites cleveland, hungary" in log
+    assert "feature summary:" not in log
+    assert (fed.work / "ps" / "feature_statistics.msgpack").read_bytes() == kept
+    for site in fed.sites:
+        state_dir = load_site_config(fed.site_configs[site]).state_dir
+        assert (state_dir / "feature_statistics.msgpack").read_bytes() == kept
+    report = json.loads((fed.work / "ps" / "report.json").read_text())
+    assert [r["round"] for r in report["rounds"]] == [1, 2]

@@ -112,16 +112,19 @@ def _grid_other() -> tuple[Any, Any, tuple[str, ...]]:
     return summarise(x, grid), grid, NAMES
 
 
-def test_a_summary_after_round_1_started_is_refused() -> None:
-    machine = Machine(_config(), FedAvg(), hash_weights)
-    state = _start(machine)
-    for k, site in enumerate(SITES):
+def test_a_summary_after_round_1_started_is_refused_unless_its_site_is_in_the_statistics() -> None:
+    machine = Machine(_config(min_sites=2), FedAvg(), hash_weights)
+    state = machine.initial_state({"w": np.zeros(2, np.float32)})
+    for k, site in enumerate(SITES[:2]):
+        state, _ = machine.step(state, SiteOnline(site, now=1.0, n_train=50))
         state, _ = machine.step(state, FeatureSummaryReceived(site, 2.0, _summary(site, 30, k)))
-    assert state.phase == "training"
-    after, effects = machine.step(state, FeatureSummaryReceived("site-a", 5.0, _summary("site-a", 99, 9)))
+    assert state.phase == "training" and state.feature_statistics is not None
+    assert state.feature_statistics.sites == SITES[:2]
+    # site-c comes late: the statistics are fixed, its summary is refused with the reason
+    after, effects = machine.step(state, FeatureSummaryReceived("site-c", 5.0, _summary("site-c", 99, 9)))
     assert after == state and "combined already" in _logs(effects)[0]
-    # its own summary again (a retained copy after a reconnect): nothing to say
-    assert machine.step(state, FeatureSummaryReceived("site-a", 5.0, state.feature_summaries["site-a"]))[1] == []
+    # site-a's summary again (a retained copy replayed after a reconnect or a resume): nothing to say
+    assert machine.step(state, FeatureSummaryReceived("site-a", 5.0, _summary("site-a", 30, 0))) == (state, [])
 
 
 def test_kept_statistics_are_sent_again_and_not_asked_again() -> None:
