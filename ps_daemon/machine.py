@@ -143,6 +143,14 @@ class Machine(SecureSteps):
         state = replace(state, feature_summaries={**state.feature_summaries, ev.site_id: ev.summary})
         return self._try_start(state, ev.now)
 
+    def _offline_while_waiting(self, state: DaemonState, ev: SiteOffline) -> Result:
+        """Recorded; a site that goes before sending its feature summary is no longer waited for."""
+        state = self._with_offline(state, ev)
+        if not feature_gate.wanted(self.config) or state.feature_statistics is not None \
+                or ev.site_id in state.feature_summaries or ev.site_id not in self.config.sites:
+            return state, []
+        return self._try_start(state, ev.now)
+
     def _refuse_summary(self, state: DaemonState, ev: FeatureSummaryReceived) -> Result:
         if feature_gate.already_combined(state.feature_statistics, ev.site_id):
             return state, []  # a retained copy replayed after a reconnect or a resume: nothing to combine

@@ -87,7 +87,11 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "with `feature_statistics = \"federated\"`: holds the site's summary if it fits the ones held (same "
         "columns, grid and fixed columns; else refused with a log), then starts round 1 as a site coming online "
         "does once every online site has sent one", ("waiting_for_sites", "training")),
-    ("waiting_for_sites", SiteOffline): _note_offline("waiting_for_sites"),
+    ("waiting_for_sites", SiteOffline): Transition(
+        "_offline_while_waiting",
+        "records the site as seen offline; with `feature_statistics = \"federated\"` a site that goes before "
+        "sending its feature summary is no longer waited for, and round 1 starts as a site coming online starts "
+        "it if the online sites have all sent theirs", ("waiting_for_sites", "training")),
     ("waiting_for_sites", UpdateReceived): _refuse_update("waiting_for_sites"),
     ("waiting_for_sites", SecAggReceived): _refuse_secagg("waiting_for_sites"),
     ("waiting_for_sites", ReportReceived): _ignore_report("waiting_for_sites"),

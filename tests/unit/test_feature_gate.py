@@ -14,7 +14,7 @@ from fedmqtt.data.feature_wire import combine_messages, summary_message
 from fedmqtt.strategies import FedAvg
 from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig
-from ps_daemon.events import FeatureSummaryReceived, SiteOnline, Started
+from ps_daemon.events import FeatureSummaryReceived, SiteOffline, SiteOnline, Started
 from ps_daemon.feature_gate import summary_rejection
 from ps_daemon.machine import Machine
 from ps_daemon.model_init import hash_weights
@@ -141,3 +141,14 @@ def test_kept_statistics_are_sent_again_and_not_asked_again() -> None:
     _, effects = machine.step(state, Started(9.0))
     assert isinstance(effects[0], fx.PublishFeatureStatistics)
     assert any(isinstance(e, fx.PublishFeatureStatistics) for e in machine.resend(state, "reconnected"))
+
+
+def test_a_site_that_goes_before_sending_its_summary_is_not_waited_for() -> None:
+    machine = Machine(_config(min_sites=2), FedAvg(), hash_weights)
+    state = _start(machine)
+    for k, site in enumerate(SITES[:2]):
+        state, effects = machine.step(state, FeatureSummaryReceived(site, 2.0, _summary(site, 30, k)))
+    assert state.phase == "waiting_for_sites" and "from sites site-c" in _logs(effects)[0]
+    state, _ = machine.step(state, SiteOffline("site-c", 3.0))
+    assert state.phase == "training" and state.feature_statistics is not None
+    assert state.feature_statistics.sites == SITES[:2]
