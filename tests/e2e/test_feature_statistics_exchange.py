@@ -12,12 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness import FAST_TRAIN
+from safetensors.numpy import load_file
 
 from fedmqtt.config_io import dump_toml, read_toml
 from fedmqtt.data.feature_stats import Grid, Summary
 from fedmqtt.data.feature_wire import read_statistics_message, summary_message
 from fedmqtt.data.registry import site_train_summary
 from fedmqtt.federation_stats import federation_statistics
+from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.transport import topics
 from schemas import messages as m
 from schemas.codec import encode, pack
@@ -126,3 +129,35 @@ def test_a_resumed_ps_uses_the_kept_statistics_and_does_not_ask_again(cli_federa
         assert (state_dir / "feature_statistics.msgpack").read_bytes() == kept
     report = json.loads((fed.work / "ps" / "report.json").read_text())
     assert [r["round"] for r in report["rounds"]] == [1, 2]
+
+
+def test_over_mqtt_equals_the_simulation_with_federated_statistics(cli_federation, tmp_path: Path) -> None:
+    """The same config and seed, feature_statistics = "federated" on both sides: bit-identical final weights and
+    the same site metrics (the statistics travel as messages here, in process in the simulation)."""
+    # Prepare
+    sites, run_id = ("cleveland", "switzerland"), "eq-fstats"
+    model = {"name": "mlp", "args": {"in_features": 15, "hidden": [16], "norm": "bn"}}
+    fed = cli_federation("fstats-eq", run_id=run_id, rounds=2, sites=sites, train=FAST_TRAIN, model=model,
+                         ps_extra={"feature_statistics": "federated"})
+    for site in sites:
+        config = read_toml(fed.site_configs[site])
+        config["feature_statistics"] = "federated"
+        fed.site_configs[site].write_text(dump_toml(config))
+    sim = SimulationConfig(run_id=run_id, rounds=2, seed=0, out_dir=tmp_path / "sim", model=model, train=FAST_TRAIN,
+                           feature_statistics="federated",
+                           sites={s: d for s, d in bundled_sites().items() if s in sites})
+    # Execute
+    fed.run_to_completion(240)
+    sim_report = run_simulation(sim, progress=False)
+    # Assert
+    over_mqtt = load_file(str(fed.work / "ps" / "final_model.safetensors"))
+    simulated = load_file(str(tmp_path / "sim" / "final_model.safetensors"))
+    assert sorted(over_mqtt) == sorted(simulated)
+    for name in over_mqtt:
+        np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
+    mqtt_report = json.loads((fed.work / "ps" / "report.json").read_text())
+    assert mqtt_report["final"]["per_site"] == sim_report["final"]["per_site"]
+    sim_stats = read_statistics_message(tmp_path / "sim" / "feature_statistics.json")
+    got = read_statistics_message(fed.work / "ps" / "feature_statistics.msgpack")
+    same = {"msg_id", "sent_at", "session"}  # one message each, of its own run start
+    assert got.model_dump(exclude=same) == sim_stats.model_dump(exclude=same)
