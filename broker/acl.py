@@ -5,7 +5,7 @@ the protocol gives it (docs/protocol.md), never a `#` under its subtree. A retai
 memory and a place in mosquitto.db across restarts, so a write right on `site/<id>/#` let a site store as many
 retained messages as it liked under made-up subtopics (40 of 1 MiB grew the broker from 10 to 51 MB). Mosquitto's
 `+` matches any name at its level too, so a site's chunk topics are listed one by one, `<topic>/chunk/0` ...
-`<topic>/chunk/{MAX_CHUNKS-1}`: what a site can make the broker keep is at most `site_write_topics` (261 topics)
+`<topic>/chunk/{MAX_CHUNKS-1}`: what a site can make the broker keep is at most `site_write_topics` (262 topics)
 of at most max_packet_size each. Reads create nothing at the broker and keep `+` (and the PS reads the whole
 run). The PS, the coordinator, writes its own topics with `+` for chunk indices and site ids: it already decides
 what every site stores.
@@ -76,7 +76,7 @@ def site_rules(run_id: str, site: str) -> list[Rule]:
     """A site writes exactly its own topics and reads the PS's status, the model and its own task and turn."""
     model, task = topics.ps_model_topic(run_id), topics.ps_task_topic(run_id, site)
     reads = [topics.ps_status_topic(run_id), model, topics.chunk_filter(model), task, topics.chunk_filter(task),
-             topics.ps_turn_topic(run_id, site)]
+             topics.ps_turn_topic(run_id, site), topics.ps_features_topic(run_id)]
     return [(READ, topic) for topic in reads] + [(WRITE, topic) for topic in site_write_topics(run_id, site)]
 
 
@@ -84,7 +84,8 @@ def ps_rules(run_id: str, sites: list[str]) -> list[Rule]:
     """The PS reads the whole run, writes its own topics and each site's task and turn, and clears a site's update
     once it holds it (Channel.clear_received)."""
     model = topics.ps_model_topic(run_id)
-    writes = [topics.ps_status_topic(run_id), model, topics.chunk_filter(model), topics.ps_metrics_topic(run_id)]
+    writes = [topics.ps_status_topic(run_id), model, topics.chunk_filter(model), topics.ps_metrics_topic(run_id),
+              topics.ps_features_topic(run_id)]
     for site in sites:
         task, update = topics.ps_task_topic(run_id, site), topics.site_update_topic(run_id, site)
         writes += [task, topics.chunk_filter(task), topics.ps_turn_topic(run_id, site), update,

@@ -49,12 +49,12 @@ def federation_statistics(run_id: str, summaries: dict[str, TrainSummary], out_d
     """Each site's summary encoded and decoded as on the wire, combined, written to out_dir/STATISTICS_FILE."""
     received = []
     for site, item in summaries.items():
-        msg = decode(encode(summary_message(item.summary, item.grid, item.columns, run_id=run_id, sender=site)))
+        msg = decode(encode(summary_message(item.summary, item.grid, item.columns, run_id=run_id, sender=site,
+                                            fixed=item.fixed)))
         if not isinstance(msg, FeatureSummary):  # decode gives back the kind encode was given
             raise DataError(f"site {site}: its feature summary decoded as {msg.kind}")
         received.append(msg)
-    fixed = next(iter(summaries.values())).fixed
-    stats = combine_messages(received, run_id=run_id, fixed=fixed)
+    stats = combine_messages(received, run_id=run_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = (out_dir / STATISTICS_FILE).resolve()
     write_statistics(stats, path)

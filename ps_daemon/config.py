@@ -199,6 +199,10 @@ class DaemonConfig(BaseModel):
     selection: Literal["all", "fraction", "recruited"] = Field(
         default="all", description="all online sites; a seeded fraction per round; or the recruited set")
     fraction: float | None = Field(default=None, gt=0, le=1, description="share of the pool drawn each round")
+    feature_statistics: Literal["site", "federated"] = Field(
+        default="site", description="\"site\": every site standardises its inputs with its own training "
+        "statistics; \"federated\": before round 1 the PS waits for every online site's feature summary, "
+        "combines them and publishes the federation's statistics on ps/features, which every site uses")
     recruitment: RecruitmentConfig = Field(default=RecruitmentConfig(), description="recruitment weights and "
                                            "threshold, used with selection = \"recruited\"")
     round_timeout_s: float = Field(default=300.0, gt=0, description="a round's deadline: then it closes if the "
@@ -303,6 +307,8 @@ class DaemonConfig(BaseModel):
         keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints",
                                                       "pretrained", "upload_turns", "upload_turn_bytes",
                                                       "metrics"})
+        if keep.get("feature_statistics") == "site":  # the default: checkpoints from before the option still match
+            del keep["feature_statistics"]
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def broker_settings(self) -> BrokerSettings:

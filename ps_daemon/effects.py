@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from fedmqtt.strategies.base import Weights
+from schemas.feature_stats import FeatureStatistics
 from schemas.secagg import SecAggTerms
 
 if TYPE_CHECKING:
@@ -61,6 +62,14 @@ class PublishSecAgg:
 
 
 @dataclass(frozen=True)
+class PublishFeatureStatistics:
+    """The federation's feature statistics: kept in the PS's out_dir first (a resumed PS does not ask again), then
+    published retained on ps/features."""
+
+    message: FeatureStatistics
+
+
+@dataclass(frozen=True)
 class PublishRecruitment:
     site_id: str
     recruited: bool
@@ -97,4 +106,4 @@ class Finish:
 
 
 Effect = (SaveCheckpoint | PublishModel | PublishTrainTask | PublishEvalTask | PublishRecruitment | PublishSecAgg
-          | PublishStatus | PublishRoundMetrics | Log | Finish)
+          | PublishFeatureStatistics | PublishStatus | PublishRoundMetrics | Log | Finish)

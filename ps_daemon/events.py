@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from fedmqtt.strategies.base import SiteUpdate
+from schemas.feature_stats import FeatureSummary
 from schemas.messages import PrivacyPolicy
 
 Metrics = Mapping[str, float | None]
@@ -72,10 +73,20 @@ class SecAggReceived:
 
 
 @dataclass(frozen=True)
+class FeatureSummaryReceived:
+    """A site's feature summary (schemas/feature_stats.py), checked by the channel (schema, topic, signature)."""
+
+    site_id: str
+    now: float
+    summary: FeatureSummary
+
+
+@dataclass(frozen=True)
 class Tick:
     """The runner's clock: lets the pure machine notice a passed deadline."""
 
     now: float
 
 
-Event = Started | SiteOnline | SiteOffline | UpdateReceived | ReportReceived | SecAggReceived | Tick
+Event = (Started | SiteOnline | SiteOffline | UpdateReceived | ReportReceived | SecAggReceived | FeatureSummaryReceived
+         | Tick)

@@ -12,9 +12,18 @@ from fedmqtt.strategies import SiteUpdate
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import BridgeState, Channel, Inbound
 from fedmqtt.transport.topics import ParsedTopic
+from ps_daemon import feature_gate
 from ps_daemon.admission import histogram_rejection, manifest_rejection, report_rejection, update_rejection
 from ps_daemon.config import DaemonConfig
-from ps_daemon.events import Event, ReportReceived, SecAggReceived, SiteOffline, SiteOnline, UpdateReceived
+from ps_daemon.events import (
+    Event,
+    FeatureSummaryReceived,
+    ReportReceived,
+    SecAggReceived,
+    SiteOffline,
+    SiteOnline,
+    UpdateReceived,
+)
 from ps_daemon.liveness import AGENT, BRIDGE, SiteLiveness
 from ps_daemon.machine import Machine
 from ps_daemon.refusals import refusal_category
@@ -25,6 +34,7 @@ from ps_daemon.turns import UploadTurns
 from schemas import messages as m
 from schemas import secagg as sw
 from schemas.chunks import ChunkManifest
+from schemas.feature_stats import FeatureSummary
 from schemas.tensors import blobs_to_arrays
 
 log = logging.getLogger("fedmqtt.ps")
@@ -127,6 +137,8 @@ class InboundEvents:
             if site in self.config.sites:
                 self.liveness.heard_from(site)
             return SecAggReceived(site, now, msg.round, msg)
+        if isinstance(msg, FeatureSummary):
+            return self._summary_event(state, site, msg, now)
         if isinstance(msg, m.EvalReport):
             why = report_rejection(state, site, msg)
             if why is not None:
@@ -135,6 +147,17 @@ class InboundEvents:
             return ReportReceived(site, now, msg.round, msg.model_hash, msg.tag, msg.metrics, msg.n_samples,
                                   msg.undefined, msg.best_round)
         return None
+
+    def _summary_event(self, state: DaemonState, site: str, msg: FeatureSummary, now: float) -> Event | None:
+        """Judged before the machine sees it, so that every refusal is counted (a copy of a summary combined
+        already is no refusal: the broker replays retained summaries after a reconnect)."""
+        if state.feature_summaries.get(site) == msg or feature_gate.already_combined(state.feature_statistics, site):
+            return None
+        why = feature_gate.summary_rejection(self.config, state.feature_summaries, state.feature_statistics, site, msg)
+        if why is not None:
+            self.status.refuse(site, "feature summary refused", f"feature summary: {why}")
+            return None
+        return FeatureSummaryReceived(site, now, msg)
 
     def _down(self, site: str, source: str, now: float) -> None:
         """Held until believed (`believed_offline`): it may be an echo of a broker restart."""

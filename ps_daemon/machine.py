@@ -16,17 +16,19 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from fedmqtt.errors import SchemaError
 from fedmqtt.means import direction_of, mean_defined
 from fedmqtt.secagg import messages as smsg
 from fedmqtt.secagg.adverts import Verifier
 from fedmqtt.strategies.aggregate import check_update_shapes
 from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
 from ps_daemon import effects as fx
-from ps_daemon import policy_quorum, selection
+from ps_daemon import feature_gate, policy_quorum, selection
 from ps_daemon import secure_round as sec
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import (
     Event,
+    FeatureSummaryReceived,
     ReportReceived,
     SiteOffline,
     SiteOnline,
@@ -38,6 +40,7 @@ from ps_daemon.machine_secagg import Result, SecureSteps, secure_attempt
 from ps_daemon.naming import named
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
 from ps_daemon.transitions import TRANSITIONS
+from schemas.base import MAX_DETAIL
 
 MAX_DROPPED_SHOWN = 64  # sites named with a reason in one status: it reaches every site and observer
 MAX_REASON_CHARS = 200
@@ -92,25 +95,27 @@ class Machine(SecureSteps):
         """Everything the open round needs at the broker, again (same message ids: a receiver that has it drops
         the copy). After a broker restart that lost retained messages, a restarted site still finds its work."""
         if state.phase == "training":
-            return self._round_effects(state, why)
+            return [*self._statistics_effects(state), *self._round_effects(state, why)]
         if state.phase == "evaluating":
-            return self._eval_effects(state, why)
-        return [self._status(state, why)]
+            return [*self._statistics_effects(state), *self._eval_effects(state, why)]
+        return [*self._statistics_effects(state), self._status(state, why)]
 
     # -- handlers, one per row of the transition table ------------------------------------------
     def _announce(self, state: DaemonState, ev: Started) -> Result:
-        return state, [self._status(state, "waiting for sites")]
+        return state, [*self._statistics_effects(state), self._status(state, "waiting for sites")]
 
     def _resume_round(self, state: DaemonState, ev: Started) -> Result:
         """Resumed from a checkpoint in the middle of the run: re-send the round."""
         state = replace(state, round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s,
                         last_progress=ev.now)
         state = self._secure_start(state, ev.now)  # a new try: the checkpoint keeps none
-        return state, self._round_effects(state, f"resumed from checkpoint at round {state.round}")
+        why = f"resumed from checkpoint at round {state.round}"
+        return state, [*self._statistics_effects(state), *self._round_effects(state, why)]
 
     def _resume_evaluation(self, state: DaemonState, ev: Started) -> Result:
         state = replace(state, deadline=ev.now + self.config.round_timeout_s, last_progress=ev.now)
-        return state, self._eval_effects(state, "resumed from checkpoint: evaluating the final model")
+        why = "resumed from checkpoint: evaluating the final model"
+        return state, [*self._statistics_effects(state), *self._eval_effects(state, why)]
 
     def _ignore(self, state: DaemonState, ev: Event) -> Result:
         return state, []
@@ -123,7 +128,43 @@ class Machine(SecureSteps):
     def _online_while_waiting(self, state: DaemonState, ev: SiteOnline) -> Result:
         if ev.site_id not in self.config.sites:
             return self._note_online(state, ev)
-        state = self._with_online(state, ev)
+        return self._try_start(self._with_online(state, ev), ev.now)
+
+    def _summary_while_waiting(self, state: DaemonState, ev: FeatureSummaryReceived) -> Result:
+        """Held if it fits the ones held (ps_daemon.feature_gate), then round 1 starts if everything is there."""
+        if feature_gate.already_combined(state.feature_statistics, ev.site_id):
+            return state, []  # resumed before round 1 with the kept statistics
+        why = feature_gate.summary_rejection(self.config, state.feature_summaries, state.feature_statistics,
+                                             ev.site_id, ev.summary)
+        if why is not None:
+            return state, [self._summary_ignored(ev, why)]
+        if ev.site_id in state.feature_summaries:  # the same one again: nothing new
+            return state, []
+        state = replace(state, feature_summaries={**state.feature_summaries, ev.site_id: ev.summary})
+        return self._try_start(state, ev.now)
+
+    def _offline_while_waiting(self, state: DaemonState, ev: SiteOffline) -> Result:
+        """Recorded; a site that goes before sending its feature summary is no longer waited for."""
+        state = self._with_offline(state, ev)
+        if not feature_gate.wanted(self.config) or state.feature_statistics is not None \
+                or ev.site_id in state.feature_summaries or ev.site_id not in self.config.sites:
+            return state, []
+        return self._try_start(state, ev.now)
+
+    def _refuse_summary(self, state: DaemonState, ev: FeatureSummaryReceived) -> Result:
+        if feature_gate.already_combined(state.feature_statistics, ev.site_id):
+            return state, []  # a retained copy replayed after a reconnect or a resume: nothing to combine
+        why = ("this run standardises with each site's own statistics (feature_statistics = \"site\")"
+               if not feature_gate.wanted(self.config) else "the federation's statistics are combined already")
+        return state, [self._summary_ignored(ev, why)]
+
+    @staticmethod
+    def _summary_ignored(ev: FeatureSummaryReceived, why: str) -> fx.Log:
+        return fx.Log("warning", f"feature summary from {ev.site_id} ignored: {why}")
+
+    def _try_start(self, state: DaemonState, now: float) -> Result:
+        """Round 1 starts once enough sites are online, their policies allow it, the federation's feature
+        statistics are combined (with feature_statistics = "federated") and recruitment chose enough."""
         ready = sorted(state.online & set(self.config.sites))
         if len(ready) < self.config.start_sites:
             return state, [self._status(state, f"{len(ready)}/{self.config.start_sites} sites online")]
@@ -131,6 +172,19 @@ class Machine(SecureSteps):
         if why_not := policy_quorum.quorum_refusal(self.config, refusers, ready):
             return state, [fx.Log("warning", why_not), self._status(state, why_not)]
         effects: list[fx.Effect] = []
+        if feature_gate.wanted(self.config) and state.feature_statistics is None:
+            if waiting := feature_gate.missing(state.feature_summaries, ready):
+                line = feature_gate.waiting_line(waiting)
+                return state, [fx.Log("info", line), self._status(state, line)]
+            try:
+                stats = feature_gate.combined(self.config, state.feature_summaries, ready, state.session)
+            except (ValueError, SchemaError) as exc:  # held summaries all fit each other: the sums' own limits
+                line = f"could not combine the feature summaries of {named(ready)}: {exc}"
+                return state, [fx.Log("warning", line), self._status(state, line[:MAX_DETAIL])]
+            state = replace(state, feature_statistics=stats)
+            effects += [fx.Log("info", f"feature statistics combined from {len(ready)} sites ({named(ready)}) "
+                                       f"over {len(stats.columns)} columns: published on ps/features"),
+                        *self._statistics_effects(state)]
         if refusers:  # enough sites accept; the others will refuse their tasks, each with its reason
             effects.append(fx.Log("warning", "starting although the privacy policies of some sites refuse this run "
                                   f"(they will answer without updates): {policy_quorum.describe(refusers)}"))
@@ -149,9 +203,9 @@ class Machine(SecureSteps):
         chosen = selection.select(self.config, state, 1)
         state = replace(
             state, phase="training", round=1, selected=chosen,
-            round_started_at=ev.now, deadline=ev.now + self.config.round_timeout_s, last_progress=ev.now,
+            round_started_at=now, deadline=now + self.config.round_timeout_s, last_progress=now,
         )
-        state = self._secure_start(state, ev.now)
+        state = self._secure_start(state, now)
         started = fx.Log("info", f"starting round 1 with {', '.join(chosen)}")
         return state, [*effects, started, *self._round_effects(state)]
 
@@ -458,6 +512,11 @@ class Machine(SecureSteps):
         if wanted is not None:
             hyper["feature_stats"] = float(wanted)
         return hyper
+
+    @staticmethod
+    def _statistics_effects(state: DaemonState) -> list[fx.Effect]:
+        """The federation's feature statistics, once combined: sent again wherever the round is sent again."""
+        return [] if state.feature_statistics is None else [fx.PublishFeatureStatistics(state.feature_statistics)]
 
     def _model_effect(self, state: DaemonState) -> fx.PublishModel:
         return fx.PublishModel(state.round, self.published(state), state.model_hash, self.published_extras(state))

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fedmqtt.atomic import write_atomic
 from fedmqtt.faults import crash_point
 from fedmqtt.strategies.base import Weights
 from fedmqtt.transport import topics
@@ -16,12 +17,14 @@ from fedmqtt.transport.channel import Channel
 from ps_daemon import effects as fx
 from ps_daemon.checkpoint import CheckpointStore, Layout, drop_read_pages, open_maps, state_to_checkpoint
 from ps_daemon.config import DaemonConfig
+from ps_daemon.feature_gate import statistics_path
 from ps_daemon.final_outputs import write_final_outputs
 from ps_daemon.monitoring import DurationTally
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState, RoundRecord
 from ps_daemon.status import PS, StatusBoard, secure_note
 from schemas import messages as m
+from schemas.codec import encode
 from schemas.secagg import SecAggInbox
 from schemas.tensors import arrays_to_blobs
 
@@ -125,6 +128,11 @@ class Outbound:
             if isinstance(effect.message, SecAggInbox):  # the shares are in, no masked input yet
                 crash_point("ps_before_inbox", effect.message.round)
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), effect.message)
+        elif isinstance(effect, fx.PublishFeatureStatistics):
+            path = statistics_path(c)
+            if not path.is_file():  # kept first: a PS stopped after publishing them never asks the sites again
+                write_atomic(path, encode(effect.message))
+            ch.send(topics.ps_features_topic(c.run_id), effect.message)
         elif isinstance(effect, fx.PublishEvalTask):
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), m.EvalTask(
                 run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,

@@ -15,7 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 from fedmqtt.atomic import private_dir
-from fedmqtt.errors import BrokerError, CheckpointError
+from fedmqtt.data.feature_wire import read_statistics_message
+from fedmqtt.errors import BrokerError, CheckpointError, DataError
 from fedmqtt.strategies import build_strategy
 from fedmqtt.strategies.base import manifest_from_dict
 from fedmqtt.transport import topics
@@ -24,6 +25,7 @@ from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.signing import Identity
 from fedmqtt.transport.topics import ParsedTopic
 from ps_daemon import effects as fx
+from ps_daemon import feature_gate
 from ps_daemon.audit_trail import RunAudit, refusal_totals
 from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state
 from ps_daemon.config import DaemonConfig
@@ -85,6 +87,28 @@ class DaemonRunner:
 
     # -- setup ----------------------------------------------------------------------------------
     def _load_state(self) -> DaemonState:
+        return self._with_kept_statistics(self._load_checkpoint_or_new())
+
+    def _with_kept_statistics(self, state: DaemonState) -> DaemonState:
+        """The federation's feature statistics an earlier start of this run combined and kept: with --resume they
+        are used again (the sites are not asked again); a fresh start removes them and asks afresh."""
+        path = feature_gate.statistics_path(self.config)
+        if not path.is_file():
+            return state
+        if not self.resume or not feature_gate.wanted(self.config):
+            path.unlink()
+            log.info("removed the feature statistics of an earlier start (%s)", path)
+            return state
+        try:
+            stats = read_statistics_message(path)
+        except DataError as exc:
+            raise CheckpointError(f"{exc}; remove it to ask the sites for their summaries again") from None
+        if stats.run_id != self.config.run_id:
+            raise CheckpointError(f"{path}: feature statistics of run {stats.run_id!r}, not {self.config.run_id!r}")
+        log.info("--resume: the federation's feature statistics of sites %s from %s", ", ".join(stats.sites), path)
+        return replace(state, feature_statistics=stats)
+
+    def _load_checkpoint_or_new(self) -> DaemonState:
         latest, removed = self.store.latest(), 0
         if self.resume:
             if latest is None:
@@ -143,7 +167,9 @@ class DaemonRunner:
         self.channel.connect(timeout_s=None)
         # Statuses first: retained site statuses are replayed before any retained update. These filters
         # do not match `<topic>/chunk/<i>`: chunks are fetched one transfer at a time (transport/bulk.py).
-        for kind in ("status", "update", "report", *(("secagg",) if c.secure_aggregation.enabled else ())):
+        kinds = ("status", "update", "report", *(("secagg",) if c.secure_aggregation.enabled else ()),
+                 *(("features",) if feature_gate.wanted(c) else ()))
+        for kind in kinds:
             self.channel.transport.subscribe([topics.any_site_filter(c.run_id, kind)])
         # A hospital behind its own bridged broker: the bridge's Will "0" says its broker or link is down.
         self.channel.transport.subscribe([topics.any_bridge_filter(c.run_id)])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fedmqtt.strategies.base import Manifest, SiteUpdate, Weights
+from schemas.feature_stats import FeatureStatistics, FeatureSummary
 from schemas.messages import PrivacyPolicy
 
 if TYPE_CHECKING:
@@ -82,6 +83,10 @@ class DaemonState:
     # Each site's privacy policy from its status, checked against the run before round 1 (ps_daemon.policy_quorum).
     # Not checkpointed: only the wait for round 1 reads it, and a checkpoint holds a run past that.
     policies: Mapping[str, PrivacyPolicy | None] = field(default_factory=dict)
+    # With feature_statistics = "federated" (ps_daemon.feature_gate): the sites' summaries while the PS waits for
+    # round 1, then the federation's statistics (kept in their own file in out_dir, not in the checkpoint).
+    feature_summaries: Mapping[str, FeatureSummary] = field(default_factory=dict)
+    feature_statistics: FeatureStatistics | None = None
     recruited: tuple[str, ...] | None = None  # None: no recruitment in this run
     recruitment: Mapping[str, Any] | None = None  # ranking, scores, threshold (for report and manifest)
     selected: tuple[str, ...] = ()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ps_daemon.events import (
     Event,
+    FeatureSummaryReceived,
     ReportReceived,
     SecAggReceived,
     SiteOffline,
@@ -59,6 +60,12 @@ def _refuse_secagg(phase: Phase) -> Transition:
     return Transition("_refuse_secagg", "refused with a log: no round is open for secure aggregation", (phase,))
 
 
+def _refuse_summary(phase: Phase) -> Transition:
+    return Transition("_refuse_summary", "refused with a log: the federation's feature statistics are combined "
+                      "before round 1 (a summary of a site whose summary is in them is dropped silently: a "
+                      "retained copy replayed after a reconnect or a resume)", (phase,))
+
+
 def _ignore_report(phase: Phase) -> Transition:
     return Transition("_ignore", "ignored: only the final evaluation takes reports", (phase,))
 
@@ -70,10 +77,21 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "_online_while_waiting",
         "records the site and its privacy policy (one not in the PS config is ignored with a log); once `min_sites` "
         "of them are online, at least `quorum` of them would accept the run under their policies (else it waits, "
-        "naming the refusing sites and the rule each would break) and, with `selection = \"recruited\"`, "
-        "recruitment chose at least `quorum`, selects the sites of round 1 and publishes the model and tasks",
+        "naming the refusing sites and the rule each would break), with `feature_statistics = \"federated\"` "
+        "every online site has sent its feature summary (else it waits, naming the sites) and, with "
+        "`selection = \"recruited\"`, recruitment chose at least `quorum`, selects the sites of round 1 and "
+        "publishes the model and tasks (first the federation's feature statistics, combined from the summaries)",
         ("waiting_for_sites", "training")),
-    ("waiting_for_sites", SiteOffline): _note_offline("waiting_for_sites"),
+    ("waiting_for_sites", FeatureSummaryReceived): Transition(
+        "_summary_while_waiting",
+        "with `feature_statistics = \"federated\"`: holds the site's summary if it fits the ones held (same "
+        "columns, grid and fixed columns; else refused with a log), then starts round 1 as a site coming online "
+        "does once every online site has sent one", ("waiting_for_sites", "training")),
+    ("waiting_for_sites", SiteOffline): Transition(
+        "_offline_while_waiting",
+        "records the site as seen offline; with `feature_statistics = \"federated\"` a site that goes before "
+        "sending its feature summary is no longer waited for, and round 1 starts as a site coming online starts "
+        "it if the online sites have all sent theirs", ("waiting_for_sites", "training")),
     ("waiting_for_sites", UpdateReceived): _refuse_update("waiting_for_sites"),
     ("waiting_for_sites", SecAggReceived): _refuse_secagg("waiting_for_sites"),
     ("waiting_for_sites", ReportReceived): _ignore_report("waiting_for_sites"),
@@ -97,6 +115,7 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "aggregation the update carries no tensors (how the site trained, its metrics) and the round closes with "
         "the secure sum instead",
         ("training", "evaluating")),
+    ("training", FeatureSummaryReceived): _refuse_summary("training"),
     ("training", ReportReceived): _ignore_report("training"),
     ("training", SecAggReceived): Transition(
         "_secagg_in_round",
@@ -122,6 +141,7 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "status stops waiting for it and names it among the dropped sites", ("evaluating", "done")),
     ("evaluating", UpdateReceived): _refuse_update("evaluating"),
     ("evaluating", SecAggReceived): _refuse_secagg("evaluating"),
+    ("evaluating", FeatureSummaryReceived): _refuse_summary("evaluating"),
     ("evaluating", ReportReceived): Transition(
         "_report_in_evaluation",
         "keeps the first `final` report of each selected site on the final model; finishes when every selected "
@@ -139,6 +159,7 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
     ("done", SiteOffline): _note_offline("done"),
     ("done", UpdateReceived): _refuse_update("done"),
     ("done", SecAggReceived): _refuse_secagg("done"),
+    ("done", FeatureSummaryReceived): _refuse_summary("done"),
     ("done", ReportReceived): _ignore_report("done"),
     ("done", Tick): Transition("_ignore", "nothing: the run is over", ("done",)),
 }

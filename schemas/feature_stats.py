@@ -31,8 +31,9 @@ _SLACK = 1e-9
 class FeatureSummary(Header):
     """Site -> PS, before round 1: its training columns as additive sums (counts, sums, squares, a histogram).
 
-    Sent once when the run standardises with the federation's statistics; not yet carried over MQTT (a
-    simulation combines its sites' summaries in process, fedmqtt/federation_stats.py)."""
+    Sent once, retained on the site's `features` topic, when the run standardises with the federation's
+    statistics (`feature_statistics = "federated"`); a simulation combines its sites' summaries in process
+    (fedmqtt/federation_stats.py)."""
 
     kind: Literal["feature_summary"] = "feature_summary"
     session: Session = ""
@@ -47,6 +48,8 @@ class FeatureSummary(Header):
     total: PerColumn
     total_sq: Annotated[tuple[Squares, ...], Field(max_length=MAX_COLUMNS)]
     histogram: Annotated[tuple[Count, ...], Field(max_length=MAX_COLUMNS * MAX_BINS)]  # column-major: c x bins
+    # Columns every site leaves as they are (ICU masks): the data's, the same at every site
+    fixed: Annotated[tuple[Annotated[int, Field(ge=0, lt=MAX_COLUMNS)], ...], Field(max_length=MAX_COLUMNS)] = ()
 
     @model_validator(mode="after")
     def _consistent(self) -> FeatureSummary:
@@ -56,6 +59,8 @@ class FeatureSummary(Header):
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries for {c} columns")
         if len(self.histogram) != c * self.bins:
             raise ValueError(f"histogram has {len(self.histogram)} counts, not {c} columns x {self.bins} bins")
+        if any(j >= c for j in self.fixed) or list(self.fixed) != sorted(set(self.fixed)):
+            raise ValueError(f"fixed columns must be distinct, ascending and below {c}")
         if sum(self.histogram) > MAX_COUNT:
             raise ValueError("histogram counts beyond the largest count")
         for j, name in enumerate(self.columns):

@@ -33,11 +33,13 @@ from schemas import messages as m
 from schemas import secagg as sw
 from schemas.base import MAX_DETAIL
 from schemas.codec import decode, encode
+from schemas.feature_stats import FeatureStatistics
 from schemas.secagg import CLIPPED_SCALAR
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
 from site_agent.distributed_dp import model_change
+from site_agent.federation_features import SiteFeatures
 from site_agent.histogram_release import HistogramRelease
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.policy import epsilon_refusal, task_refusal
@@ -65,7 +67,8 @@ class SiteAgent:
         self.config = config
         self._transport_factory = transport_factory or (lambda **kw: MqttTransport(config.broker_settings(), **kw))
         self.identity = identity if identity is not None else config.identity()
-        self.data = load_site_data(config.data)
+        self.features = SiteFeatures(config)  # with feature_statistics = "federated": the federation's statistics
+        self.data = load_site_data(self.features.spec())
         # "auto" until torch is loaded: then the device it found (cuda or cpu), on every later status.
         self.device: str = config.device
         self._trainer: Trainer | None = None
@@ -171,7 +174,13 @@ class SiteAgent:
                              topics.ps_task_topic(c.run_id, c.site_id), topics.ps_turn_topic(c.run_id, c.site_id)])
         log.info("site %s online: %d train / %d val / %d test rows on %s", c.site_id, self.data.n_train,
                  self.data.n_val, self.data.n_test, self.device)
-        self._load_trainer()
+        if self.features.enabled:
+            self.channel.transport.subscribe([topics.ps_features_topic(c.run_id)])
+            # Retained: a PS that starts later, or restarts before round 1, finds it
+            self.channel.send(topics.site_features_topic(c.run_id, c.site_id), self.features.summary())
+            log.info("sent this site's feature summary; training waits for the federation's statistics")
+        if not self.features.waiting:  # else torch loads once the data is standardised with them
+            self._load_trainer()
 
     def poll(self, timeout_s: float) -> None:
         """Handle at most one inbound message, then any task whose model has arrived."""
@@ -209,6 +218,8 @@ class SiteAgent:
             log.info("round %d: secure aggregation (try %d): %s; waiting for the PS's %s (PS: %s)",
                      self.secagg.ctx.round_no, self.secagg.ctx.attempt, self.secagg.stage,
                      _NEXT_FROM_PS.get(self.secagg.stage, "next message"), self.ps_state)
+        elif self.features.waiting:
+            log.info("waiting for the federation's feature statistics from the PS (PS: %s)", self.ps_state)
         elif self.task is not None:
             log.info("round %d %s received; waiting for its model %s from the PS (PS: %s)", self.task.round,
                      self.task.kind, self.task.model_hash[:12], self.ps_state)
@@ -262,6 +273,8 @@ class SiteAgent:
             self.uplink.on_model(msg)
         elif isinstance(msg, m.UploadTurn):
             self.uplink.on_turn(msg)
+        elif isinstance(msg, FeatureStatistics):
+            self._on_statistics(msg)
         elif isinstance(msg, SECAGG_TO_SITE):
             self._on_secagg(msg)
         elif isinstance(msg, m.RecruitmentResult):
@@ -283,10 +296,27 @@ class SiteAgent:
                 log.info("PS: %s (round %d) %s", msg.state, msg.round, msg.detail[:300])
             self.uplink.on_ps_status(msg)
 
+    def _on_statistics(self, msg: FeatureStatistics) -> None:
+        """The federation's feature statistics: checked, kept, and the data standardised with them from now on."""
+        why = self.features.refusal(msg, tuple(self.data.feature_names))
+        if why is not None:
+            self.channel.refusals.refused(msg.sender, "feature statistics", log, "refused the feature statistics: %s",
+                                          why)
+            return
+        if self._training or not self.features.keep(msg):
+            return  # the same ones again (retained, after a reconnect); never swapped under a running round
+        self.data = load_site_data(self.features.spec())
+        self._trainer, self._loading = None, None  # the trainer holds the data it was built with
+        self._load_trainer()
+        log.info("standardising with the federation's feature statistics of sites %s (%d columns)",
+                 ", ".join(msg.sites[:8]) + (" ..." if len(msg.sites) > 8 else ""), len(msg.columns))
+
     def _work(self) -> bool:
         task = self.task
         if task is None or (task.session, task.model_hash) not in self.models:
             return False  # the model this task names has not arrived yet
+        if self.features.waiting:
+            return False  # trains only on data standardised with the federation's statistics
         self.task = None
         self._join(task.session)
         model = self.models[(task.session, task.model_hash)]

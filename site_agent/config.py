@@ -31,6 +31,11 @@ class SiteConfig(BaseModel):
         default="auto", description="mixed precision on CUDA: auto = bfloat16 where the GPU supports it; never on CPU")
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for torch")
     share_label_histogram: bool = Field(default=False, description="egress policy: may label counts leave the site")
+    feature_statistics: Literal["site", "federated"] = Field(
+        default="site", description="\"site\": standardise inputs with this site's own training statistics; "
+        "\"federated\": send the PS this site's feature summary (sums, no patient-level value) and train only "
+        "once the federation's statistics (ps/features) have arrived, standardised with them; the PS config's "
+        "feature_statistics must say the same")
     privacy: PrivacyPolicy = Field(default=PrivacyPolicy(), description="this site's privacy policy, enforced before "
                                    "it trains (docs/privacy.md)")
 

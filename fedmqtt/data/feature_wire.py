@@ -20,14 +20,14 @@ MAX_STATISTICS_BYTES = 4 * 1024 * 1024
 
 
 def summary_message(summary: Summary, grid: Grid, columns: Sequence[str], *, run_id: str, sender: str,
-                    session: str = "") -> FeatureSummary:
-    """What a site sends: its Summary with the grid it was counted on."""
+                    session: str = "", fixed: Sequence[int] = ()) -> FeatureSummary:
+    """What a site sends: its Summary with the grid it was counted on (and the columns left as they are)."""
     return FeatureSummary(
         run_id=run_id, sender=sender, round=0, session=session, columns=tuple(columns), scale=grid.scale,
         low=grid.low, high=grid.high, bins=grid.bins, entries=summary.entries,
         count=tuple(int(v) for v in summary.count), total=tuple(float(v) for v in summary.total),
         total_sq=tuple(float(v) for v in summary.total_sq),
-        histogram=tuple(int(v) for v in summary.histogram.reshape(-1)))
+        histogram=tuple(int(v) for v in summary.histogram.reshape(-1)), fixed=tuple(sorted(int(j) for j in fixed)))
 
 
 def summary_from_message(msg: FeatureSummary) -> tuple[tuple[str, ...], Grid, Summary]:
@@ -40,10 +40,11 @@ def summary_from_message(msg: FeatureSummary) -> tuple[tuple[str, ...], Grid, Su
     return tuple(msg.columns), grid, summary
 
 
-def combine_messages(messages: Sequence[FeatureSummary], *, run_id: str, fixed: Sequence[int] = (),
+def combine_messages(messages: Sequence[FeatureSummary], *, run_id: str, fixed: Sequence[int] | None = None,
                      session: str = "") -> FeatureStatistics:
     """The PS's step: every site's summary (one per sender, same columns and grid) added up, and the
-    federation's statistics derived from the sum.
+    federation's statistics derived from the sum. `fixed`: the columns left as they are (None: the ones the
+    summaries name, which must agree).
 
     Raises:
         SchemaError: no summary, two from one site, or summaries of different columns or grids (each would be
@@ -57,15 +58,25 @@ def combine_messages(messages: Sequence[FeatureSummary], *, run_id: str, fixed: 
     columns, grid, _ = summary_from_message(messages[0])
     parts = []
     for msg in messages:
-        cols, g, summary = summary_from_message(msg)
-        if cols != columns or g != grid:
-            raise SchemaError(f"feature summary of {msg.sender}: other columns or another grid than "
-                              f"{messages[0].sender}'s")
+        _, _, summary = summary_from_message(msg)
+        if (why := mismatch(messages[0], msg)) is not None:
+            raise SchemaError(f"feature summary of {msg.sender}: {why}")
         parts.append(summary)
     total = combine(parts)
-    stats = derive(total, grid, fixed)
+    stats = derive(total, grid, messages[0].fixed if fixed is None else tuple(fixed))
     return statistics_message(stats, columns, tuple(sorted(senders)), entries=total.entries, run_id=run_id,
                               session=session)
+
+
+def mismatch(first: FeatureSummary, other: FeatureSummary) -> str | None:
+    """Why `other` cannot be added to `first` (other columns, grid or fixed columns), or None."""
+    if tuple(other.columns) != tuple(first.columns):
+        return f"other columns than {first.sender}'s ({len(other.columns)} against {len(first.columns)})"
+    if (other.scale, other.low, other.high, other.bins) != (first.scale, first.low, first.high, first.bins):
+        return f"another grid (histogram bins) than {first.sender}'s"
+    if other.fixed != first.fixed:
+        return f"other fixed columns than {first.sender}'s"
+    return None
 
 
 def statistics_message(stats: Statistics, columns: Sequence[str], sites: Sequence[str], *, entries: int,
@@ -92,11 +103,11 @@ def write_statistics(msg: FeatureStatistics, path: Path) -> None:
     Path(path).write_bytes(encode(msg))
 
 
-def read_statistics(path: Path, columns: Sequence[str]) -> Statistics:
-    """The federation's statistics from a file, checked like a message from the network, for these columns.
+def read_statistics_message(path: Path) -> FeatureStatistics:
+    """The FeatureStatistics message a file holds, checked like a message from the network.
 
     Raises:
-        DataError: the file is missing, too large, not a valid FeatureStatistics, or for other columns.
+        DataError: the file is missing, too large, or not a valid FeatureStatistics.
     """
     path = Path(path)
     if not path.is_file():
@@ -109,6 +120,16 @@ def read_statistics(path: Path, columns: Sequence[str]) -> Statistics:
         raise DataError(f"{path}: not valid feature statistics: {exc}") from None
     if not isinstance(msg, FeatureStatistics):
         raise DataError(f"{path}: a {msg.kind} message, not feature_statistics")
+    return msg
+
+
+def read_statistics(path: Path, columns: Sequence[str]) -> Statistics:
+    """The federation's statistics from a file, checked like a message from the network, for these columns.
+
+    Raises:
+        DataError: the file is missing, too large, not a valid FeatureStatistics, or for other columns.
+    """
+    msg = read_statistics_message(path)
     if tuple(msg.columns) != tuple(columns):
         raise DataError(f"{path}: statistics for columns {list(msg.columns)[:5]}..., this site has "
                         f"{list(columns)[:5]}... ({len(msg.columns)} against {len(columns)})")

@@ -64,6 +64,9 @@ CATALOGUE = (
              "PS", "every site"),
     TopicDoc("ps_metrics_topic", "the summary of the last closed round, then of the final evaluation",
              "PS", "observers (dashboard, `fedmqtt topics watch`)"),
+    TopicDoc("ps_features_topic", "the federation's feature statistics (clip bounds, fills, means, scales), "
+             "combined from the sites' summaries before round 1 (`feature_statistics = \"federated\"`)",
+             "PS", "every site"),
     TopicDoc("ps_task_topic", "this site's work: train, evaluate, or the recruitment result; under "
              "secure aggregation also its roster, inbox of sealed shares and unmasking request",
              "PS", "the addressed site only"),
@@ -77,6 +80,8 @@ CATALOGUE = (
              "site agent", "PS"),
     TopicDoc("site_secagg_topic", "a site's secure-aggregation messages of the open round: key advertisement, "
              "sealed shares, unmasking answer (its masked input travels on `update`)", "site agent", "PS"),
+    TopicDoc("site_features_topic", "a site's feature summary: counts, sums, sums of squares and a histogram "
+             "per column of its training split (no patient-level value)", "site agent", "PS"),
     TopicDoc("site_bridge_topic", "a hospital broker's bridge link: `1` up, `0` down",
              "the hospital's Mosquitto (bridge notification, and its Will on the central broker)",
              "PS; observers"),

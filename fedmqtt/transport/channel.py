@@ -44,6 +44,7 @@ KINDS_BY_TOPIC = {
     ("ps", "status"): {"daemon_status"},
     ("ps", "model"): {"global_model"},
     ("ps", "metrics"): {"round_metrics"},
+    ("ps", "features"): {"feature_statistics"},
     # Secure aggregation's PS messages are addressed to one site each (the unmasking request too: on ps/model it
     # would replace the retained model a restarting site needs).
     ("ps", "task"): {"train_task", "eval_task", "recruitment_result", "secagg_roster", "secagg_inbox",
@@ -53,6 +54,7 @@ KINDS_BY_TOPIC = {
     ("site", "update"): {"client_update", "secagg_masked"},
     ("site", "secagg"): {"secagg_advert", "secagg_shares", "secagg_answer"},
     ("site", "report"): {"eval_report"},
+    ("site", "features"): {"feature_summary"},
     ("federation", "keys"): {"key_list"},
 }
 PS_SENDER = "ps"

@@ -20,10 +20,12 @@ _ID = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62})$")
 PS_STATUS = "ps/status"
 PS_MODEL = "ps/model"
 PS_METRICS = "ps/metrics"
+PS_FEATURES = "ps/features"
 FEDERATION_KEYS = "federation/keys"
 # secagg: a site's small secure-aggregation messages (keys, sealed shares, unmasking answers); its masked input
 # travels on `update`, chunked like an update (docs/secure-aggregation.md, "Wire messages").
-SITE_KINDS = ("status", "update", "report", "secagg")
+# features: a site's feature summary before round 1, when the run standardises with the federation's statistics.
+SITE_KINDS = ("status", "update", "report", "secagg", "features")
 BRIDGE = "bridge"  # site/<id>/bridge: a hospital broker's bridge notification, "1" or "0" (not a schema message)
 # Payloads that may be too big for one MQTT message travel as chunks under `<topic>/chunk/<index>`
 # (docs/protocol.md, "Chunked transfer"); the small manifest stays on `<topic>` itself.
@@ -59,6 +61,11 @@ def ps_model_topic(run_id: str) -> str:
 
 def ps_metrics_topic(run_id: str) -> str:
     return f"{run_prefix(run_id)}/{PS_METRICS}"
+
+
+def ps_features_topic(run_id: str) -> str:
+    """`ps/features` (retained): the federation's feature statistics, combined from the sites' summaries."""
+    return f"{run_prefix(run_id)}/{PS_FEATURES}"
 
 
 def federation_keys_topic(run_id: str) -> str:
@@ -97,6 +104,11 @@ def site_report_topic(run_id: str, site_id: str) -> str:
 def site_secagg_topic(run_id: str, site_id: str) -> str:
     """`site/<id>/secagg`: this site's key advertisement, sealed shares and unmasking answers of the open round."""
     return site_topic(run_id, site_id, "secagg")
+
+
+def site_features_topic(run_id: str, site_id: str) -> str:
+    """`site/<id>/features` (retained): this site's feature summary (sums over its training values)."""
+    return site_topic(run_id, site_id, "features")
 
 
 def site_bridge_topic(run_id: str, site_id: str) -> str:
@@ -150,7 +162,7 @@ class ParsedTopic:
 
     run_id: str
     role: str  # "ps", "site" or "federation"
-    kind: str  # status | model | metrics | task | turn | update | report | secagg | keys
+    kind: str  # status | model | metrics | features | task | turn | update | report | secagg | keys
     site_id: str | None = None
     chunk: int | None = None  # set on `<topic>/chunk/<index>`
 
@@ -182,7 +194,7 @@ def parse_topic(topic: str) -> ParsedTopic:
         if base.base not in CHUNKED_KINDS:
             raise TopicError(f"{base.role}/{base.kind} payloads are never chunked: {topic!r}")
         return ParsedTopic(base.run_id, base.role, base.kind, base.site_id, int(index))
-    if rest[0] == "ps" and len(rest) == 2 and rest[1] in ("status", "model", "metrics"):
+    if rest[0] == "ps" and len(rest) == 2 and rest[1] in ("status", "model", "metrics", "features"):
         return ParsedTopic(run_id, "ps", rest[1])
     if "/".join(rest) == FEDERATION_KEYS:
         return ParsedTopic(run_id, "federation", "keys")

@@ -40,7 +40,7 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
     """The PS reads the run and writes its own topics, each site writes exactly its protocol topics and reads its
     inputs, observers read status."""
     # Prepare
-    ps_writes = [f"{P}/ps/status", f"{P}/ps/model", f"{P}/ps/model/chunk/+", f"{P}/ps/metrics"]
+    ps_writes = [f"{P}/ps/status", f"{P}/ps/model", f"{P}/ps/model/chunk/+", f"{P}/ps/metrics", f"{P}/ps/features"]
     for site in ("site-a", "site-b"):
         ps_writes += [f"{P}/ps/task/{site}", f"{P}/ps/task/{site}/chunk/+", f"{P}/ps/turn/{site}",
                       f"{P}/site/{site}/update", f"{P}/site/{site}/update/chunk/+"]
@@ -58,6 +58,7 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
         ("site-a", "read", f"{P}/ps/model"),
         ("site-a", "read", f"{P}/ps/task/site-a"),
         ("site-a", "read", f"{P}/ps/model/chunk/+"),
+        ("site-a", "read", f"{P}/ps/features"),
         ("site-a", "read", f"{P}/ps/task/site-a/chunk/+"),
         ("site-a", "read", f"{P}/ps/turn/site-a"),
         ("site-a", "read", f"{P}/federation/keys"),
@@ -66,6 +67,7 @@ def test_acl_grants_exactly_the_design_rights_for_two_sites() -> None:
         ("site-b", "read", f"{P}/ps/model"),
         ("site-b", "read", f"{P}/ps/task/site-b"),
         ("site-b", "read", f"{P}/ps/model/chunk/+"),
+        ("site-b", "read", f"{P}/ps/features"),
         ("site-b", "read", f"{P}/ps/task/site-b/chunk/+"),
         ("site-b", "read", f"{P}/ps/turn/site-b"),
         ("site-b", "read", f"{P}/federation/keys"),
@@ -100,7 +102,7 @@ def test_no_party_may_write_a_wildcard_and_a_site_only_protocol_topics() -> None
     for topic in site_writes:
         if not topic.endswith("/" + topics.BRIDGE):
             assert topics.parse_topic(topic).site_id in ("site-a", "site-b")
-    assert len(site_write_topics(RUN, "site-a")) == 5 + 2 * MAX_CHUNKS == 261
+    assert len(site_write_topics(RUN, "site-a")) == 6 + 2 * MAX_CHUNKS == 262
     assert {("site-a", "write", t) for t in site_write_topics(RUN, "site-a")} == _site_writes("site-a")
 
 
@@ -154,6 +156,7 @@ def test_acl_topics_all_come_from_the_topic_builders() -> None:
         topics.ps_status_topic(RUN),
         topics.ps_model_topic(RUN),
         topics.ps_metrics_topic(RUN),
+        topics.ps_features_topic(RUN),
         topics.any_site_filter(RUN, "status"),
         topics.any_bridge_filter(RUN),
         *(topics.ps_task_topic(RUN, s) for s in sites),

@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 from secagg_examples import secagg_examples
 
+from fedmqtt.data.feature_stats import column_grid, summarise
+from fedmqtt.data.feature_wire import summary_message
 from fedmqtt.strategies import FeatureStatistics, FedAvg, LayerStats, RoundRequirements, SiteUpdate, build_strategy
 from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import (
     Event,
+    FeatureSummaryReceived,
     ReportReceived,
     SecAggReceived,
     SiteOffline,
@@ -45,6 +48,16 @@ def _config(**overrides: Any) -> DaemonConfig:
         "stall_s": STALL, "model": {"name": "mlp", "args": {}}, "credentials": "creds.toml", **overrides})
 
 
+def _summary(site: str) -> Any:
+    """A site's feature summary (two columns of made-up training values)."""
+    x = np.random.default_rng(len(site)).uniform(0, 1, (20, 2))
+    grid = column_grid(("a", "b"), {})
+    return summary_message(summarise(x, grid), grid, ("a", "b"), run_id="r1", sender=site)
+
+
+SUMMARIES = {site: _summary(site) for site in (*SITES, "stranger")}
+
+
 def _weights(value: float = 0.0) -> dict[str, np.ndarray]:
     return {"fc.weight": np.full((2, 2), value, np.float32)}
 
@@ -54,7 +67,8 @@ def _one_of_each(now: float = 1.0) -> dict[type, Event]:
     return {Started: Started(now), SiteOnline: SiteOnline("site-a", now, 10), SiteOffline: SiteOffline("site-a", now),
             UpdateReceived: UpdateReceived("site-a", now, 1, "", update),
             ReportReceived: ReportReceived("site-a", now, 3, "", "final", {}), Tick: Tick(now),
-            SecAggReceived: SecAggReceived("site-a", now, 1, ADVERT)}
+            SecAggReceived: SecAggReceived("site-a", now, 1, ADVERT),
+            FeatureSummaryReceived: FeatureSummaryReceived("site-a", now, SUMMARIES["site-a"])}
 
 
 def test_every_phase_and_event_has_one_row() -> None:
@@ -101,7 +115,7 @@ def test_an_unknown_event_is_a_type_error() -> None:
 def _random_event(rng: random.Random, state: DaemonState, now: float) -> Event:
     site = rng.choice([*SITES, "stranger"])
     kind = rng.choice(["started", "online", "offline", "update", "update", "update", "report", "report", "tick",
-                       "secagg"])
+                       "secagg", "features"])
     if kind == "started":
         return Started(now)
     if kind == "online":
@@ -116,6 +130,8 @@ def _random_event(rng: random.Random, state: DaemonState, now: float) -> Event:
         return ReportReceived(site, now, state.round, state.model_hash, "final", {"test": {"auroc": 0.5}})
     if kind == "secagg":
         return SecAggReceived(site, now, state.round, ADVERT)
+    if kind == "features":
+        return FeatureSummaryReceived(site, now, SUMMARIES[site])
     return Tick(now)
 
 
@@ -125,7 +141,8 @@ def test_random_runs_move_only_along_the_rows_and_use_every_exit() -> None:
     seen: dict[tuple[Phase, type], set[Phase]] = {key: set() for key in TRANSITIONS}
     for seed in range(150):
         rng = random.Random(seed)
-        machine = Machine(_config(min_sites=rng.choice([1, 2, 3])), FedAvg(), hash_weights)
+        machine = Machine(_config(min_sites=rng.choice([1, 2, 3]),
+                                  feature_statistics=rng.choice(["site", "federated"])), FedAvg(), hash_weights)
         state, now = machine.initial_state(_weights()), 0.0
         for _ in range(80):
             now += rng.choice([0.0, 1.0, STALL, TIMEOUT])
