@@ -91,10 +91,10 @@ class RecordDP(Frozen):
                                               "Mironov) or prv (privacy random variables, Gopi et al.)")
     engine: Literal["auto", "opacus", "torch.func"] = Field(default="auto", description="who computes the "
                                                            "per-record gradients: opacus (ghost clipping), torch.func "
-                                                           "(vmap; layers it batches only), or auto: torch.func where "
-                                                           "it serves the model and a batch of per-record gradients "
-                                                           "stays under 8 Mi floats, else opacus. The same clipping, "
-                                                           "noise, sampling and accountant either way")
+                                                           "(vmap; layers it batches only), or auto: torch.func for a "
+                                                           "convolutional model it serves whose batch of per-record "
+                                                           "gradients stays under 8 Mi floats, else opacus. The same "
+                                                           "clipping, noise, sampling and accountant either way")
 
     @model_validator(mode="after")
     def _noise_or_target(self) -> RecordDP:

@@ -38,20 +38,35 @@ def unsupported(model: nn.Module) -> list[str]:
     return sorted({type(m).__name__ for m in leaves if not isinstance(m, _SUPPORTED)})
 
 
+class PerRecordGradients:
+    """Each record's gradient of its own loss, {parameter name: (batch, *shape)}, and the records' losses.
+
+    Built once per round: the parameters are held as detached views of the model's own tensors, which the
+    optimiser updates in place, so every call sees the current weights without walking the module tree again
+    (on the zoo's small MLP that walk cost about a tenth of a step)."""
+
+    def __init__(self, model: nn.Module, record_loss: RecordLoss) -> None:
+        self.named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+        self.params = {k: p.detach() for k, p in self.named}
+        frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
+        buffers = dict(model.named_buffers())
+
+        def one(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            out = functional_call(model, ({**p, **frozen}, buffers), (x.unsqueeze(0),))
+            return record_loss(out.float(), y.unsqueeze(0))[0]
+
+        # randomness "different": a dropout layer draws each record's own mask, as in a batched forward.
+        self._batched = vmap(grad_and_value(one), in_dims=(None, 0, 0), randomness="different")
+
+    def __call__(self, xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        grads, losses = self._batched(self.params, xb, yb)
+        return grads, losses
+
+
 def per_record_gradients(model: nn.Module, record_loss: RecordLoss, xb: torch.Tensor, yb: torch.Tensor
                          ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Each record's gradient of its own loss, {parameter name: (batch, *shape)}, and the records' losses."""
-    params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
-    frozen = {k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
-    buffers = dict(model.named_buffers())
-
-    def one(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, ({**p, **frozen}, buffers), (x.unsqueeze(0),))
-        return record_loss(out.float(), y.unsqueeze(0))[0]
-
-    # randomness "different": a dropout layer draws each record's own mask, as it would in a batched forward.
-    grads, losses = vmap(grad_and_value(one), in_dims=(None, 0, 0), randomness="different")(params, xb, yb)
-    return grads, losses
+    """PerRecordGradients for one batch."""
+    return PerRecordGradients(model, record_loss)(xb, yb)
 
 
 def clipped_sum(grads: dict[str, torch.Tensor], max_grad_norm: float) -> dict[str, torch.Tensor]:
@@ -62,18 +77,17 @@ def clipped_sum(grads: dict[str, torch.Tensor], max_grad_norm: float) -> dict[st
     return {k: torch.einsum("i,i...->...", coef, g) for k, g in grads.items()}
 
 
-def dp_step(model: nn.Module, optimizer: torch.optim.Optimizer, record_loss: RecordLoss, xb: torch.Tensor,
+def dp_step(per_record: PerRecordGradients, optimizer: torch.optim.Optimizer, xb: torch.Tensor,
             yb: torch.Tensor, *, max_grad_norm: float, noise_multiplier: float, expected_batch_size: int,
             generator: torch.Generator) -> torch.Tensor:
     """One DP-SGD step on the batch (possibly empty: then noise alone); returns the records' losses."""
-    named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     if len(yb):
-        grads, losses = per_record_gradients(model, record_loss, xb, yb)
+        grads, losses = per_record(xb, yb)
         summed = clipped_sum(grads, max_grad_norm)
     else:
-        summed, losses = {k: torch.zeros_like(p) for k, p in named}, torch.zeros(0, device=xb.device)
+        summed, losses = {k: torch.zeros_like(p) for k, p in per_record.named}, torch.zeros(0, device=xb.device)
     std = noise_multiplier * max_grad_norm
-    for k, p in named:  # the optimiser's parameter order, as Opacus draws its noise
+    for k, p in per_record.named:  # the optimiser's parameter order, as Opacus draws its noise
         noise = torch.normal(mean=0, std=std, size=p.shape, device=p.device, generator=generator) if std > 0 \
             else torch.zeros_like(p)
         p.grad = (summed[k] + noise) / expected_batch_size

@@ -1,4 +1,5 @@
-"""Record-level DP-SGD at the site (Abadi et al., Deep Learning with Differential Privacy), through Opacus.
+"""Record-level DP-SGD at the site (Abadi et al., Deep Learning with Differential Privacy), through Opacus or
+torch.func (per_sample.py; `choose_engine` says which serves a model).
 
 Each round: Poisson-sampled batches (every record joins a batch with probability q, as the accountant assumes),
 each record's gradient clipped to C, Gaussian noise of std sigma * C on the batch's clipped sum, then the
@@ -209,13 +210,16 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
 
 
 Engine = Literal["opacus", "torch.func"]
-# The rule "auto" follows (bench/dp_step.py, docs/privacy.md "Speed"): torch.func where it serves every layer and
-# one batch of per-record gradients stays small; Opacus' ghost clipping, which never holds them, otherwise.
+# The rule "auto" follows (bench/dp_step.py; docs/benchmarks.md "DP-SGD step time"): torch.func where it was
+# measured faster, on convolutional models (LeNet-5 with GroupNorm: about a tenth faster than ghost clipping, whose
+# per-record norms of a convolution unfold its input), as long as a batch of per-record gradients stays small;
+# Opacus' ghost clipping otherwise: on Linear layers its norms are cheap and torch.func's materialised gradients
+# are not (4 times slower on the 784-256-256-10 MLP), and on the smallest MLP the two tie.
 AUTO_MAX_GRADIENT_FLOATS = 1 << 23  # expected batch x trainable parameters: 8 Mi floats, 32 MiB in float32
 
 
 def choose_engine(requested: str, model: nn.Module, expected_batch_size: int = 0) -> Engine:
-    """The engine that computes the per-record gradients: the one requested, or for "auto" the documented rule.
+    """The engine that computes the per-record gradients: the one requested, or for "auto" the rule above.
 
     Raises:
         ValueError: torch.func was requested for a model with layers it does not serve (the message names them).
@@ -232,7 +236,8 @@ def choose_engine(requested: str, model: nn.Module, expected_batch_size: int = 0
         return "torch.func"
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     small = max(1, expected_batch_size) * n_params <= AUTO_MAX_GRADIENT_FLOATS
-    return "torch.func" if not missing and small else "opacus"
+    convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    return "torch.func" if not missing and small and convolutional else "opacus"
 
 
 def _opacus_round(work: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader[Any], sampler: Any,
@@ -276,10 +281,11 @@ def _torch_func_round(work: nn.Module, optimizer: torch.optim.Optimizer, sampler
                       ) -> tuple[int, float, int, list[HistoryEntry]]:
     """The same round with per-record gradients from torch.func (per_sample.py), the same Poisson sampler, noise
     generator and Opacus accountant, which records each step as Opacus' optimiser hook does."""
-    from fedmqtt.training.per_sample import dp_step
+    from fedmqtt.training.per_sample import PerRecordGradients, dp_step
 
     per_record = PerRecordLoss(criterion.name)
     per_record.reduction = "none"
+    gradients = PerRecordGradients(work, per_record)
     accountant = make_accountant(dp.accountant, history)
     expected = int(int(xt.shape[0]) * plan.sample_rate)
     steps, loss_sum, loss_rows = 0, 0.0, 0
@@ -288,7 +294,7 @@ def _torch_func_round(work: nn.Module, optimizer: torch.optim.Optimizer, sampler
             idx = torch.as_tensor(rows, dtype=torch.long, device=xt.device)
             xb, yb = xt[idx], yt[idx]
             optimizer.zero_grad()
-            losses = dp_step(work, optimizer, per_record, xb, yb, max_grad_norm=dp.max_grad_norm,
+            losses = dp_step(gradients, optimizer, xb, yb, max_grad_norm=dp.max_grad_norm,
                              noise_multiplier=plan.noise_multiplier, expected_batch_size=expected, generator=noise)
             accountant.step(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate)
             steps += 1

@@ -116,8 +116,9 @@ def test_an_empty_batch_steps_by_the_noise_alone() -> None:
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     gen = torch.Generator().manual_seed(2)
-    per_sample.dp_step(model, opt, _record_loss(BINARY), torch.zeros(0, 15), torch.zeros(0), max_grad_norm=2.0,
-                       noise_multiplier=1.5, expected_batch_size=4, generator=gen)
+    gradients = per_sample.PerRecordGradients(model, _record_loss(BINARY))
+    per_sample.dp_step(gradients, opt, torch.zeros(0, 15), torch.zeros(0), max_grad_norm=2.0, noise_multiplier=1.5,
+                       expected_batch_size=4, generator=gen)
     replay = torch.Generator().manual_seed(2)
     for p, b in zip(model.parameters(), before, strict=True):
         noise = torch.normal(mean=0, std=3.0, size=p.shape, generator=replay)
@@ -127,10 +128,12 @@ def test_an_empty_batch_steps_by_the_noise_alone() -> None:
 def test_the_engine_rule() -> None:
     mlp, lenet = _model("mlp"), _model("lenet-gn")
     wide = build_model("mlp", {"in_features": 784, "hidden": [256, 256], "out_features": 10})
-    assert privacy.choose_engine("auto", mlp, 64) == "torch.func"
-    assert privacy.choose_engine("auto", lenet, 64) == "torch.func"
-    assert privacy.choose_engine("auto", wide, 64) == "opacus"  # 64 x 269k gradients: Opacus' ghost clipping
-    assert privacy.choose_engine("opacus", mlp, 64) == "opacus"
+    assert privacy.choose_engine("auto", lenet, 64) == "torch.func"  # convolutional and small: measured faster
+    assert privacy.choose_engine("auto", lenet, 512) == "opacus"  # 512 x 62k per-record gradients: too many
+    assert privacy.choose_engine("auto", mlp, 64) == "opacus"  # Linear layers: ghost clipping's norms are cheap
+    assert privacy.choose_engine("auto", wide, 64) == "opacus"
+    assert privacy.choose_engine("torch.func", mlp, 64) == "torch.func"
+    assert privacy.choose_engine("opacus", lenet, 64) == "opacus"
     gru = build_model("gru", {"n_features": 3, "hidden": 8})
     assert per_sample.unsupported(gru)
     assert privacy.choose_engine("auto", gru, 8) == "opacus"
