@@ -2,10 +2,11 @@
 
     nice .venv/bin/python bench/dp_step.py --repeats 5 --threads 1
 
-For each model, one local round (same rows, batch size, epochs and SGD settings) runs alternately through the
+For each model, one local round (same rows, batch size, epochs and SGD settings) runs in turn through the
 plain loop (`fedmqtt.training.loop.train_local`) and through DP-SGD (`fedmqtt.training.privacy.train_local_dp`:
-Opacus' per-sample gradients, clipping, noise, Poisson sampling, and the accountant's epsilon after the round).
-Each round's wall time is divided by its steps; the table gives the median over the repeats and the ratio
+per-record gradients, clipping, noise, Poisson sampling, and the accountant's epsilon after the round) with each
+engine: Opacus' ghost clipping and torch.func's vmapped per-record gradients (fedmqtt/training/per_sample.py).
+Each round's wall time is divided by its steps; the table gives the median over the repeats and the ratios
 DP / plain (the issue's goal: at most 2x). The DP time includes everything a DP round costs a site beyond its
 steps (wrapping the model, the accountant before and after), spread over the round's steps.
 """
@@ -13,6 +14,7 @@ steps (wrapping the model, the accountant before and after), spread over the rou
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedmqtt.data.base import BINARY, TaskInfo  # noqa: E402
 from fedmqtt.training.loop import train_local  # noqa: E402
 from fedmqtt.training.models import build_model  # noqa: E402
-from fedmqtt.training.privacy import train_local_dp  # noqa: E402
+from fedmqtt.training.privacy import choose_engine, train_local_dp  # noqa: E402
 from schemas.messages import RecordDP, TrainSettings  # noqa: E402
 
 # (label, registry name, args, input shape of one row, task)
@@ -55,11 +57,15 @@ def data(shape: tuple[int, ...], task: TaskInfo, rows: int) -> tuple[np.ndarray,
     return x, y
 
 
-def one_round(private: bool, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, settings: TrainSettings,
+ENGINES = ("opacus", "torch.func")  # record_dp.engine; "auto" picks one of these (privacy.choose_engine)
+
+
+def one_round(engine: str | None, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, settings: TrainSettings,
               dp: RecordDP, task: TaskInfo) -> float:
-    """Seconds per step of one local round, plain or DP-SGD."""
+    """Seconds per step of one local round: plain (engine None) or DP-SGD through `engine`."""
     start = time.perf_counter()
-    if private:
+    if engine is not None:
+        dp = dp.model_copy(update={"engine": engine})
         steps = train_local_dp(model, x, y, settings, dp, history=[], task=task, seed=0).stats.steps
     else:
         steps = train_local(model, x, y, settings, seed=0, task=task).steps
@@ -72,22 +78,32 @@ def main(argv: list[str] | None = None) -> None:
     settings = TrainSettings(epochs=a.epochs, batch_size=a.batch_size, lr=0.05, optimizer="sgd")
     dp = RecordDP(max_grad_norm=1.0, noise_multiplier=1.0)
     print(f"{a.rows} rows, batch {a.batch_size}, {a.epochs} epoch(s), SGD, {a.threads} thread(s), torch "
-          f"{torch.__version__}, median of {a.repeats} rounds each (alternating)\n")
-    print("| model | parameters | plain ms/step | DP-SGD ms/step | DP / plain |")
-    print("|---|---|---|---|---|")
+          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, opacus, torch.func, ...)")
+    print(f"load average before: {_load()}\n")
+    print("| model | parameters | plain ms/step | Opacus ghost ms/step | torch.func ms/step | Opacus / plain "
+          "| torch.func / plain | auto picks |")
+    print("|---|---|---|---|---|---|---|---|")
+    kinds: tuple[str | None, ...] = (None, *ENGINES)
     for label, name, args, shape, task in MODELS:
         x, y = data(shape, task, a.rows)
         torch.manual_seed(0)
         model = build_model(name, args)
         n_params = sum(p.numel() for p in model.parameters())
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for private in (False, True):  # warm-up: the first calls import and allocate
-            one_round(private, model, x, y, settings, dp, task)
+        times: dict[str | None, list[float]] = {k: [] for k in kinds}
+        for kind in kinds:  # warm-up: the first calls import and allocate
+            one_round(kind, model, x, y, settings, dp, task)
         for _ in range(a.repeats):
-            for private in (False, True):
-                times[private].append(one_round(private, model, x, y, settings, dp, task))
-        p_ms, d_ms = statistics.median(times[False]) * 1e3, statistics.median(times[True]) * 1e3
-        print(f"| {label} | {n_params:,} | {p_ms:.2f} | {d_ms:.2f} | {d_ms / p_ms:.2f}x |")
+            for kind in kinds:
+                times[kind].append(one_round(kind, model, x, y, settings, dp, task))
+        ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        auto = choose_engine("auto", model, a.batch_size)
+        print(f"| {label} | {n_params:,} | {ms[None]:.2f} | {ms['opacus']:.2f} | {ms['torch.func']:.2f} | "
+              f"{ms['opacus'] / ms[None]:.2f}x | {ms['torch.func'] / ms[None]:.2f}x | {auto} |")
+    print(f"\nload average after: {_load()}")
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Record-level DP-SGD at the site (Abadi et al., Deep Learning with Differential Privacy), through Opacus.
+"""Record-level DP-SGD at the site (Abadi et al., Deep Learning with Differential Privacy), through Opacus or
+torch.func (per_sample.py; `choose_engine` says which serves a model).
 
 Each round: Poisson-sampled batches (every record joins a batch with probability q, as the accountant assumes),
 each record's gradient clipped to C, Gaussian noise of std sigma * C on the batch's clipped sum, then the
@@ -21,7 +22,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -55,6 +56,7 @@ class DPRound:
     history: list[HistoryEntry]
     plan: RoundPlan
     epsilon: float  # after this round, by the accountant, at dp.delta
+    engine: str = "opacus"  # which computed the per-record gradients (choose_engine)
 
 
 def model_problem(model: nn.Module) -> str | None:
@@ -165,7 +167,6 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
         ValueError: the model or the settings cannot be trained with DP (the message says how to fix it), or the
             labels do not fit the task.
     """
-    from opacus import PrivacyEngine
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
     problem = settings_problem(settings) or model_problem(model)
@@ -190,32 +191,14 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
     sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=plan.sample_rate, generator=draw,
                                             steps=per_epoch if settings.steps_per_epoch is None else
                                             min(per_epoch, settings.steps_per_epoch))
-    steps, loss_sum, loss_rows = 0, 0.0, 0
+    chosen = choose_engine(dp.engine, work, int(n * plan.sample_rate))
     with _quiet():
-        engine = PrivacyEngine(accountant=dp.accountant)
-        engine.accountant.history = [(float(s), float(q), int(k)) for s, q, k in history]
-        # Ghost clipping (Li et al., Large language models can be strong differentially private learners; Bu et
-        # al.): each record's gradient norm without materialising the per-record gradients, then a second backward
-        # pass with the clipped weights. On the zoo's MLP about 15 times faster than per-sample gradients (hooks).
-        private, dp_optimizer, dp_loss, _ = engine.make_private(
-            module=work, optimizer=optimizer, data_loader=loader, noise_multiplier=plan.noise_multiplier,
-            max_grad_norm=dp.max_grad_norm, poisson_sampling=False, noise_generator=noise, criterion=criterion,
-            grad_sample_mode="ghost")
-        if dp_optimizer.expected_batch_size != int(n * plan.sample_rate):
-            raise RuntimeError("Opacus' expected batch size differs from the plan's sampling rate")
-        for _ in range(settings.epochs):
-            for rows in sampler:  # each record independently with probability q: possibly none
-                idx = torch.as_tensor(rows, dtype=torch.long, device=xt.device)
-                xb, yb = xt[idx], yt[idx]
-                dp_optimizer.zero_grad()
-                loss = dp_loss(private(xb).float(), yb)
-                loss.backward()  # both of ghost clipping's passes
-                dp_optimizer.step()  # clips, noises, steps; the accountant records it (an empty batch too)
-                steps += 1
-                if len(yb):
-                    loss_sum += float(loss.detach()) * len(yb)
-                    loss_rows += len(yb)
-        new_history = list(engine.accountant.history)
+        if chosen == "opacus":
+            steps, loss_sum, loss_rows, new_history = _opacus_round(work, optimizer, loader, sampler, criterion,
+                                                                    xt, yt, settings.epochs, dp, plan, history, noise)
+        else:
+            steps, loss_sum, loss_rows, new_history = _torch_func_round(work, optimizer, sampler, criterion, xt, yt,
+                                                                        settings.epochs, dp, plan, history, noise)
     model.load_state_dict(_unwrapped(work.state_dict()))
     # The plan counted exactly the steps taken (the Poisson loader yields a fixed number of batches per epoch).
     planned = [*history, (plan.noise_multiplier, plan.sample_rate, plan.steps)]
@@ -223,7 +206,102 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
                                                                                         dp.accountant)
     stats = TrainStats(n, steps, loss_sum / loss_rows if loss_rows else None, time.perf_counter() - started,
                        "" if steps else "no labelled training row")
-    return DPRound(stats, new_history, plan, eps)
+    return DPRound(stats, new_history, plan, eps, chosen)
+
+
+Engine = Literal["opacus", "torch.func"]
+# The rule "auto" follows (bench/dp_step.py; docs/benchmarks.md "DP-SGD step time"): torch.func where it was
+# measured faster, on convolutional models (LeNet-5 with GroupNorm: about a tenth faster than ghost clipping, whose
+# per-record norms of a convolution unfold its input), as long as a batch of per-record gradients stays small;
+# Opacus' ghost clipping otherwise: on Linear layers its norms are cheap and torch.func's materialised gradients
+# are not (4 times slower on the 784-256-256-10 MLP), and on the smallest MLP the two tie.
+AUTO_MAX_GRADIENT_FLOATS = 1 << 23  # expected batch x trainable parameters: 8 Mi floats, 32 MiB in float32
+
+
+def choose_engine(requested: str, model: nn.Module, expected_batch_size: int = 0) -> Engine:
+    """The engine that computes the per-record gradients: the one requested, or for "auto" the rule above.
+
+    Raises:
+        ValueError: torch.func was requested for a model with layers it does not serve (the message names them).
+    """
+    from fedmqtt.training.per_sample import unsupported
+
+    if requested == "opacus":
+        return "opacus"
+    missing = unsupported(model)
+    if requested == "torch.func":
+        if missing:
+            raise ValueError(f"record_dp.engine = \"torch.func\" cannot serve layers {', '.join(missing)}: use "
+                             "engine = \"opacus\" or \"auto\"")
+        return "torch.func"
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    small = max(1, expected_batch_size) * n_params <= AUTO_MAX_GRADIENT_FLOATS
+    convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    return "torch.func" if not missing and small and convolutional else "opacus"
+
+
+def _opacus_round(work: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader[Any], sampler: Any,
+                  criterion: PerRecordLoss, xt: torch.Tensor, yt: torch.Tensor, epochs: int, dp: RecordDP,
+                  plan: RoundPlan, history: Sequence[HistoryEntry], noise: torch.Generator
+                  ) -> tuple[int, float, int, list[HistoryEntry]]:
+    """The round's steps through Opacus; (steps, loss sum, rows, the accountant's new history)."""
+    from opacus import PrivacyEngine
+
+    n = int(xt.shape[0])
+    steps, loss_sum, loss_rows = 0, 0.0, 0
+    engine = PrivacyEngine(accountant=dp.accountant)
+    engine.accountant.history = [(float(s), float(q), int(k)) for s, q, k in history]
+    # Ghost clipping (Li et al., Large language models can be strong differentially private learners; Bu et
+    # al.): each record's gradient norm without materialising the per-record gradients, then a second backward
+    # pass with the clipped weights. On the zoo's MLP about 15 times faster than per-sample gradients (hooks).
+    private, dp_optimizer, dp_loss, _ = engine.make_private(
+        module=work, optimizer=optimizer, data_loader=loader, noise_multiplier=plan.noise_multiplier,
+        max_grad_norm=dp.max_grad_norm, poisson_sampling=False, noise_generator=noise, criterion=criterion,
+        grad_sample_mode="ghost")
+    if dp_optimizer.expected_batch_size != int(n * plan.sample_rate):
+        raise RuntimeError("Opacus' expected batch size differs from the plan's sampling rate")
+    for _ in range(epochs):
+        for rows in sampler:  # each record independently with probability q: possibly none
+            idx = torch.as_tensor(rows, dtype=torch.long, device=xt.device)
+            xb, yb = xt[idx], yt[idx]
+            dp_optimizer.zero_grad()
+            loss = dp_loss(private(xb).float(), yb)
+            loss.backward()  # both of ghost clipping's passes
+            dp_optimizer.step()  # clips, noises, steps; the accountant records it (an empty batch too)
+            steps += 1
+            if len(yb):
+                loss_sum += float(loss.detach()) * len(yb)
+                loss_rows += len(yb)
+    return steps, loss_sum, loss_rows, list(engine.accountant.history)
+
+
+def _torch_func_round(work: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any, criterion: PerRecordLoss,
+                      xt: torch.Tensor, yt: torch.Tensor, epochs: int, dp: RecordDP, plan: RoundPlan,
+                      history: Sequence[HistoryEntry], noise: torch.Generator
+                      ) -> tuple[int, float, int, list[HistoryEntry]]:
+    """The same round with per-record gradients from torch.func (per_sample.py), the same Poisson sampler, noise
+    generator and Opacus accountant, which records each step as Opacus' optimiser hook does."""
+    from fedmqtt.training.per_sample import PerRecordGradients, dp_step
+
+    per_record = PerRecordLoss(criterion.name)
+    per_record.reduction = "none"
+    gradients = PerRecordGradients(work, per_record)
+    accountant = make_accountant(dp.accountant, history)
+    expected = int(int(xt.shape[0]) * plan.sample_rate)
+    steps, loss_sum, loss_rows = 0, 0.0, 0
+    for _ in range(epochs):
+        for rows in sampler:
+            idx = torch.as_tensor(rows, dtype=torch.long, device=xt.device)
+            xb, yb = xt[idx], yt[idx]
+            optimizer.zero_grad()
+            losses = dp_step(gradients, optimizer, xb, yb, max_grad_norm=dp.max_grad_norm,
+                             noise_multiplier=plan.noise_multiplier, expected_batch_size=expected, generator=noise)
+            accountant.step(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate)
+            steps += 1
+            if len(yb):
+                loss_sum += float(losses.sum())
+                loss_rows += len(yb)
+    return steps, loss_sum, loss_rows, list(accountant.history)
 
 
 class PerRecordLoss(nn.Module):
