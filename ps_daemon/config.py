@@ -129,7 +129,7 @@ class SecureAggregationConfig(BaseModel):
         return SecAggTerms(ring_bits=self.ring_bits, fraction_bits=self.fraction_bits, clip=self.clip,
                            max_sites=n_sites, dropout=self.dropout, attempt=attempt, weight_bound=weight_bound,
                            variates=variates, normalised=normalised, work_bound=work_bound, uniform=uniform,
-                           distributed_dp=distributed_dp, label_rows=label_rows)
+                           distributed_dp=distributed_dp, per_label_tensors=label_rows)
 
     def fixed_point(self, n_sites: int) -> FixedPoint:
         """The ring, checked so that the sum of `n_sites` encodings cannot wrap (ConfigError otherwise)."""

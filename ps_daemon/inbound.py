@@ -26,7 +26,7 @@ from ps_daemon.events import (
 )
 from ps_daemon.liveness import AGENT, BRIDGE, SiteLiveness
 from ps_daemon.machine import Machine
-from ps_daemon.refusals import refusal_category
+from ps_daemon.refusals import FEATURE_SUMMARY_REFUSED, refusal_category
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState
 from ps_daemon.status import StatusBoard
@@ -155,7 +155,7 @@ class InboundEvents:
             return None
         why = feature_gate.summary_rejection(self.config, state.feature_summaries, state.feature_statistics, site, msg)
         if why is not None:
-            self.status.refuse(site, "feature summary refused", f"feature summary: {why}")
+            self.status.refuse(site, FEATURE_SUMMARY_REFUSED, f"feature summary: {why}")
             return None
         return FeatureSummaryReceived(site, now, msg)
 

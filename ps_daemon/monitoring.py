@@ -24,7 +24,7 @@ from fedmqtt.transport import channel as ch
 from fedmqtt.transport import signing
 from fedmqtt.transport.bulk import TransferStats
 from ps_daemon.config import DaemonConfig
-from ps_daemon.refusals import REFUSAL_CATEGORIES, refusal_category
+from ps_daemon.refusals import FEATURE_SUMMARY_REFUSED, REFUSAL_CATEGORIES, refusal_category
 from ps_daemon.state import DaemonState, Phase, RoundRecord
 from ps_daemon.status import StatusBoard
 from ps_daemon.turns import UploadTurns
@@ -39,7 +39,7 @@ ROUND_SECONDS_BUCKETS: tuple[float, ...] = (1, 5, 10, 30, 60, 120, 300, 600, 180
 # channel's and codec's checks. One that is added elsewhere and not here is counted as "other" until it is.
 KNOWN_REASONS: frozenset[str] = frozenset(
     {label for _, label in REFUSAL_CATEGORIES}
-    | {refusal_category(""), "unusable content", "bad histogram"}
+    | {refusal_category(""), "unusable content", "bad histogram", FEATURE_SUMMARY_REFUSED}
     | {codec.TOO_LARGE, codec.TOO_DEEP, codec.MALFORMED, codec.WRONG_VERSION, codec.SCHEMA, codec.NON_FINITE,
        codec.OUT_OF_RANGE, codec.TENSOR_LAYOUT}
     | {ch.BAD_TOPIC, ch.WRONG_RUN, ch.WRONG_TOPIC, ch.WRONG_SENDER, ch.WRONG_ADDRESS, ch.MANIFEST_REFUSED,

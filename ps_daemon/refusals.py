@@ -9,6 +9,9 @@ REFUSAL_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("histogram", "bad histogram"), ("a_norm", "out of range"), ("training sample", "out of range"),
     ("record-level DP", "privacy"), ("epsilon at delta", "privacy"))
 
+# a site's feature summary that cannot join the federation's statistics (ps_daemon/feature_gate.py says why)
+FEATURE_SUMMARY_REFUSED = "feature summary refused"
+
 
 def refusal_category(reason: str) -> str:
     """A short, stable counter key for a refusal reason (the log line keeps the whole reason)."""

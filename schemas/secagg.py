@@ -81,19 +81,20 @@ class SecAggTerms(Frozen):
     uniform: bool = Field(default=False, description="the rule needs the plain mean of the updates (FedFBN, "
                           "FedDyn): every site weighs by 1, not by its sample count, so p_i = 1 / B with B the "
                           "number of selected sites, and the PS unmasks the plain mean and how many sites it holds")
-    label_rows: tuple[TensorName, ...] = Field(default=(), max_length=MAX_LABEL_ROWS, description="with `uniform`, the "
-                                         "output tensors the rule averages label by label (FedFBN surgical): row r "
-                                         "is masked times 1 if the site annotates label r, else 0, and those zeros "
-                                         "and ones end the vector (fedmqtt/secagg/weighted.py)")
+    per_label_tensors: tuple[TensorName, ...] = Field(
+        default=(), max_length=MAX_LABEL_ROWS,
+        description="with `uniform`, the output tensors the rule averages label by label (FedFBN surgical): row r is "
+        "masked times 1 if the site annotates label r, else 0, and those zeros and ones end the vector "
+        "(fedmqtt/secagg/weighted.py)")
     distributed_dp: DistributedDPTerms | None = Field(default=None, description="DP-FedAvg's noise added by the "
                                                       "sites in the ring (distributed DP); the site sends its clipped "
                                                       "model change instead of p_i times its model")
 
     @model_validator(mode="after")
-    def _label_rows_with_the_plain_mean(self) -> SecAggTerms:
-        if self.label_rows and (not self.uniform or self.variates or self.normalised
+    def _per_label_tensors_with_the_plain_mean(self) -> SecAggTerms:
+        if self.per_label_tensors and (not self.uniform or self.variates or self.normalised
                                 or self.distributed_dp is not None):
-            raise ValueError("label_rows go only with the plain mean (uniform), without variates, normalised "
+            raise ValueError("per_label_tensors go only with the plain mean (uniform), without variates, normalised "
                              "updates or distributed DP")
         return self
 

@@ -563,7 +563,7 @@ class SiteAgent:
     def _layout(task: m.TrainTask, floats: dict[str, np.ndarray]) -> Layout:
         assert task.secure_aggregation is not None
         return layout_of(floats, variates=task.secure_aggregation.variates,
-                         normalised=task.secure_aggregation.normalised, rows=task.secure_aggregation.label_rows)
+                         normalised=task.secure_aggregation.normalised, rows=task.secure_aggregation.per_label_tensors)
 
     def _secure_round(self, task: m.TrainTask, floats: dict[str, np.ndarray]) -> SiteRound:
         assert task.secure_aggregation is not None

@@ -151,7 +151,7 @@ def test_a_ps_killed_mid_round_resumes_with_a_new_try(cli_federation, tmp_path) 
 
 
 def test_a_secure_surgical_fedfbn_round_equals_the_clear_one(cli_federation, tmp_path) -> None:  # noqa: ANN001
-    """FedFBN with its default surgical output layer: the tasks name the output tensors (`label_rows`), each site
+    """FedFBN with its default surgical output layer: the tasks name the output tensors (`per_label_tensors`), each site
     masks its output rows by the labels it annotates and appends those per-label weights (the heart-disease sites
     annotate their one label: every row is theirs), and the PS reads the rows from the per-label sums; the round's
     model equals FedFBN's in the clear within the bound (per-label masks that differ between sites are checked

@@ -133,10 +133,10 @@ def test_the_masked_vector_refuses_a_bad_label_mask_and_ragged_rows() -> None:
 
 def test_terms_carry_label_rows_only_with_the_plain_mean() -> None:
     base = {"ring_bits": 64, "fraction_bits": 20, "clip": 4.0, "max_sites": 5, "dropout": 0.1}
-    assert SecAggTerms(**base, uniform=True, label_rows=("fc.bias",)).label_rows == ("fc.bias",)
+    assert SecAggTerms(**base, uniform=True, per_label_tensors=("fc.bias",)).per_label_tensors == ("fc.bias",)
     for other in ({}, {"uniform": True, "variates": True}):
-        with pytest.raises(ValidationError, match="label_rows go only with the plain mean"):
-            SecAggTerms(**base, **other, label_rows=("fc.bias",))
+        with pytest.raises(ValidationError, match="per_label_tensors go only with the plain mean"):
+            SecAggTerms(**base, **other, per_label_tensors=("fc.bias",))
 
 
 def test_a_site_annotates_the_labels_its_records_do_not_leave_as_nan() -> None:
@@ -168,13 +168,13 @@ def test_a_surgical_round_through_the_ps_machine(tmp_path: Path) -> None:
     for s in sites:
         state, effects = machine.step(state, SiteOnline(s, now=0.0, n_train=50))
     tasks = {e.site_id: e.secure for e in effects if isinstance(e, fx.PublishTrainTask)}
-    assert set(tasks) == set(sites) and all(t is not None and t.label_rows == ("fc.bias", "fc.weight")
+    assert set(tasks) == set(sites) and all(t is not None and t.per_label_tensors == ("fc.bias", "fc.weight")
                                             for t in tasks.values())
     drivers: dict[str, SiteRound] = {}
     for s in sites:
         terms = tasks[s]
         assert terms is not None
-        layout = layout_of(split(machine.shared_model(state))[0], rows=terms.label_rows)
+        layout = layout_of(split(machine.shared_model(state))[0], rows=terms.per_label_tensors)
         drivers[s] = SiteRound(SecAggStore(tmp_path / s), keys.identity(s), run_id=run, session=state.session,
                                round_no=state.round, terms=terms, layout=layout, label_mask=masks[s])
         state, effects = machine.step(state, UpdateReceived(s, 1.0, state.round, state.model_hash,
