@@ -13,7 +13,7 @@ Both sides run in this process with one torch thread (as every simulated site do
 rounds), and "whole run / R" is everything a run takes (the simulation's start, data, final evaluation,
 baselines and report; the bare loop's data and rounds) divided by its rounds. Each is printed as wall time and
 as this process's CPU time (steadier than wall time on a shared machine), per repeat and as medians, with the
-ratios and the load average.
+ratios and the load average, and the CPU seconds a round the simulation spent in its PS.
 
     python bench/sim_vs_bare.py --rounds 4 --repeats 3 [--data ../shared/datasets/medmnist/organamnist.npz]
     python bench/sim_vs_bare.py --profile sim|bare   # one run of one side under cProfile
@@ -59,8 +59,19 @@ def run_sim(config: Any, profiler: Any = None) -> Timing:
     and of the whole `run_simulation` call (start, data, every round, final evaluation, baselines, report)."""
     from fedmqtt.simulation import run_simulation
     from fedmqtt.tracking import RunTracker
+    from ps_daemon.runner import DaemonRunner
 
     closes: list[tuple[float, float]] = []
+    ps_cpu = [0.0]
+    poll = DaemonRunner.poll
+
+    def timed_poll(runner: DaemonRunner, timeout_s: float) -> bool:
+        started = time.process_time()
+        try:
+            return poll(runner, timeout_s)
+        finally:
+            if 1 <= len(closes) < config.rounds:  # between the closes of round 1 and round R
+                ps_cpu[0] += time.process_time() - started
 
     class Clock(RunTracker):
         def round_closed(self, metrics: Any) -> None:
@@ -71,9 +82,13 @@ def run_sim(config: Any, profiler: Any = None) -> Timing:
 
     tracker = Clock([])
     start = (time.perf_counter(), time.process_time())
-    run_simulation(config, progress=False, tracker=tracker)
+    setattr(DaemonRunner, "poll", timed_poll)  # noqa: B010  # the bench's own clock on the class, put back below
+    try:
+        run_simulation(config, progress=False, tracker=tracker)
+    finally:
+        setattr(DaemonRunner, "poll", poll)  # noqa: B010
     tracker.close()
-    return Timing(_rounds(closes), _since(start))
+    return Timing(_rounds(closes), _since(start), ps_cpu[0] / max(1, config.rounds - 1))
 
 
 def load_clients(config: Any) -> list[tuple[Any, Any, Any, Any]]:
@@ -152,6 +167,7 @@ def _nothing() -> None:
 class Timing(NamedTuple):
     rounds: list[tuple[float, float]]  # (wall, CPU) seconds of rounds 2..R
     whole: tuple[float, float]  # (wall, CPU) seconds of the whole run
+    ps_cpu: float = 0.0  # CPU seconds a round (2..R) spent in the PS runner's poll (the simulation is one thread)
 
 
 def _since(start: tuple[float, float]) -> tuple[float, float]:
@@ -204,7 +220,8 @@ def main() -> None:
             row = {"sim": _median(sim.rounds, 0), "bare": _median(bare.rounds, 0),
                    "sim_cpu": _median(sim.rounds, 1), "bare_cpu": _median(bare.rounds, 1),
                    "sim_whole": sim.whole[0] / args.rounds, "bare_whole": bare.whole[0] / args.rounds,
-                   "sim_whole_cpu": sim.whole[1] / args.rounds, "bare_whole_cpu": bare.whole[1] / args.rounds}
+                   "sim_whole_cpu": sim.whole[1] / args.rounds, "bare_whole_cpu": bare.whole[1] / args.rounds,
+                   "ps_cpu": sim.ps_cpu}
             rows.append(row)
             print(f"repeat {repeat + 1}: {_line(row)}; load {load()}", flush=True)
         median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
@@ -216,7 +233,7 @@ def _line(r: dict[str, float]) -> str:
             f"(CPU {r['sim_cpu']:.3f} / {r['bare_cpu']:.3f} = {r['sim_cpu'] / r['bare_cpu']:.3f}); "
             f"whole run / R: simulation {r['sim_whole']:.3f} s, bare {r['bare_whole']:.3f} s, "
             f"ratio {r['sim_whole'] / r['bare_whole']:.3f} (CPU {r['sim_whole_cpu']:.3f} / {r['bare_whole_cpu']:.3f} = "
-            f"{r['sim_whole_cpu'] / r['bare_whole_cpu']:.3f})")
+            f"{r['sim_whole_cpu'] / r['bare_whole_cpu']:.3f}); PS CPU {r['ps_cpu']:.3f} s/round")
 
 
 def _median(pairs: list[tuple[float, float]], which: int) -> float:

@@ -66,3 +66,31 @@ def test_dropping_read_pages_of_maps_frees_them_while_the_maps_live(tmp_path: Pa
     after = _status_mb("RssFile")
     assert read - before > 100 and after - before < 10
     assert weights["w"][-1] == 29_000_000  # still valid: faults back in from the page cache
+
+
+def test_lookups_are_views_of_one_map_that_free_their_pages_and_go_with_the_round(tmp_path: Path) -> None:
+    """One map per spooled file (not one per lookup): every tensor, at unaligned offsets and in every dtype,
+    reads back bit for bit; a freed view's pages leave resident memory; dropping the round releases the map."""
+    rng = np.random.default_rng(1)
+    tensors = {"bias": rng.standard_normal(3).astype(np.float16), "big": rng.standard_normal(12_000_000),
+               "count": np.array(7, np.int64), "empty": np.zeros((0, 4), np.float32),
+               "w": rng.standard_normal((5, 7)).astype(np.float32), "flags": np.array([True, False])}
+    spool = UpdateSpool(tmp_path / "spool")
+    spooled = spool.put(1, "site-0", arrays_to_blobs(tensors))
+    for name, want in tensors.items():
+        got = spooled[name]
+        assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), name
+        assert not got.flags.writeable or got.size == 0
+    first, second = spooled["w"], spooled["big"]
+    assert first.base is second.base is spooled._map  # one map, however many lookups
+    # A 96 MB tensor read through a view: its pages are resident while the view lives, gone once it is freed
+    before = _status_mb("RssFile")
+    assert np.array_equal(second, tensors["big"])  # reads every page
+    assert _status_mb("RssFile") - before > 80
+    del second
+    assert _status_mb("RssFile") - before < 10
+    assert spooled["big"][-1] == tensors["big"][-1]  # the map is intact: the pages fault back in
+    # Dropping the round forgets the map and removes the file; a view still held stays valid
+    spool.drop_before(2)
+    assert spooled._map is None and not spooled.path.exists()
+    assert first.tobytes() == tensors["w"].tobytes()
