@@ -201,6 +201,19 @@ class CliFederation:
                 return inbound.message
         raise AssertionError(f"timed out waiting for {what}; logs in {self.logs}:\n{self.tail('ps')}")
 
+    def retained_ps_status(self) -> object:
+        """ps/status as a newcomer reads it: the retained copy, on a fresh connection, verified as the dashboard
+        verifies it (the watcher's channel would give the newest status it has seen, not what the broker keeps)."""
+        transport = MqttTransport(self.layout.settings("observer"), client_id="fresh", seat="1").connect(timeout_s=10)
+        try:
+            transport.subscribe([topics.ps_status_topic(self.layout.run_id)])
+            channel = Channel(transport, run_id=self.layout.run_id, identity=self.layout.identity("observer"))
+            arrived = channel.receive(10.0)
+            assert arrived is not None, "no retained ps/status within 10 s"
+            return arrived.message
+        finally:
+            transport.close()
+
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() not in (None, 0) and proc.returncode != -signal.SIGKILL:

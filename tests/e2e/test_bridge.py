@@ -28,7 +28,6 @@ from broker.process import BrokerProcess
 from fedmqtt.config_io import load_toml
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.transport import topics
-from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.mqtt import MqttTransport
 from fedmqtt.transport.settings import BrokerSettings
 from schemas import messages as m
@@ -235,7 +234,8 @@ def test_central_broker_fault_under_bridged_hospitals_changes_nothing(cli_federa
         fed.wait_ps_done(300)
         _assert_bridges_up(fed, run_id, list(outs))
         # ...and the PS took them for up again: its last status (retained) counts every site online
-        final = _retained_ps_status(fed)
+        final = fed.retained_ps_status()
+        assert isinstance(final, m.DaemonStatus)
         assert final.state == "done" and set(final.sites_online) == set(SITES), final
         assert final.dropped == {} and final.waiting_for == ()
     finally:
@@ -245,19 +245,6 @@ def test_central_broker_fault_under_bridged_hospitals_changes_nothing(cli_federa
     assert [r["sites"] for r in report["rounds"]] == [list(SITES)] * ROUNDS
     ps_log = (fed.logs / "ps.log").read_text(errors="replace")
     assert "went offline during round" not in ps_log and "Traceback" not in ps_log
-
-
-def _retained_ps_status(fed: CliFederation) -> m.DaemonStatus:
-    """ps/status as a newcomer reads it (the retained copy), verified as the dashboard verifies it."""
-    transport = MqttTransport(fed.layout.settings("observer"), client_id="fresh", seat="1").connect(timeout_s=10)
-    try:
-        transport.subscribe([topics.ps_status_topic(fed.layout.run_id)])
-        channel = Channel(transport, run_id=fed.layout.run_id, identity=fed.layout.identity("observer"))
-        arrived = channel.receive(10.0)
-        assert arrived is not None and isinstance(arrived.message, m.DaemonStatus)
-        return arrived.message
-    finally:
-        transport.close()
 
 
 def _assert_bridges_up(fed: CliFederation, run_id: str, sites: list[str]) -> None:

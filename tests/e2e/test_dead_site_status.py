@@ -9,27 +9,11 @@ from __future__ import annotations
 import pytest
 from harness import CliFederation
 
-from fedmqtt.transport import topics
-from fedmqtt.transport.channel import Channel
-from fedmqtt.transport.mqtt import MqttTransport
 from schemas import messages as m
 
 pytestmark = [pytest.mark.e2e]
 SITES = ("cleveland", "hungary", "switzerland")
 DEAD = "switzerland"
-
-
-def _retained_status(fed: CliFederation) -> m.DaemonStatus:
-    """ps/status as a newcomer reads it: the retained copy, on a fresh connection."""
-    transport = MqttTransport(fed.layout.settings("observer"), client_id="fresh", seat="1").connect(timeout_s=10)
-    try:
-        transport.subscribe([topics.ps_status_topic(fed.layout.run_id)])
-        channel = Channel(transport, run_id=fed.layout.run_id, identity=fed.layout.identity("observer"))
-        arrived = channel.receive(10.0)
-        assert arrived is not None and isinstance(arrived.message, m.DaemonStatus)
-        return arrived.message
-    finally:
-        transport.close()
 
 
 def test_a_dead_site_is_not_waited_for_and_ps_status_says_why(cli_federation) -> None:  # noqa: ANN001
@@ -50,7 +34,8 @@ def test_a_dead_site_is_not_waited_for_and_ps_status_says_why(cli_federation) ->
 
     fed.wait_message(record, 240, "the run to finish")
     fed.wait_ps_done(60)
-    final = _retained_status(fed)
+    final = fed.retained_ps_status()
+    assert isinstance(final, m.DaemonStatus)
 
     # Assert: once dropped, never waited for, with why; "training on" counts the sites that can answer
     assert fed.procs[DEAD].returncode == -9
