@@ -168,7 +168,8 @@ class Machine(SecureSteps):
         ready = sorted(state.online & set(self.config.sites))
         if len(ready) < self.config.start_sites:
             return state, [self._status(state, f"{len(ready)}/{self.config.start_sites} sites online")]
-        refusers = policy_quorum.refusing_sites(self.config, state.policies, state.enrolled, ready)
+        shared = {n: state.weights[n] for n in self.shared_names(state) if n in state.weights}
+        refusers = policy_quorum.refusing_sites(self.config, state.policies, state.enrolled, ready, shared)
         if why_not := policy_quorum.quorum_refusal(self.config, refusers, ready):
             return state, [fx.Log("warning", why_not), self._status(state, why_not)]
         effects: list[fx.Effect] = []

@@ -20,6 +20,7 @@ from ps_daemon.config import DaemonConfig
 from ps_daemon.feature_gate import statistics_path
 from ps_daemon.final_outputs import write_final_outputs
 from ps_daemon.monitoring import DurationTally
+from ps_daemon.participant_terms import participant_terms
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState, RoundRecord
 from ps_daemon.status import PS, StatusBoard, secure_note
@@ -121,7 +122,7 @@ class Outbound:
                 model_hash=effect.model_hash, deadline=effect.deadline, settings=settings,
                 accepted_round=effect.accepted_round, tensors=arrays_to_blobs(effect.tensors),
                 upload=effect.upload, best_round=effect.best_round, session=state.session,
-                secure_aggregation=effect.secure,
+                secure_aggregation=effect.secure, participant_dp=participant_terms(c),
                 msg_id=self._msg_id(state, "train", effect.round, effect.site_id, effect.model_hash,
                                     *((effect.secure.attempt,) if effect.secure is not None else ()))))
         elif isinstance(effect, fx.PublishSecAgg):

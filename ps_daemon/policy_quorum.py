@@ -7,15 +7,19 @@ sites would accept: no round of it could close. Pure functions: the machine call
 
 What the PS cannot judge ahead is left to the site, round by round: the epsilon its ledger has spent already
 (a run whose own target epsilon is within the site's max_epsilon can still be refused once the ledger's earlier
-spending is added), and the epsilon of a run given by its noise multiplier (that needs the accountant, which
-runs at the site).
+spending is added), and the record-level epsilon of a run given by its noise multiplier (that needs the
+trainer's accountant, which runs at the site). Participant-level DP (DP-FedAvg) it judges with the accountant the
+sites use (fedmqtt/participant_dp.py), on the terms its tasks will declare.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 from ps_daemon.config import DaemonConfig
+from ps_daemon.participant_terms import participant_terms, run_epsilon
 from schemas.base import MAX_DETAIL
 from schemas.messages import PrivacyPolicy
 
@@ -23,13 +27,15 @@ MAX_REFUSERS_NAMED = 8  # sites named with their rules in one status line (it re
 MAX_NAMES_LISTED = 8  # a policy may list hundreds of algorithms or models
 
 
-def run_breaches(config: DaemonConfig, policy: PrivacyPolicy, n_train: int) -> tuple[str, ...]:
+def run_breaches(config: DaemonConfig, policy: PrivacyPolicy, n_train: int,
+                 weights: Mapping[str, np.ndarray] | None = None) -> tuple[str, ...]:
     """Each rule of `policy` that this run breaks, as "rule: why"; () when the site would accept every task.
 
-    `n_train`: the training records the site reported in its status (what min_records_per_update is judged on).
+    `n_train`: the training records the site reported in its status (what min_records_per_update is judged on);
+    `weights`: the tensors the sites send back (their float coordinates size distributed DP's noise).
     """
     dp = config.record_dp()
-    out: list[str] = []
+    out: list[str] = list(participant_breaches(config, policy, weights or {}))
     if policy.algorithms is not None and config.algorithm not in policy.algorithms:
         out.append(f"algorithms: the run's {config.algorithm!r} is not listed ({_listed(policy.algorithms)})")
     if policy.models is not None and config.model.name not in policy.models:
@@ -57,14 +63,39 @@ def run_breaches(config: DaemonConfig, policy: PrivacyPolicy, n_train: int) -> t
     return tuple(out)
 
 
+def participant_breaches(config: DaemonConfig, policy: PrivacyPolicy, weights: Mapping[str, np.ndarray]
+                         ) -> tuple[str, ...]:
+    """The participant-level rules of `policy` this run breaks, judged as the site will judge its tasks
+    (site_agent.policy.participant_refusal), by the same accountant."""
+    limit, floor = policy.max_participant_epsilon, policy.min_participant_noise_multiplier
+    if limit is None and floor is None:
+        return ()
+    terms = participant_terms(config)
+    if terms is None:
+        rule = f"max_participant_epsilon {limit:g}" if limit is not None else \
+            f"min_participant_noise_multiplier {floor:g}"
+        return (f"{rule}: the run has no participant-level DP (algorithm {config.algorithm!r}, not dp-fedavg)",)
+    out: list[str] = []
+    if policy.max_delta is not None and terms.delta > policy.max_delta:
+        out.append(f"max_delta {policy.max_delta:g}: the run's participant-level delta is {terms.delta:g}")
+    if floor is not None and terms.noise_multiplier < floor:
+        out.append(f"min_participant_noise_multiplier {floor:g}: the run's noise multiplier is "
+                   f"{terms.noise_multiplier:g}")
+    elif limit is not None and (eps := run_epsilon(config, terms, weights)) > limit:
+        out.append(f"max_participant_epsilon {limit:g}: the run's participant-level epsilon is {eps:.3g} at delta "
+                   f"{terms.delta:g} over {terms.rounds} rounds")
+    return tuple(out)
+
+
 def refusing_sites(config: DaemonConfig, policies: Mapping[str, PrivacyPolicy | None], n_train: Mapping[str, int],
-                   candidates: Iterable[str]) -> dict[str, tuple[str, ...]]:
+                   candidates: Iterable[str], weights: Mapping[str, np.ndarray] | None = None
+                   ) -> dict[str, tuple[str, ...]]:
     """The candidates whose published policy this run breaks, each with the rules. A site that published no
-    policy (one that predates it) is taken to accept: it enforces none."""
+    policy (one that predates it) is taken to accept: it enforces none. `weights`: as in `run_breaches`."""
     out = {}
     for site in candidates:
         policy = policies.get(site)
-        if policy is not None and (broken := run_breaches(config, policy, n_train.get(site, 0))):
+        if policy is not None and (broken := run_breaches(config, policy, n_train.get(site, 0), weights)):
             out[site] = broken
     return out
 

@@ -115,6 +115,25 @@ class PrivacySpent(Frozen):
     steps: Count  # DP-SGD steps in the accountant's history, this round's included
 
 
+class ParticipantDP(Frozen):
+    """Participant-level DP (DP-FedAvg, docs/privacy.md) that the run's released models are under, as the PS
+    declares it with every training task. A site does not take it on trust: it recomputes the run's epsilon from
+    these terms with its own accountant (no amplification by sampling: q = 1) and refuses a run its `[privacy]`
+    policy does not allow (site_agent/policy.py)."""
+
+    mechanism: Literal["gaussian", "skellam"] = Field(description="gaussian: the PS adds the noise to the sum of "
+                                                      "clipped changes; skellam: each site adds its share in the "
+                                                      "ring under secure aggregation (the task's "
+                                                      "secure_aggregation.distributed_dp says how much)")
+    noise_multiplier: float = Field(ge=0, le=1e4, allow_inf_nan=False, description="z: noise of std z times the "
+                                    "sensitivity on each round's sum (under adaptive clipping z covers the change "
+                                    "and the clipped count together)")
+    rounds: int = Field(ge=1, le=MAX_ROUND, description="the rounds the run releases a model in: each is one "
+                        "release the site's accountant charges")
+    delta: float = Field(gt=0, lt=1, allow_inf_nan=False, description="the delta at which the run's epsilon is "
+                         "stated")
+
+
 class TrainSettings(Frozen):
     """Local-training settings the PS sends with each task."""
 
@@ -179,6 +198,9 @@ class TrainTask(Header):
     # masked, in the ring these terms describe; a site whose policy requires secure aggregation refuses a task
     # without them.
     secure_aggregation: SecAggTerms | None = None
+    # Set when the run releases its models under participant-level DP (algorithm dp-fedavg): the site judges these
+    # terms against its own policy with its own accountant before it trains (docs/privacy.md).
+    participant_dp: ParticipantDP | None = None
 
 
 class EvalTask(Header):
@@ -308,6 +330,17 @@ class PrivacyPolicy(Frozen):
     max_rounds: int | None = Field(default=None, ge=1, le=10**6, description="refuse training tasks of a later round")
     max_epochs: int | None = Field(default=None, ge=1, le=10**6, description="refuse tasks with more local epochs "
                                    "per round")
+    max_participant_epsilon: float | None = Field(default=None, gt=0, le=1e4, allow_inf_nan=False, description=
+                                                  "participant-level DP budget of a run (DP-FedAvg: the released "
+                                                  "models against this whole hospital): the site recomputes the "
+                                                  "run's epsilon from the task's terms with its own accountant and "
+                                                  "refuses a run above it; set, it also refuses runs without "
+                                                  "participant-level DP")
+    min_participant_noise_multiplier: float | None = Field(default=None, gt=0, le=1e4, allow_inf_nan=False,
+                                                           description="refuse a run whose participant-level noise "
+                                                           "multiplier is lower (and runs without participant-level "
+                                                           "DP); under distributed DP this site also adds at least "
+                                                           "its share of this much noise, whatever the PS asks")
     label_histogram_epsilon: float | None = Field(default=None, gt=0, le=100, allow_inf_nan=False, description="with "
                                                   "share_label_histogram: release the label counts once, with "
                                                   "Gaussian noise that spends this epsilon (at max_delta, else "

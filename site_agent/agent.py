@@ -38,11 +38,11 @@ from schemas.secagg import CLIPPED_SCALAR
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
-from site_agent.distributed_dp import model_change
+from site_agent.distributed_dp import model_change, run_epsilon
 from site_agent.federation_features import SiteFeatures
 from site_agent.histogram_release import HistogramRelease
 from site_agent.local_state import BestSlot, LocalState
-from site_agent.policy import epsilon_refusal, task_refusal
+from site_agent.policy import epsilon_refusal, participant_refusal, task_refusal
 from site_agent.privacy_ledger import LedgerError, PrivacyLedger
 from site_agent.secagg_round import SiteRound, annotated_labels
 from site_agent.secagg_store import SecAggRecordError, SecAggStore
@@ -574,7 +574,8 @@ class SiteAgent:
             log.info("round %d: secure aggregation: output rows summed label by label; this site annotates %d of "
                      "%d labels", task.round, int(mask.sum()), layout.labels)
         return SiteRound(self.secagg_store, self.identity, run_id=self.config.run_id, session=task.session,
-                         round_no=task.round, terms=task.secure_aggregation, layout=layout, label_mask=mask)
+                         round_no=task.round, terms=task.secure_aggregation, layout=layout, label_mask=mask,
+                         min_noise_multiplier=self.config.privacy.min_participant_noise_multiplier)
 
     def _secagg_for(self, msg: sw.SecAggRoster | sw.SecAggInbox | sw.SecAggUnmask
                     ) -> tuple[SiteRound, m.TrainTask, m.ClientUpdate | None] | None:
@@ -642,7 +643,8 @@ class SiteAgent:
         train, or a damaged privacy ledger. None: train."""
         policy = self.config.privacy
         dp = task.settings.dp
-        why = task_refusal(policy, task, model.model, self.trainer.records())
+        why = task_refusal(policy, task, model.model, self.trainer.records()) or participant_refusal(
+            policy, task, lambda terms: run_epsilon(task, model, terms))
         if why is not None or dp is None:
             return why
         try:

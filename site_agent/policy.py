@@ -2,17 +2,22 @@
 
 The federation cannot override it: a task that breaks it is refused, and the site answers the round with the
 reason (an update without tensors and with `no_step_reason`), which the PS logs, shows in ps/status ("dropped")
-and writes into the round's record of its report. The epsilon rule needs the accountant: the agent asks the
-trainer for the round's projected epsilon and `epsilon_refusal` judges it.
+and writes into the round's record of its report. The epsilon rules need an accountant: the agent asks the
+trainer for the round's projected record-level epsilon and `epsilon_refusal` judges it; for participant-level DP
+it recomputes the run's epsilon from the task's terms (fedmqtt/participant_dp.py) and `participant_refusal`
+judges it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 # The policy's schema is a wire definition (sites publish it in their status, and the PS checks its run against
 # every site's before round 1: ps_daemon.policy_quorum); it is re-exported here for the site's config.
-from schemas.messages import ModelSpec, PrivacyPolicy, TrainTask
+from schemas.messages import ModelSpec, ParticipantDP, PrivacyPolicy, TrainTask
+from schemas.secagg import DistributedDPTerms
 
-__all__ = ["REFUSED", "PrivacyPolicy", "epsilon_refusal", "task_refusal"]
+__all__ = ["REFUSED", "PrivacyPolicy", "epsilon_refusal", "participant_refusal", "task_refusal"]
 
 REFUSED = "refused by this site's privacy policy"
 
@@ -49,3 +54,38 @@ def epsilon_refusal(policy: PrivacyPolicy, round_no: int, spent: float, after: f
         return None
     return (f"{REFUSED}: round {round_no} would bring epsilon to {after:.3g} at delta {delta:g} (spent so far "
             f"{spent:.3g}), above this site's max_epsilon {policy.max_epsilon:g}")
+
+
+def participant_refusal(policy: PrivacyPolicy, task: TrainTask, run_epsilon: Callable[[ParticipantDP], float]
+                        ) -> str | None:
+    """Why `policy` refuses the run's participant-level DP (its max_participant_epsilon and
+    min_participant_noise_multiplier rules); None when it accepts it or has neither rule. `run_epsilon` is this
+    site's own accountant, asked only when the budget rule needs it: the PS's terms are judged, never trusted."""
+    limit, floor = policy.max_participant_epsilon, policy.min_participant_noise_multiplier
+    if limit is None and floor is None:
+        return None
+    rule = f"max_participant_epsilon {limit:g}" if limit is not None else f"min_participant_noise_multiplier {floor:g}"
+    terms, distributed = task.participant_dp, _distributed(task)
+    why: str | None = None
+    if terms is None:
+        why = (f"the task's models are released without participant-level DP (algorithm {task.settings.algorithm!r}); "
+               f"this site's {rule} needs it")
+    elif (terms.mechanism == "skellam") != (distributed is not None) or (
+            distributed is not None and distributed.noise_multiplier != terms.noise_multiplier):
+        why = "the task's participant-level DP terms contradict its secure aggregation terms"
+    elif task.round > terms.rounds:
+        why = f"round {task.round} is beyond the {terms.rounds} rounds the run declared (and this site judged)"
+    elif policy.max_delta is not None and terms.delta > policy.max_delta:
+        why = f"participant-level delta {terms.delta:g} is above this site's max_delta {policy.max_delta:g}"
+    elif floor is not None and terms.noise_multiplier < floor:
+        why = (f"participant-level noise multiplier {terms.noise_multiplier:g} is below this site's "
+               f"min_participant_noise_multiplier {floor:g}")
+    elif limit is not None and (eps := run_epsilon(terms)) > limit:
+        why = (f"the run's participant-level epsilon is {eps:.3g} at delta {terms.delta:g} over {terms.rounds} "
+               f"rounds by this site's accountant ({terms.mechanism}, noise multiplier {terms.noise_multiplier:g}), "
+               f"above this site's max_participant_epsilon {limit:g}")
+    return None if why is None else f"{REFUSED}: {why}"
+
+
+def _distributed(task: TrainTask) -> DistributedDPTerms | None:
+    return None if task.secure_aggregation is None else task.secure_aggregation.distributed_dp

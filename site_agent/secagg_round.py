@@ -8,7 +8,6 @@ after a restart. No MQTT here: the agent (site_agent/agent.py) publishes what it
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -22,6 +21,7 @@ from fedmqtt.secagg.skellam import SkellamPlan, change_vector, noise_key, reach_
 from fedmqtt.secagg.weighted import Layout, weighted_vector
 from fedmqtt.transport.signing import Identity
 from schemas import secagg as wire
+from site_agent.distributed_dp import own_share
 from site_agent.secagg_store import RoundRecord, SecAggStore, pack_message, unpack_message
 
 
@@ -40,7 +40,8 @@ class SiteRound:
     labels it annotates (`annotated_labels`), needed when the layout sums output rows label by label."""
 
     def __init__(self, store: SecAggStore, identity: Identity, *, run_id: str, session: str, round_no: int,
-                 terms: wire.SecAggTerms, layout: Layout, label_mask: np.ndarray | None = None) -> None:
+                 terms: wire.SecAggTerms, layout: Layout, label_mask: np.ndarray | None = None,
+                 min_noise_multiplier: float | None = None) -> None:
         if identity.private_key is None:
             raise ValueError(f"{identity.party!r} holds no signing key: it cannot advertise keys")
         self.store, self.site, self.session = store, identity.party, session
@@ -50,6 +51,8 @@ class SiteRound:
         self.uniform = terms.uniform  # the rule needs the plain mean: this site weighs by 1, not by its count
         self.fixed = FixedPoint(terms.clip, terms.fraction_bits, terms.ring_bits, max_sites=terms.max_sites)
         self.dp_terms, self.fraction_bits = terms.distributed_dp, terms.fraction_bits
+        self.min_noise_multiplier = min_noise_multiplier  # this site's policy: its share never carries less
+        self.rostered: int | None = None  # the sites in the round's roster, once it is here
         record = store.load(session, round_no, terms.attempt)
         secrets = SiteSecrets.from_bytes(record.secrets) if record is not None else SiteSecrets.fresh()
         self.session_state = SiteSession(self.ctx, self.site, identity.private_key, identity.ring, self.fixed,
@@ -68,18 +71,23 @@ class SiteRound:
         inbox = unpack_message(record.inbox, wire.SecAggInbox)
         request = unpack_message(record.request, wire.SecAggUnmask)
         assert isinstance(roster, wire.SecAggRoster)
+        self.rostered = len(roster.sites)
         self.session_state.resume(
             conv.roster_from_wire(roster),
             conv.inbox_from_wire(inbox) if isinstance(inbox, wire.SecAggInbox) else None,
             conv.unmask_from_wire(request) if isinstance(request, wire.SecAggUnmask) else None)
 
-    @functools.cached_property
+    @property
     def dp(self) -> SkellamPlan | None:
-        """DP-FedAvg's noise added here, in the ring (fedmqtt/secagg/skellam.py); None without distributed DP.
-        ValueError: terms no sampler can serve (the agent refuses the round with the reason)."""
+        """DP-FedAvg's noise added here, in the ring (fedmqtt/secagg/skellam.py): the PS's share, raised to what
+        this site's policy demands of the sites in the round's roster (site_agent/distributed_dp.py, `own_share`);
+        None without distributed DP. ValueError: terms no sampler can serve (the agent refuses the round with the
+        reason)."""
         dp = self.dp_terms
-        return None if dp is None else SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites,
-                                                   self.fraction_bits, self.layout.floats)
+        if dp is None:
+            return None
+        asked = SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites, self.fraction_bits, self.layout.floats)
+        return own_share(asked, self.min_noise_multiplier, self.rostered)
 
     @property
     def stage(self) -> str:
@@ -95,6 +103,7 @@ class SiteRound:
         if self.record.roster is not None:
             return None
         self._keep(roster=pack_message(roster))
+        self.rostered = len(roster.sites)
         return conv.shares_to_wire(self.ctx, self.session_state.share(conv.roster_from_wire(roster)))
 
     def on_inbox(self, inbox: wire.SecAggInbox, tensors: Mapping[str, np.ndarray],

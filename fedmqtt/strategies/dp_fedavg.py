@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
+from fedmqtt.participant_dp import gaussian_epsilon as participant_epsilon
 from fedmqtt.secagg.skellam import SkellamPlan, skellam_epsilon
 from fedmqtt.strategies.aggregate import copy_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
@@ -175,20 +176,6 @@ class DPFedAvg(ServerRule):
             raise ValueError(f"{self.name}: bad server state (skellam_releases {releases!r:.200})")
         self.clip, self.noised_rounds = clip, rounds
         self.skellam_releases = [(float(a), float(b), float(c)) for a, b, c in releases]
-
-
-def participant_epsilon(noise_multiplier: float, sample_rate: float, rounds: int, delta: float) -> float:
-    """Opacus' RDP accountant (imported here only: it brings torch, which only a DP-FedAvg server needs)."""
-    import warnings
-
-    from opacus.accountants import RDPAccountant
-
-    accountant = RDPAccountant()
-    accountant.history = [(float(noise_multiplier), float(sample_rate), int(rounds))]
-    with warnings.catch_warnings():
-        # the optimal order at the edge of the default orders: epsilon is still an upper bound
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        return float(accountant.get_epsilon(delta=delta))
 
 
 ABOUT = StrategyDoc(
