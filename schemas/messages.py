@@ -343,8 +343,12 @@ class PrivacyPolicy(Frozen):
                                                            "its share of this much noise, whatever the PS asks")
     label_histogram_epsilon: float | None = Field(default=None, gt=0, le=100, allow_inf_nan=False, description="with "
                                                   "share_label_histogram: release the label counts once, with "
-                                                  "Gaussian noise that spends this epsilon (at max_delta, else "
-                                                  "1e-5), charged to the privacy ledger; unset: the exact counts")
+                                                  "noise (label_histogram_noise) that spends this epsilon, charged "
+                                                  "to the privacy ledger; unset: the exact counts")
+    label_histogram_noise: Literal["gaussian", "laplace"] = Field(default="gaussian", description="the label "
+                                                                  "histogram's mechanism: gaussian ((epsilon, delta) "
+                                                                  "at max_delta, else 1e-5) or laplace (pure "
+                                                                  "epsilon, no delta)")
 
 
 SiteState = Literal["online", "training", "update_ready", "evaluating", "offline", "error"]

@@ -394,8 +394,11 @@ class SiteAgent:
         with self._serving_while_training(secure):  # (sets _training)
             result = self.trainer.train(model.model, start, task.settings, task.round, eval_weights=eval_weights,
                                         extras=extras, local=self.local.committed(), dp_history=dp_history)
+        privacy = result.privacy
         if result.dp_history is not None:  # spent once trained: recorded before anything leaves the site
             self.ledger.save(result.dp_history)
+            if privacy is not None and (pure := self.ledger.pure_epsilon()):  # a Laplace release, composed basically
+                privacy = privacy.model_copy(update={"epsilon": privacy.epsilon + pure})
         if result.no_step_reason:
             self._answer_without_update(task, result)
             return
@@ -413,7 +416,7 @@ class SiteAgent:
             control_variates=arrays_to_blobs(result.uplink_extras.get("delta_c", {})),
             scalars={k: float(v) for k, v in result.uplink_extras.items() if k not in ("delta_c", "feature_stats")},
             layer_stats=_stats_blobs(result.uplink_extras.get("feature_stats", {})),
-            label_histogram=self._histogram(task), privacy=result.privacy,
+            label_histogram=self._histogram(task), privacy=privacy,
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
@@ -648,13 +651,14 @@ class SiteAgent:
         if why is not None or dp is None:
             return why
         try:
-            history = self.ledger.history()
+            history, pure = self.ledger.history(), self.ledger.pure_epsilon()
         except LedgerError as exc:
             return str(exc)
         problem, plan = self.trainer.dp_plan(model.model, task.settings, history)
         if problem is not None or plan is None:
             return f"cannot train with record-level DP: {problem}"
-        return epsilon_refusal(policy, task.round, plan.epsilon_before, plan.epsilon_after, dp.delta)
+        # pure-epsilon releases (a Laplace label histogram) add to the Gaussian history's epsilon
+        return epsilon_refusal(policy, task.round, plan.epsilon_before + pure, plan.epsilon_after + pure, dp.delta)
 
     def _refuse(self, task: m.TrainTask, reason: str) -> None:
         """Answer the round without an update, with the reason: the PS closes it without this site and shows why

@@ -12,6 +12,11 @@ z is calibrated by Opacus (`get_noise_multiplier`, one step at q = 1) with both 
 is taken, so the release costs at most epsilon whichever accountant the site's tasks use; below epsilon ~0.2 at
 delta 1e-5 Opacus' RDP orders (up to 63) cannot reach the target and PRV's calibration alone is used.
 
+Or the Laplace mechanism (Dwork, McSherry, Nissim and Smith, Calibrating noise to sensitivity), pure epsilon-DP:
+every count gets Laplace noise of scale b = Delta_1 / epsilon, Delta_1 the L1 sensitivity (1 for classes and bins,
+K for a multilabel record positive for all K labels). No delta; the ledger charges it as a pure-epsilon release
+(site_agent/privacy_ledger.py says how it composes with the Gaussian history).
+
 The noise is drawn from a generator seeded with fresh operating-system randomness, never the run's seed.
 """
 
@@ -21,6 +26,7 @@ import functools
 import math
 import warnings
 from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 
@@ -30,6 +36,18 @@ ACCOUNTANTS = ("rdp", "prv")
 def sensitivity(task_kind: str, n_bins: int) -> float:
     """L2 sensitivity of the counts to one record (see the module text)."""
     return math.sqrt(max(n_bins, 1)) if task_kind == "multilabel" else 1.0
+
+
+def l1_sensitivity(task_kind: str, n_bins: int) -> float:
+    """L1 sensitivity of the counts to one record: one count, or every label of a multilabel record."""
+    return float(max(n_bins, 1)) if task_kind == "multilabel" else 1.0
+
+
+def laplace_scale(epsilon: float, task_kind: str, n_bins: int) -> float:
+    """b = Delta_1 / epsilon: the Laplace mechanism's scale for pure epsilon-DP."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"the Laplace mechanism needs a positive epsilon, not {epsilon}")
+    return l1_sensitivity(task_kind, n_bins) / epsilon
 
 
 @functools.lru_cache(maxsize=64)
@@ -54,8 +72,10 @@ def noise_multiplier(epsilon: float, delta: float) -> float:
     return max(found)
 
 
-def noised_histogram(counts: Mapping[str, int], std: float, rng: np.random.Generator) -> dict[str, int]:
-    """Every count plus N(0, std^2), rounded and clamped at 0 (same keys)."""
+def noised_histogram(counts: Mapping[str, int], std: float, rng: np.random.Generator,
+                     mechanism: Literal["gaussian", "laplace"] = "gaussian") -> dict[str, int]:
+    """Every count plus N(0, std^2) (or, `laplace`, Laplace noise of scale `std`), rounded and clamped at 0."""
     keys = sorted(counts)
-    raw = np.array([float(counts[k]) for k in keys]) + rng.normal(0.0, std, size=len(keys))
+    noise = rng.laplace(0.0, std, size=len(keys)) if mechanism == "laplace" else rng.normal(0.0, std, size=len(keys))
+    raw = np.array([float(counts[k]) for k in keys]) + noise
     return {k: max(int(round(v)), 0) for k, v in zip(keys, raw, strict=True)}
