@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedmqtt.participant_dp import gaussian_epsilon, skellam_run_epsilon
+from fedmqtt.participant_dp import best_gaussian_epsilon, skellam_run_epsilon
 from fedmqtt.strategies.dp_fedavg import DPFedAvgParams
 from ps_daemon.config import DaemonConfig
 from ps_daemon.distributed_dp import ALGORITHM, plan_of
@@ -30,10 +30,10 @@ def participant_terms(config: DaemonConfig) -> ParticipantDP | None:
 
 
 def run_epsilon(config: DaemonConfig, terms: ParticipantDP, weights: Mapping[str, np.ndarray]) -> float:
-    """The run's epsilon as a site's accountant makes it (q = 1); under Skellam with d the float coordinates of
-    `weights` (the sites judge with the coordinates they send back, at most these: the same or a little less)."""
+    """The run's epsilon as a site's accountant makes it (q = 1, the better of RDP and PRV); under Skellam with d
+    the float coordinates of `weights`, the shared tensors: what the sites send back and size their noise with."""
     if terms.mechanism == "gaussian":
-        return gaussian_epsilon(terms.noise_multiplier, 1.0, terms.rounds, terms.delta)
+        return best_gaussian_epsilon(terms.noise_multiplier, terms.rounds, terms.delta)[0]
     dim = sum(int(np.size(v)) for v in weights.values() if np.asarray(v).dtype.kind == "f")
     p = DPFedAvgParams.model_validate(config.strategy_params())
     try:

@@ -22,6 +22,7 @@ from fedmqtt import __version__
 from fedmqtt.atomic import private_dir, write_atomic
 from fedmqtt.errors import BrokerError
 from fedmqtt.faults import crash_point
+from fedmqtt.participant_dp import noise_for
 from fedmqtt.recruitment import label_histogram
 from fedmqtt.secagg.site import SecAggRefused
 from fedmqtt.secagg.weighted import Layout, layout_of, split
@@ -647,7 +648,7 @@ class SiteAgent:
         policy = self.config.privacy
         dp = task.settings.dp
         why = task_refusal(policy, task, model.model, self.trainer.records()) or participant_refusal(
-            policy, task, lambda terms: run_epsilon(task, model, terms))
+            policy, task, lambda terms: run_epsilon(task, model, terms), noise_for)
         if why is not None or dp is None:
             return why
         try:

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from fedmqtt.participant_dp import gaussian_epsilon, skellam_run_epsilon
+from fedmqtt.participant_dp import best_gaussian_epsilon, skellam_run_epsilon
 from fedmqtt.secagg.skellam import SkellamPlan
 from schemas.messages import GlobalModel, ParticipantDP, TrainTask
 
@@ -40,21 +40,22 @@ def shared_floats(task: TrainTask, model: GlobalModel) -> int:
                if b.dtype.startswith(("float", "bfloat")) and (upload is None or b.name in upload))
 
 
-def run_epsilon(task: TrainTask, model: GlobalModel, terms: ParticipantDP) -> float:
-    """The run's participant-level epsilon by this site's own accountant, from the task's declared terms (the
-    Skellam form with the model's real size d); infinity for terms no mechanism could honour."""
+def run_epsilon(task: TrainTask, model: GlobalModel, terms: ParticipantDP) -> tuple[float, str]:
+    """The run's participant-level epsilon by this site's own accountant, from the task's declared terms, and which
+    accountant gave it: the better of RDP and PRV for the Gaussian form, the Skellam RDP bound with the model's
+    real size d for the distributed one; infinity for terms no mechanism could honour."""
     if terms.mechanism == "gaussian":
-        return gaussian_epsilon(terms.noise_multiplier, 1.0, terms.rounds, terms.delta)
+        return best_gaussian_epsilon(terms.noise_multiplier, terms.rounds, terms.delta)
     sa = task.secure_aggregation
     if sa is None or sa.distributed_dp is None:
-        return math.inf
+        return math.inf, "rdp"
     dp = sa.distributed_dp
     try:
         plan = SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites, sa.fraction_bits,
                            max(1, shared_floats(task, model)))
     except ValueError:
-        return math.inf
-    return skellam_run_epsilon(plan, terms.rounds, terms.delta)
+        return math.inf, "rdp"
+    return skellam_run_epsilon(plan, terms.rounds, terms.delta), "rdp"
 
 
 def own_share(plan: SkellamPlan, min_noise_multiplier: float | None, roster_sites: int | None) -> SkellamPlan:

@@ -56,11 +56,14 @@ def epsilon_refusal(policy: PrivacyPolicy, round_no: int, spent: float, after: f
             f"{spent:.3g}), above this site's max_epsilon {policy.max_epsilon:g}")
 
 
-def participant_refusal(policy: PrivacyPolicy, task: TrainTask, run_epsilon: Callable[[ParticipantDP], float]
-                        ) -> str | None:
+def participant_refusal(policy: PrivacyPolicy, task: TrainTask,
+                        run_epsilon: Callable[[ParticipantDP], tuple[float, str]],
+                        noise_needed: Callable[[float, int, float], float | None] | None = None) -> str | None:
     """Why `policy` refuses the run's participant-level DP (its max_participant_epsilon and
     min_participant_noise_multiplier rules); None when it accepts it or has neither rule. `run_epsilon` is this
-    site's own accountant, asked only when the budget rule needs it: the PS's terms are judged, never trusted."""
+    site's own accountant (epsilon, and which accountant gave it), asked only when the budget rule needs it: the
+    PS's terms are judged, never trusted. `noise_needed(epsilon, rounds, delta)`: the noise multiplier that would
+    meet the budget, named in the refusal as the fix (None: no noise would)."""
     limit, floor = policy.max_participant_epsilon, policy.min_participant_noise_multiplier
     if limit is None and floor is None:
         return None
@@ -80,10 +83,15 @@ def participant_refusal(policy: PrivacyPolicy, task: TrainTask, run_epsilon: Cal
     elif floor is not None and terms.noise_multiplier < floor:
         why = (f"participant-level noise multiplier {terms.noise_multiplier:g} is below this site's "
                f"min_participant_noise_multiplier {floor:g}")
-    elif limit is not None and (eps := run_epsilon(terms)) > limit:
+    elif limit is not None and (found := run_epsilon(terms))[0] > limit:
+        eps, how = found
         why = (f"the run's participant-level epsilon is {eps:.3g} at delta {terms.delta:g} over {terms.rounds} "
-               f"rounds by this site's accountant ({terms.mechanism}, noise multiplier {terms.noise_multiplier:g}), "
-               f"above this site's max_participant_epsilon {limit:g}")
+               f"rounds by this site's accountant ({terms.mechanism}, {how}, noise multiplier "
+               f"{terms.noise_multiplier:g}), above this site's max_participant_epsilon {limit:g}")
+        if noise_needed is not None:
+            need = noise_needed(limit, terms.rounds, terms.delta)
+            why += (f"; {terms.rounds} rounds need noise_multiplier >= {need:.3g} (Gaussian) to stay within it"
+                    if need is not None else "; no noise reaches it at this delta")
     return None if why is None else f"{REFUSED}: {why}"
 
 

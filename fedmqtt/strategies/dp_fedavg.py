@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from fedmqtt.participant_dp import gaussian_epsilon as participant_epsilon
+from fedmqtt.participant_dp import best_gaussian_epsilon
 from fedmqtt.secagg.skellam import SkellamPlan, skellam_epsilon
 from fedmqtt.strategies.aggregate import copy_weights
 from fedmqtt.strategies.base import AggregateResult, RoundInput
@@ -28,8 +28,8 @@ class DPFedAvgParams(StrategyParams):
                                     "clipped count together")
     server_lr: float = Field(default=1.0, gt=0.0, le=1e3, description="eta_s: the server adds eta_s times the "
                              "noised mean change")
-    sites_per_round: float = Field(default=0.0, ge=0.0, le=1e6, description="m: the fixed denominator of the mean "
-                                   "and the sites sampled per round for the accountant; 0: every enrolled site")
+    sites_per_round: float = Field(default=0.0, ge=0.0, le=1e6, description="m: the fixed denominator of the mean; "
+                                   "0: every enrolled site (the accountant never assumes sampling: q = 1)")
     target_quantile: float = Field(default=0.0, ge=0.0, lt=1.0, description="gamma: adaptive clipping moves C "
                                    "towards this quantile of the sites' change norms (Andrew et al.); 0: fixed C")
     clip_lr: float = Field(default=0.2, gt=0.0, le=10.0, description="eta_C: adaptive clipping's geometric step")
@@ -124,7 +124,7 @@ class DPFedAvg(ServerRule):
             self.clip = clip * math.exp(-self.params.clip_lr * (noisy - self.params.target_quantile))
             diagnostics |= {"noisy_unclipped_fraction": noisy, "next_clip_norm": self.clip}
         self.noised_rounds += 1
-        eps = self.epsilon(m, len(inp.enrolled))
+        eps = self.epsilon()
         if math.isfinite(eps):
             diagnostics |= {"epsilon": eps, "delta": self.params.delta}
         return AggregateResult(weights=self.complete(inp, out), diagnostics=diagnostics)
@@ -150,15 +150,17 @@ class DPFedAvg(ServerRule):
         return AggregateResult(weights=self.complete(inp, out), diagnostics=diagnostics)
 
     # -- the accountant -----------------------------------------------------------------------------
-    def epsilon(self, m: float, enrolled: int) -> float:
-        """Participant-level epsilon after the rounds so far, by Opacus' RDP accountant: each round is one step of
-        the sampled Gaussian mechanism with sampling rate m / (enrolled sites) and noise multiplier z."""
+    def epsilon(self) -> float:
+        """Participant-level epsilon after the rounds so far: each round one Gaussian release of multiplier z at
+        q = 1, the smaller of Opacus' RDP and PRV epsilons (fedmqtt/participant_dp.py). Never amplified by
+        sampling: the PS's selection is every site or a fixed-size draw from the run's public seed, not the
+        Poisson sampling with secret randomness that amplification needs."""
         z = self.params.noise_multiplier
         if self.noised_rounds == 0:
             return 0.0
         if z == 0.0:
             return math.inf
-        return participant_epsilon(z, min(1.0, m / max(1, enrolled)), self.noised_rounds, self.params.delta)
+        return best_gaussian_epsilon(z, self.noised_rounds, self.params.delta)[0]
 
     def state_dict(self) -> dict[str, Any]:
         return {"clip": float(self.clip), "noised_rounds": int(self.noised_rounds),
@@ -201,7 +203,8 @@ adaptive (gamma > 0):  b~ = (#{i: ||Delta_i|| <= C} + N(0, sigma_b^2)) / m
                        z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2),  sigma_b = count_stddev or max(m / 20, z)
 without adaptive clipping z_D = z
 nobody reported: w and C unchanged, nothing spent
-accountant: Opacus RDP, one sampled-Gaussian step per round, q = m / enrolled sites, multiplier z
+accountant: one Gaussian release of multiplier z per round at q = 1 (no amplification by sampling),
+            the smaller of Opacus' RDP and PRV epsilons
 """,
     client="""
 as FedAvg: plain local loss, local optimiser; send w_i^t (record-level DP-SGD too if train.dp is set)
@@ -223,10 +226,10 @@ as FedAvg: plain local loss, local optimiser; send w_i^t (record-level DP-SGD to
         "biased towards zero in rounds where fewer than m sites answer.",
         "Uniform weights, never n_i / n: sample counts would reveal the sites' sizes and make one large site's "
         "influence unbounded.",
-        "The accountant assumes each round samples sites independently at rate q = m / enrolled; with the default "
-        "selection (every site, every round) q = 1 and there is no amplification by sampling. Sites that drop "
-        "out are not modelled: the reported epsilon is what the mechanism would cost if every sampled site "
-        "answered.",
+        "No amplification by sampling: the accountant charges every round at q = 1. The PS selects every site, or "
+        "a fixed-size draw seeded by the run's public seed (`selection = \"fraction\"`), and amplification needs "
+        "Poisson sampling with randomness the adversary does not know. Sites that drop out are not modelled: the "
+        "reported epsilon is what the mechanism would cost if every selected site answered.",
         "sigma_b defaults to max(m / 20, z): Andrew et al.'s m / 20 alone leaves no noise budget for the change "
         "when m < 10 z, the usual case with a few hospitals.",
         "Under secure aggregation with `distributed_dp = \"skellam\"` (docs/privacy.md, \"Distributed DP\") the "

@@ -16,12 +16,13 @@ from scipy.stats import skellam
 from secagg_round import Losses, play, site_ids
 from test_machine_secagg import SITES, Sites, _answer, _machine, _start, _train_and_advertise, _trip
 
+from fedmqtt.participant_dp import gaussian_epsilon as participant_epsilon
 from fedmqtt.secagg import skellam as sk
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.site import SiteSession
 from fedmqtt.secagg.weighted import Layout
 from fedmqtt.strategies.base import RoundInput
-from fedmqtt.strategies.dp_fedavg import DPFedAvg, participant_epsilon
+from fedmqtt.strategies.dp_fedavg import DPFedAvg
 from ps_daemon import distributed_dp
 from ps_daemon import effects as fx
 from ps_daemon.config import DaemonConfig

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from test_machine_secagg import RUN, SITES, Sites, _answer, _machine, _start, _train_and_advertise
 
-from fedmqtt.participant_dp import gaussian_epsilon, skellam_run_epsilon
+from fedmqtt.participant_dp import best_gaussian_epsilon, gaussian_epsilon, noise_for, skellam_run_epsilon
 from fedmqtt.secagg import skellam as sk
 from fedmqtt.secagg.weighted import layout_of, split
 from fedmqtt.strategies.dp_fedavg import DPFedAvg
@@ -71,6 +72,38 @@ def test_the_sites_gaussian_epsilon_is_a_valid_bound_close_to_the_exact_one(z: f
     ours = gaussian_epsilon(z, 1.0, rounds, 1e-5)
     exact = _exact_gaussian_epsilon(math.sqrt(rounds) / z, 1e-5)
     assert exact <= ours <= 1.25 * exact
+
+
+@pytest.mark.parametrize(("z", "rounds"), [(5.0, 20), (50.0, 20), (160.0, 20)])
+def test_prv_reproduces_the_exact_gaussian_epsilon(z: float, rounds: int) -> None:
+    """Opacus' PRV accountant on T Gaussian releases at q = 1 against the exact epsilon of one Gaussian of
+    mu = sqrt(T) / z: above it (an upper bound) by at most its error allowance (eps_error 0.01 either side)."""
+    exact = _exact_gaussian_epsilon(math.sqrt(rounds) / z, 1e-5)
+    prv = gaussian_epsilon(z, 1.0, rounds, 1e-5, "prv")
+    assert exact - 1e-9 <= prv <= exact + 0.02
+    best, how = best_gaussian_epsilon(z, rounds, 1e-5)
+    assert (best, how) == (prv, "prv") and prv < gaussian_epsilon(z, 1.0, rounds, 1e-5, "rdp")
+
+
+def test_epsilon_0_1_is_certified_with_prv_or_refused_with_the_fix() -> None:
+    """The noise whose 20 rounds cost exactly 0.1 at delta 1e-5 (the Gaussian's exact profile) z0:
+    25 % more noise is certified within 0.1 (by PRV, whose answer includes its error allowance of 0.01; RDP cannot
+    reach 0.1 at this delta at any noise), 10 % less is refused, naming the noise that would do."""
+    lo, hi = 1.0, 1e4
+    for _ in range(100):  # bisect the exact noise for epsilon 0.1
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if _exact_gaussian_epsilon(math.sqrt(20) / mid, 1e-5) > 0.1 else (lo, mid)
+    z0 = hi
+    policy = PrivacyPolicy(max_participant_epsilon=0.1)
+    enough = GAUSS.model_copy(update={"noise_multiplier": 1.25 * z0, "rounds": 20})
+    assert gaussian_epsilon(1e4, 1.0, 20, 1e-5, "rdp") > 0.1  # RDP alone would refuse every run
+    assert participant_refusal(policy, _task(enough), lambda t: run_epsilon(_task(t), _model(), t), noise_for) is None
+    short = GAUSS.model_copy(update={"noise_multiplier": 0.9 * z0, "rounds": 20})
+    why = participant_refusal(policy, _task(short), lambda t: run_epsilon(_task(t), _model(), t), noise_for)
+    assert why is not None and "(gaussian, prv, noise multiplier" in why
+    need = noise_for(0.1, 20, 1e-5)
+    assert need is not None and z0 <= need <= 1.25 * z0  # PRV's answer carries its error allowance (0.01)
+    assert f"20 rounds need noise_multiplier >= {need:.3g} (Gaussian) to stay within it" in why
 
 
 def test_skellam_run_epsilon_is_the_composition_of_its_rounds() -> None:
@@ -138,11 +171,12 @@ def test_under_skellam_the_site_charges_the_skellam_release_of_the_models_size()
     distributed = DistributedDPTerms(clip=1.0, noise_multiplier=1.0, expected_sites=4)
     task = _task(GAUSS.model_copy(update={"mechanism": "skellam"}), distributed=distributed)
     plan = sk.SkellamPlan(clip=1.0, noise_multiplier=1.0, expected_sites=4, fraction_bits=16, dim=8)
-    eps = run_epsilon(task, _model(), task.participant_dp)  # type: ignore[arg-type]
-    assert eps == pytest.approx(skellam_run_epsilon(plan, 10, 1e-5))
+    eps: Any = run_epsilon(task, _model(), task.participant_dp)  # type: ignore[arg-type]
+    assert eps == (pytest.approx(skellam_run_epsilon(plan, 10, 1e-5)), "rdp")
+    eps = eps[0]
     assert eps > gaussian_epsilon(1.0, 1.0, 10, 1e-5)  # the Skellam term costs a little more
     why = _judge(PrivacyPolicy(max_participant_epsilon=eps * 0.99), task)
-    assert why is not None and "(skellam, noise multiplier 1)" in why
+    assert why is not None and "(skellam, rdp, noise multiplier 1)" in why
 
 
 # -- the site's own noise share under distributed DP -------------------------------------------------------------
