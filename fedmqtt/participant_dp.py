@@ -92,6 +92,6 @@ def noise_for(target_epsilon: float, rounds: int, delta: float) -> float | None:
 
 @functools.lru_cache(maxsize=256)
 def skellam_run_epsilon(plan: SkellamPlan, rounds: int, delta: float) -> float:
-    """epsilon at `delta` of `rounds` Skellam releases, each the sum of the `plan.expected_sites` sites' shares."""
-    release = (plan.l1, plan.l2, plan.expected_sites * plan.site_variance)
-    return skellam_epsilon([release] * rounds, delta)
+    """epsilon at `delta` of `rounds` Skellam releases, each the sum of the `plan.expected_sites` sites' shares (the
+    change's, and the clipped count's with adaptive clipping)."""
+    return skellam_epsilon(plan.releases(plan.expected_sites) * rounds, delta)

@@ -57,9 +57,9 @@ def distributed_dp_problem(algorithm: str, sa: SecureAggregationView, n_sites: i
         return (f"secure_aggregation.distributed_dp is DP-FedAvg's noise added by the sites: set algorithm = "
                 f"\"{ALGORITHM}\" (not {algorithm!r})")
     p = DPFedAvgParams.model_validate(dict(params or {}))
-    if p.target_quantile:
-        return ("secure_aggregation.distributed_dp: adaptive clipping (target_quantile > 0) is not available under "
-                "distributed DP (its noised count of clipped sites is not summed): use a fixed clip_norm")
+    if p.target_quantile and sa.fraction_bits < 1:
+        return ("secure_aggregation.distributed_dp with adaptive clipping needs fraction_bits >= 1 (each site's "
+                "clipped-count entry b - 1/2 is a whole number of ring units only then)")
     if p.noise_multiplier <= 0:
         return "secure_aggregation.distributed_dp needs noise: noise_multiplier > 0"
     try:
@@ -69,34 +69,46 @@ def distributed_dp_problem(algorithm: str, sa: SecureAggregationView, n_sites: i
     return reach_problem(plan, n_sites, sa.ring_bits)
 
 
-def plan_of(sa: SecureAggregationView, params: DPFedAvgParams, n_sites: int, dim: int) -> SkellamPlan:
-    return SkellamPlan(params.clip_norm, params.noise_multiplier, expected_sites(sa, params, n_sites),
-                       sa.fraction_bits, dim)
+def plan_of(sa: SecureAggregationView, params: DPFedAvgParams, n_sites: int, dim: int,
+            clip: float | None = None) -> SkellamPlan:
+    """The round's noise: at clip `clip` (adaptive clipping's current C; unset: clip_norm). With adaptive clipping
+    (Andrew et al.) the change's multiplier is z_D and the clipped count's noise sigma_b, as in the clear form
+    (fedmqtt/strategies/dp_fedavg.py), so the two releases together amount to one Gaussian of multiplier z."""
+    rule = DPFedAvg(params.model_dump())
+    m = rule.denominator({f"s{i}": 0 for i in range(n_sites)})
+    count = rule.count_stddev(m) if params.target_quantile else 0.0
+    return SkellamPlan(clip or params.clip_norm, rule.change_noise_multiplier(m), expected_sites(sa, params, n_sites),
+                       sa.fraction_bits, dim, count)
 
 
-def terms_of(config: RunView) -> DistributedDPTerms | None:
-    """What each train task tells its site about the noise; None without distributed DP."""
+def terms_of(config: RunView, clip: float | None = None) -> DistributedDPTerms | None:
+    """What each train task tells its site about the noise (at adaptive clipping's current `clip`); None without
+    distributed DP."""
     sa = config.secure_aggregation
     if sa.distributed_dp == "off":
         return None
     p = DPFedAvgParams.model_validate(config.strategy_params())
-    return DistributedDPTerms(mechanism=sa.distributed_dp, clip=p.clip_norm, noise_multiplier=p.noise_multiplier,
-                              expected_sites=expected_sites(sa, p, len(config.sites)))
+    plan = plan_of(sa, p, len(config.sites), dim=1, clip=clip)
+    return DistributedDPTerms(mechanism=sa.distributed_dp, clip=plan.clip, noise_multiplier=plan.noise_multiplier,
+                              expected_sites=plan.expected_sites, count_stddev=plan.count_stddev)
 
 
 def aggregate_noised(strategy: Strategy, config: RunView, inp: RoundInput, total: np.ndarray,
                      layout: Layout, included: tuple[str, ...]) -> AggregateResult:
     """DP-FedAvg's step from the unmasked sum: the sites' clipped changes plus their noise (first the float
-    tensors in `layout`'s order, then the weight's slot, which carries 0)."""
+    tensors in `layout`'s order, then the weight's slot, which carries 0, or with adaptive clipping the noised
+    sum of the sites' clipped-count entries b - 1/2)."""
     if not isinstance(strategy, DPFedAvg):
         raise ValueError(f"distributed DP aggregates with {ALGORITHM}, not {strategy.name}")
     if total.shape != (layout.length,) or layout.variates or layout.normalised:
         raise ValueError(f"the sum has {total.shape} coordinates, the layout {layout.length}")
-    plan = plan_of(config.secure_aggregation, strategy.params, len(config.sites), layout.floats)
+    plan = plan_of(config.secure_aggregation, strategy.params, len(config.sites), layout.floats, clip=strategy.clip)
     change: dict[str, np.ndarray] = {}
     at = 0
     for name, shape in zip(layout.names, layout.shapes, strict=True):
         size = int(np.prod(shape, dtype=np.int64))
         change[name] = total[at:at + size].reshape(shape)
         at += size
-    return strategy.aggregate_noised_sum(inp, change, plan, len(included))
+    # adaptive clipping: the last slot is the sum of the sites' b - 1/2 and its noise
+    count = float(total[at]) + len(included) / 2.0 if plan.count_stddev else None
+    return strategy.aggregate_noised_sum(inp, change, plan, len(included), count)

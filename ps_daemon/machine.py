@@ -22,6 +22,7 @@ from fedmqtt.secagg import messages as smsg
 from fedmqtt.secagg.adverts import Verifier
 from fedmqtt.strategies.aggregate import check_update_shapes
 from fedmqtt.strategies.base import Manifest, RoundInput, Strategy, Weights
+from fedmqtt.strategies.dp_fedavg import DPFedAvg
 from ps_daemon import effects as fx
 from ps_daemon import feature_gate, policy_quorum, selection
 from ps_daemon import secure_round as sec
@@ -482,12 +483,13 @@ class Machine(SecureSteps):
 
     def _round_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
         out: list[fx.Effect] = [self._model_effect(state)]
+        clip = self.strategy.clip if isinstance(self.strategy, DPFedAvg) else None  # adaptive clipping moves it
         for site in state.selected:
             out.append(fx.PublishTrainTask(
                 site, state.round, state.model_hash, state.deadline or 0.0, self._accepted(state, site),
                 dict(state.personal.get(site, {})), self._site_hyper(state, site),
                 tuple(self.shared_names(state)), state.best.round if state.best else None,
-                sec.terms(self.config, state.secure) if state.secure is not None else None))
+                sec.terms(self.config, state.secure, clip) if state.secure is not None else None))
         if state.secure is not None:  # the open stage's messages, again (the same ids: a site that has them drops them)
             out.extend(fx.PublishSecAgg(site, message) for site, message in state.secure.sent)
         out.append(self._status(state, why or self._training_on(state)))

@@ -105,11 +105,13 @@ def context(config: DaemonConfig, round_no: int, sr: SecureRound) -> RoundContex
     return RoundContext(config.run_id, round_no, sr.attempt)
 
 
-def terms(config: DaemonConfig, sr: SecureRound) -> wire.SecAggTerms:
+def terms(config: DaemonConfig, sr: SecureRound, clip: float | None = None) -> wire.SecAggTerms:
+    """The round's terms; `clip`: DP-FedAvg's current clip under distributed DP (adaptive clipping moves it)."""
     return config.secure_aggregation.terms(len(config.sites), attempt=sr.attempt, weight_bound=sr.weight_bound,
                                            variates=with_variates(config), normalised=with_normalised(config),
                                            work_bound=sr.work_bound, uniform=with_uniform(config),
-                                           distributed_dp=distributed_dp.terms_of(config), label_rows=sr.label_rows)
+                                           distributed_dp=distributed_dp.terms_of(config, clip),
+                                           label_rows=sr.label_rows)
 
 
 def with_variates(config: DaemonConfig) -> bool:

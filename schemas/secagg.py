@@ -53,6 +53,11 @@ class DistributedDPTerms(Frozen):
                                     "expected_sites sites has std z times the sensitivity")
     expected_sites: int = Field(ge=1, le=MAX_SITES, description="the sites the noise is calibrated for: each adds "
                                 "1 / expected_sites of the variance")
+    count_stddev: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False, description="adaptive clipping "
+                                "(Andrew et al.): > 0, each site also sends b - 1/2 in the vector's last slot (b = 1 "
+                                "when its change's norm was within `clip`) with Skellam noise, so that the sum of "
+                                "expected_sites sites' count carries noise of this std (in sites); noise_multiplier "
+                                "is then the change's share z_D of the run's z")
 
 
 class SecAggTerms(Frozen):

@@ -52,7 +52,7 @@ def run_epsilon(task: TrainTask, model: GlobalModel, terms: ParticipantDP) -> tu
     dp = sa.distributed_dp
     try:
         plan = SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites, sa.fraction_bits,
-                           max(1, shared_floats(task, model)))
+                           max(1, shared_floats(task, model)), dp.count_stddev)
     except ValueError:
         return math.inf, "rdp"
     return skellam_run_epsilon(plan, terms.rounds, terms.delta), "rdp"
@@ -62,9 +62,12 @@ def own_share(plan: SkellamPlan, min_noise_multiplier: float | None, roster_site
     """The noise this site adds: the PS's share, or more when this site's policy demands more. The policy's
     floor z_min holds for the sum of the shares the round can hold at most: the PS's `expected_sites`, or fewer
     when fewer sites are in the round's roster (a PS that claimed more sites than it has would otherwise thin
-    every share). Without a floor: the PS's share as asked."""
+    every share). With adaptive clipping the floor is on the two releases together (`effective_multiplier`):
+    both shares grow by the same factor. Without a floor: the PS's share as asked."""
     if min_noise_multiplier is None:
         return plan
     sites = min(plan.expected_sites, roster_sites) if roster_sites else plan.expected_sites
-    floor = replace(plan, noise_multiplier=min_noise_multiplier, expected_sites=max(1, sites))
+    factor = min_noise_multiplier / plan.effective_multiplier
+    floor = replace(plan, noise_multiplier=plan.noise_multiplier * factor,
+                    count_stddev=plan.count_stddev * factor, expected_sites=max(1, sites))
     return floor if floor.site_variance > plan.site_variance else plan

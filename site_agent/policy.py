@@ -74,7 +74,7 @@ def participant_refusal(policy: PrivacyPolicy, task: TrainTask,
         why = (f"the task's models are released without participant-level DP (algorithm {task.settings.algorithm!r}); "
                f"this site's {rule} needs it")
     elif (terms.mechanism == "skellam") != (distributed is not None) or (
-            distributed is not None and distributed.noise_multiplier != terms.noise_multiplier):
+            distributed is not None and _effective(distributed) < terms.noise_multiplier * (1 - 1e-9)):
         why = "the task's participant-level DP terms contradict its secure aggregation terms"
     elif task.round > terms.rounds:
         why = f"round {task.round} is beyond the {terms.rounds} rounds the run declared (and this site judged)"
@@ -97,3 +97,11 @@ def participant_refusal(policy: PrivacyPolicy, task: TrainTask,
 
 def _distributed(task: TrainTask) -> DistributedDPTerms | None:
     return None if task.secure_aggregation is None else task.secure_aggregation.distributed_dp
+
+
+def _effective(dp: DistributedDPTerms) -> float:
+    """The one Gaussian multiplier the sites' change and count shares amount to (fedmqtt.secagg.skellam's
+    SkellamPlan.effective_multiplier, on the wire terms)."""
+    if not dp.count_stddev:
+        return dp.noise_multiplier
+    return float((dp.noise_multiplier**-2 + (2.0 * dp.count_stddev) ** -2) ** -0.5)

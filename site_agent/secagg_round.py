@@ -86,7 +86,8 @@ class SiteRound:
         dp = self.dp_terms
         if dp is None:
             return None
-        asked = SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites, self.fraction_bits, self.layout.floats)
+        asked = SkellamPlan(dp.clip, dp.noise_multiplier, dp.expected_sites, self.fraction_bits, self.layout.floats,
+                            dp.count_stddev)
         return own_share(asked, self.min_noise_multiplier, self.rostered)
 
     @property
@@ -118,7 +119,7 @@ class SiteRound:
         if self.dp is not None:  # `tensors` is the model change: clipped, then noised in the ring
             if problem := reach_problem(self.dp, self.fixed.max_sites, self.fixed.bits):
                 raise SecAggRefused(msg.MALFORMED, problem)
-            vector = change_vector(tensors, self.layout, self.dp.clip)
+            vector = change_vector(tensors, self.layout, self.dp.clip, count=bool(self.dp.count_stddev))
             key = noise_key(self.ctx, self.session_state.secrets.cipher_private, self.site)
             noise = site_noise(self.dp, key, self.layout)
         else:
@@ -141,7 +142,7 @@ class SiteRound:
         """How many coordinates of the vector `on_inbox` would mask (same arguments) lie outside the ring's
         [-clip, clip]: the encoding clips them, so the sum is then off by more than the encoding's bound."""
         if self.dp is not None:  # under distributed DP the masked vector is the clipped model change
-            vector = change_vector(tensors, self.layout, self.dp.clip)
+            vector = change_vector(tensors, self.layout, self.dp.clip, count=bool(self.dp.count_stddev))
         else:
             vector = weighted_vector(tensors, self.layout, 1 if self.uniform else n_samples, self.weight_bound,
                                      variates, work, self.label_mask)

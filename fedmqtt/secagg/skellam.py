@@ -49,6 +49,7 @@ from fedmqtt.secagg.ring import EXACT_FLOAT_LIMIT
 from fedmqtt.secagg.weighted import Layout, layout_of
 
 NOISE_KEY = "dp-noise"
+COUNT_NOISE_KEY = b"dp-count-noise"  # HKDF info: the count entry's noise key from the site's noise key
 # Integer orders only: the Skellam RDP bound is stated for integer alpha > 1.
 ORDERS: tuple[int, ...] = (*range(2, 129), 160, 192, 256, 384, 512, 1024)
 HEADROOM_STDS = 12.0  # the ring must hold the sum plus this many standard deviations of its noise
@@ -64,6 +65,9 @@ class SkellamPlan:
     expected_sites: int  # the sites the noise is calibrated for (fewer in the sum: less noise, more epsilon)
     fraction_bits: int  # the ring's scale gamma = 2^fraction_bits
     dim: int  # d: the coordinates of the change
+    # Adaptive clipping (Andrew et al.): > 0, the sum of `expected_sites` sites' clipped-count entries (each
+    # b_i - 1/2, b_i = 1 when the change's norm was within the clip) carries noise of this std, in sites
+    count_stddev: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip) and self.clip > 0):
@@ -73,7 +77,12 @@ class SkellamPlan:
         if self.expected_sites < 1 or self.dim < 1:
             raise ValueError(f"distributed DP: expected_sites ({self.expected_sites}) and dim ({self.dim}) must be "
                              ">= 1")
-        if self.site_variance / 2 > NUMPY_POISSON_MAX:
+        if not (math.isfinite(self.count_stddev) and self.count_stddev >= 0):
+            raise ValueError(f"distributed DP: the count's noise must be a number >= 0, not {self.count_stddev}")
+        if self.count_stddev and self.fraction_bits < 1:
+            raise ValueError("distributed DP with adaptive clipping needs fraction_bits >= 1 (each site's clipped "
+                             "count entry, b - 1/2, must be a whole number of ring units)")
+        if max(self.site_variance, self.count_site_variance) / 2 > NUMPY_POISSON_MAX:
             raise ValueError(f"distributed DP: a site's noise variance {self.site_variance:.3g} is beyond what the "
                              "sampler draws: lower fraction_bits or the noise multiplier")
 
@@ -96,13 +105,44 @@ class SkellamPlan:
         """v_site: each site's share of the variance (per coordinate, ring units)."""
         return (self.noise_multiplier * self.l2) ** 2 / self.expected_sites
 
+    @property
+    def count_l(self) -> float:
+        """Delta_1 = Delta_2 of the clipped-count entry in ring units: b - 1/2 moves by at most 1/2 (gamma / 2)."""
+        return self.scale / 2.0
+
+    @property
+    def count_site_variance(self) -> float:
+        """Each site's share of the count entry's noise variance (ring units); 0 without adaptive clipping."""
+        return (self.count_stddev * self.scale) ** 2 / self.expected_sites
+
+    @property
+    def effective_multiplier(self) -> float:
+        """The one Gaussian multiplier the change and count releases together amount to (Andrew et al.):
+        (z^-2 + (2 sigma_b)^-2)^(-1/2); z without the count."""
+        if not self.count_stddev:
+            return self.noise_multiplier
+        return float((self.noise_multiplier**-2 + (2.0 * self.count_stddev) ** -2) ** -0.5)
+
+    def releases(self, sites: int) -> list[tuple[float, float, float]]:
+        """What one round with `sites` sites' shares in the sum releases, as (Delta_1, Delta_2, variance) for the
+        accountant: the change, and the clipped count with adaptive clipping (independent noise on another
+        coordinate: their RDPs add)."""
+        out = [(self.l1, self.l2, sites * self.site_variance)]
+        if self.count_stddev:
+            out.append((self.count_l, self.count_l, sites * self.count_site_variance))
+        return out
+
     def sum_std(self, sites: int) -> float:
         """The std of one coordinate of the noise on the decoded sum of `sites` sites (model units)."""
         return math.sqrt(sites * self.site_variance) / self.scale
 
     def ring_reach(self, max_sites: int) -> float:
         """How far from 0 a coordinate of the sum of `max_sites` sites can reach, noise to HEADROOM_STDS std."""
-        return max_sites * (self.scale * self.clip + 0.5) + HEADROOM_STDS * math.sqrt(max_sites * self.site_variance)
+        change = max_sites * (self.scale * self.clip + 0.5) + HEADROOM_STDS * math.sqrt(max_sites * self.site_variance)
+        if not self.count_stddev:
+            return change
+        count = max_sites * self.count_l + HEADROOM_STDS * math.sqrt(max_sites * self.count_site_variance)
+        return max(change, count)
 
 
 def ring_limit(bits: int) -> int:
@@ -176,20 +216,27 @@ def skellam_epsilon(releases: Sequence[tuple[float, float, float]], delta: float
     return float(eps)
 
 
-def change_vector(changes: Mapping[str, np.ndarray], layout: Layout, clip: float) -> npt.NDArray[np.float64]:
+def change_vector(changes: Mapping[str, np.ndarray], layout: Layout, clip: float,
+                  count: bool = False) -> npt.NDArray[np.float64]:
     """What a site encodes under distributed DP: its model change (float tensors in `layout`'s order, flattened)
-    clipped to L2 norm `clip` as one vector, then 0 in the weight's slot (the PS divides by a fixed number of
-    sites, never by a sum of weights, and knows who is in the sum)."""
+    clipped to L2 norm `clip` as one vector, then, in the weight's slot, 0 (the PS divides by a fixed number of
+    sites, never by a sum of weights, and knows who is in the sum) or, with adaptive clipping (`count`), its
+    clipped-count entry b - 1/2: +1/2 when the change's norm was within `clip`, else -1/2 (Andrew et al.: centred,
+    so one site moves the sum by at most 1/2)."""
     if layout.variates or layout.normalised:
         raise ValueError("distributed DP sums model changes only (no control variates, no normalised updates)")
     if layout_of(changes) != layout:
         raise ValueError("the change's float tensors do not match the round's layout (names, shapes or dtypes)")
     flat = np.concatenate([np.asarray(changes[n], dtype=np.float64).ravel() for n in layout.names])
-    return np.concatenate([clip_l2(flat, clip), np.zeros(1)])
+    clipped = clip_l2(flat, clip)
+    entry = (0.5 if float(np.linalg.norm(flat)) <= clip else -0.5) if count else 0.0
+    return np.concatenate([clipped, np.array([entry])])
 
 
 def site_noise(plan: SkellamPlan, key: bytes, layout: Layout) -> npt.NDArray[np.int64]:
-    """The site's share of the noise for every coordinate of `change_vector`'s (none on the weight's slot)."""
+    """The site's share of the noise for every coordinate of `change_vector`'s: the change's, and the count
+    entry's with adaptive clipping (from a key of its own, HKDF of `key`), else none on the weight's slot."""
     if plan.dim != layout.floats:
         raise ValueError(f"the plan is for {plan.dim} coordinates, the layout has {layout.floats}")
-    return np.concatenate([skellam_noise(key, layout.floats, plan.site_variance), np.zeros(1, dtype=np.int64)])
+    count = skellam_noise(hkdf(key, COUNT_NOISE_KEY), 1, plan.count_site_variance)
+    return np.concatenate([skellam_noise(key, layout.floats, plan.site_variance), count])

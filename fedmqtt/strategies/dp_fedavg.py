@@ -64,7 +64,7 @@ class DPFedAvg(ServerRule):
     sums_note = (
         "the server clips each site's model change to C before summing, and adaptive clipping counts the sites "
         "under C: both need each site's own change; under secure aggregation use distributed_dp, where the sites "
-        "clip and add the noise (fixed C only)"
+        "clip, count and add the noise"
     )
 
     name = "dp-fedavg"
@@ -130,10 +130,12 @@ class DPFedAvg(ServerRule):
         return AggregateResult(weights=self.complete(inp, out), diagnostics=diagnostics)
 
     def aggregate_noised_sum(self, inp: RoundInput, change_sum: Mapping[str, np.ndarray], plan: SkellamPlan,
-                             sites: int) -> AggregateResult:
+                             sites: int, count: float | None = None) -> AggregateResult:
         """Distributed DP under secure aggregation (ps_daemon/distributed_dp.py): `change_sum` is what the PS
         unmasked, the `sites` sites' changes (each clipped to C by its site) plus their Skellam noise, per float
-        tensor; the PS divides it by the fixed m and adds nothing. The round is charged the noise its sum had."""
+        tensor; the PS divides it by the fixed m and adds nothing. The round is charged the noise its sum had.
+        Adaptive clipping: `count` is the noised number of sites whose change was within C (summed under secure
+        aggregation with its own noise), and C moves as in the clear form."""
         if not change_sum or sites <= 0:
             return AggregateResult(weights=copy_weights(inp.current))  # nothing released, nothing spent
         m = self.denominator(inp.enrolled)
@@ -141,9 +143,13 @@ class DPFedAvg(ServerRule):
         for name, total in change_sum.items():
             ref = np.asarray(inp.current[name])
             out[name] = (ref.astype(np.float64) + self.params.server_lr * np.asarray(total) / m).astype(ref.dtype)
-        self.skellam_releases.append((plan.l1, plan.l2, sites * plan.site_variance))
+        self.skellam_releases.extend(plan.releases(sites))
         diagnostics = {"clip_norm": plan.clip, "noise_std": plan.sum_std(sites) / m, "sites_in_sum": float(sites),
                        "noise_calibrated_for": float(plan.expected_sites)}
+        if self.params.target_quantile and count is not None:
+            noisy = count / m
+            self.clip = plan.clip * math.exp(-self.params.clip_lr * (noisy - self.params.target_quantile))
+            diagnostics |= {"noisy_unclipped_fraction": noisy, "next_clip_norm": self.clip}
         eps = skellam_epsilon(self.skellam_releases, self.params.delta)
         if math.isfinite(eps):
             diagnostics |= {"epsilon": eps, "delta": self.params.delta}
@@ -235,7 +241,9 @@ as FedAvg: plain local loss, local optimiser; send w_i^t (record-level DP-SGD to
         "Under secure aggregation with `distributed_dp = \"skellam\"` (docs/privacy.md, \"Distributed DP\") the "
         "sites clip their changes and add the noise as integer Skellam shares in the ring (Agarwal, Kairouz, Liu), "
         "so the PS never sees an un-noised sum; the accountant then charges each round the Skellam RDP of the "
-        "noise its sum had (fewer sites: less noise). Fixed C only there.",
+        "noise its sum had (fewer sites: less noise). Adaptive clipping there: each site also sends b_i - 1/2 "
+        "with Skellam noise of its own in the masked vector's last slot, the PS moves C from the noised count it "
+        "unmasks, and the accountant charges the change (z_D) and the count (sigma_b) releases of every round.",
     ),
     example="""
 Two enrolled sites, C = 1, z = 0, m = 2: changes [3, 4] (norm 5, clipped to [0.6, 0.8]) and [0.3, 0] (kept)

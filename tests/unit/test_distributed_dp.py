@@ -191,7 +191,7 @@ def test_config_calibrates_the_noise_for_the_sites_that_survive_the_planned_drop
 
 @pytest.mark.parametrize(("overrides", "needle"), [
     ({"algorithm": "fedavg", "hyper": {}}, "dp-fedavg"),
-    ({"hyper": {"target_quantile": 0.5}}, "adaptive clipping"),
+    ({"hyper": {"target_quantile": 0.5}, "secure_aggregation": {"fraction_bits": 0}}, "fraction_bits >= 1"),
     ({"hyper": {"noise_multiplier": 0.0}}, "needs noise"),
     ({"secure_aggregation": {"enabled": False}}, "enabled = true"),
     ({"secure_aggregation": {"fraction_bits": 28}}, "ring_bits = 64"),

@@ -162,9 +162,15 @@ def test_terms_that_contradict_the_secure_aggregation_terms_are_refused() -> Non
     skellam = GAUSS.model_copy(update={"mechanism": "skellam"})
     for task in (_task(skellam), _task(GAUSS, distributed=DistributedDPTerms(clip=1.0, noise_multiplier=1.0,
                                                                              expected_sites=4)),
-                 _task(skellam, distributed=DistributedDPTerms(clip=1.0, noise_multiplier=3.0, expected_sites=4))):
+                 _task(skellam, distributed=DistributedDPTerms(clip=1.0, noise_multiplier=0.9, expected_sites=4)),
+                 _task(skellam, distributed=DistributedDPTerms(clip=1.0, noise_multiplier=1.0, expected_sites=4,
+                                                               count_stddev=2.0))):
         why = _judge(policy, task)
         assert why is not None and "contradict" in why
+    # adaptive clipping: z_D and sigma_b that amount to the declared z together are consistent
+    z_d = (1.0 - (2.0 * 2.0) ** -2) ** -0.5
+    adaptive = DistributedDPTerms(clip=1.0, noise_multiplier=z_d, expected_sites=4, count_stddev=2.0)
+    assert _judge(policy, _task(skellam, distributed=adaptive)) is None
 
 
 def test_under_skellam_the_site_charges_the_skellam_release_of_the_models_size() -> None:
