@@ -365,6 +365,12 @@ class Machine(SecureSteps):
             return "trained from a different model version"
         return None
 
+    def clear_label_rows(self, state: DaemonState) -> tuple[str, ...]:
+        """In the clear, the output tensors the rule averages label by label (FedFBN surgical): each train task
+        names them and each update must name the labels its site annotates (its label set). () for another rule
+        and under secure aggregation, whose terms carry them (the PS then learns per-label counts, not sets)."""
+        return () if self.secure_on else sec.label_rows(self.strategy, state.manifest, self.shared_model(state))
+
     def shared_model(self, state: DaemonState) -> Weights:
         """The tensors every update of the open round must match by name, dtype and shape."""
         return {n: state.weights[n] for n in self.shared_names(state) if n in state.weights}
@@ -486,7 +492,8 @@ class Machine(SecureSteps):
                 site, state.round, state.model_hash, state.deadline or 0.0, self._accepted(state, site),
                 dict(state.personal.get(site, {})), self._site_hyper(state, site),
                 tuple(self.shared_names(state)), state.best.round if state.best else None,
-                sec.terms(self.config, state.secure) if state.secure is not None else None))
+                sec.terms(self.config, state.secure) if state.secure is not None else None,
+                self.clear_label_rows(state)))
         if state.secure is not None:  # the open stage's messages, again (the same ids: a site that has them drops them)
             out.extend(fx.PublishSecAgg(site, message) for site, message in state.secure.sent)
         out.append(self._status(state, why or self._training_on(state)))

@@ -41,10 +41,11 @@ from site_agent.data import load_site_data
 from site_agent.distributed_dp import model_change
 from site_agent.federation_features import SiteFeatures
 from site_agent.histogram_release import HistogramRelease
+from site_agent.label_set import annotated_labels, label_set_for
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.policy import epsilon_refusal, task_refusal
 from site_agent.privacy_ledger import LedgerError, PrivacyLedger
-from site_agent.secagg_round import SiteRound, annotated_labels
+from site_agent.secagg_round import SiteRound
 from site_agent.secagg_store import SecAggRecordError, SecAggStore
 from site_agent.store import UplinkStore
 from site_agent.uplink import Uplink
@@ -414,11 +415,15 @@ class SiteAgent:
             scalars={k: float(v) for k, v in result.uplink_extras.items() if k not in ("delta_c", "feature_stats")},
             layer_stats=_stats_blobs(result.uplink_extras.get("feature_stats", {})),
             label_histogram=self._histogram(task), privacy=result.privacy,
+            label_set=label_set_for(task.per_label_tensors, shared, self.data.task.kind, self.data.y_train),
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
+        if update.label_set is not None:
+            log.info("round %d: output layer averaged label by label; this site annotates %d of %d labels (its label "
+                     "set)", task.round, len(update.label_set), np.shape(shared[task.per_label_tensors[0]])[0])
         if task.secure_aggregation is not None:
             self._secure_offer(task, update)
             return
