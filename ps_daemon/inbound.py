@@ -183,7 +183,7 @@ class InboundEvents:
             self.status.refuse(site, "bad histogram", f"status: {why}")
             return None
         online = SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)),
-                            msg.privacy_policy)
+                            msg.privacy_policy, error=(msg.detail or "error") if msg.state == "error" else "")
         if known:
             self.liveness.status_up(online)
         return online

@@ -174,8 +174,8 @@ class Machine(SecureSteps):
         effects: list[fx.Effect] = []
         if feature_gate.wanted(self.config) and state.feature_statistics is None:
             if waiting := feature_gate.missing(state.feature_summaries, ready):
-                line = feature_gate.waiting_line(waiting)
-                return state, [fx.Log("info", line), self._status(state, line)]
+                line = feature_gate.waiting_line(waiting, state.site_errors)
+                return state, [fx.Log("info", line), self._status(state, line[:MAX_DETAIL])]
             try:
                 stats = feature_gate.combined(self.config, state.feature_summaries, ready, state.session)
             except (ValueError, SchemaError) as exc:  # held summaries all fit each other: the sums' own limits
@@ -320,7 +320,9 @@ class Machine(SecureSteps):
                        offline_since=since,
                        enrolled={**state.enrolled, ev.site_id: ev.n_train},
                        histograms={**state.histograms, ev.site_id: ev.histogram},
-                       policies={**state.policies, ev.site_id: ev.policy})
+                       policies={**state.policies, ev.site_id: ev.policy},
+                       site_errors={**{s: e for s, e in state.site_errors.items() if s != ev.site_id},
+                                    **({ev.site_id: ev.error} if ev.error else {})})
 
     @staticmethod
     def _with_offline(state: DaemonState, ev: SiteOffline) -> DaemonState:

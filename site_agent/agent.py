@@ -156,6 +156,8 @@ class SiteAgent:
 
     def _current_status(self) -> m.SiteStatus:
         """What this site is now: waiting to upload (or uploaded) a large update, else online."""
+        if self.features.problem is not None:  # it cannot take part in this run as configured: it says why
+            return self._status("error", self.features.problem)
         ready = self.uplink.ready
         if ready is None:
             return self._status("online")
@@ -177,9 +179,12 @@ class SiteAgent:
                  self.data.n_val, self.data.n_test, self.device)
         if self.features.enabled:
             self.channel.transport.subscribe([topics.ps_features_topic(c.run_id)])
-            # Retained: a PS that starts later, or restarts before round 1, finds it
-            self.channel.send(topics.site_features_topic(c.run_id, c.site_id), self.features.summary())
-            log.info("sent this site's feature summary; training waits for the federation's statistics")
+            summary = self.features.summary_or_problem()
+            if summary is None:  # images, ECG records: nothing to summarise; the status (sent on connect) says so
+                log.error("%s", self.features.problem)
+            else:  # retained: a PS that starts later, or restarts before round 1, finds it
+                self.channel.send(topics.site_features_topic(c.run_id, c.site_id), summary)
+                log.info("sent this site's feature summary; training waits for the federation's statistics")
         if not self.features.waiting:  # else torch loads once the data is standardised with them
             self._load_trainer()
 
@@ -219,6 +224,8 @@ class SiteAgent:
             log.info("round %d: secure aggregation (try %d): %s; waiting for the PS's %s (PS: %s)",
                      self.secagg.ctx.round_no, self.secagg.ctx.attempt, self.secagg.stage,
                      _NEXT_FROM_PS.get(self.secagg.stage, "next message"), self.ps_state)
+        elif self.features.problem is not None:
+            log.error("%s (PS: %s)", self.features.problem, self.ps_state)
         elif self.features.waiting:
             log.info("waiting for the federation's feature statistics from the PS (PS: %s)", self.ps_state)
         elif self.task is not None:
