@@ -90,6 +90,9 @@ def update_rejection(machine: Machine, state: DaemonState, site: str, msg: Clien
         reason = _layer_stats_rejection(msg.layer_stats)
         if reason is not None:
             return reason
+    reason = label_set_rejection(machine.clear_label_rows(state), layout, machine.strategy.name, msg.label_set)
+    if reason is not None:
+        return reason
     a_norm = msg.scalars.get("a_norm")
     if a_norm is not None and not A_NORM_RANGE[0] <= a_norm <= A_NORM_RANGE[1]:
         return f"scalar a_norm {a_norm:.3g} is outside {A_NORM_RANGE}"
@@ -98,6 +101,25 @@ def update_rejection(machine: Machine, state: DaemonState, site: str, msg: Clien
         return reason
     if msg.label_histogram is not None:
         return histogram_rejection(msg.label_histogram)
+    return None
+
+
+def label_set_rejection(per_label: Sequence[str], layout: Mapping[str, tuple[str, tuple[int, ...]]], rule: str,
+                        label_set: Sequence[int] | None) -> str | None:
+    """An update's label set (the output rows its site annotates) against what the run asked for: required when
+    the task named `per_label` tensors (FedFBN surgical, in the clear), then rows of those tensors in `layout`;
+    refused when it did not (the run has no use for which labels a site holds, so it is not to be told)."""
+    if not per_label:
+        return None if label_set is None else f"names a label set, but the run's algorithm {rule!r} averages no " \
+                                               "output rows label by label"
+    if label_set is None:
+        return (f"{rule} averages the output layer label by label (partial_labels = \"surgical\"): every update "
+                f"names its label set, the labels its site annotates; this one names none (a site agent too old "
+                f"for this run?)")
+    labels = min(layout[name][1][0] for name in per_label)
+    outside = [r for r in label_set if r >= labels]
+    if outside:
+        return f"label set names row {outside[0]}, but the output layer has {labels} labels"
     return None
 
 
@@ -216,6 +238,8 @@ def secure_update_rejection(msg: ClientUpdate) -> str | None:
     """Under secure aggregation the update says how the site trained and carries nothing to aggregate."""
     if msg.tensors or msg.control_variates or msg.layer_stats:
         return "under secure aggregation an update carries no tensors: they travel masked (secagg_masked)"
+    if msg.label_set is not None:
+        return "under secure aggregation an update names no label set: its output rows travel masked label by label"
     if not msg.no_step_reason and (msg.n_samples < 1 or msg.local_steps < 1):
         return (f"an update needs at least one training sample and one local step (got {msg.n_samples}, "
                 f"{msg.local_steps})")

@@ -41,6 +41,7 @@ class PublishTrainTask:
     upload: tuple[str, ...]  # the strategy's shared tensors: what the site sends back
     best_round: int | None = None
     secure: SecAggTerms | None = None  # under secure aggregation: the ring and the try the site masks for
+    per_label: tuple[str, ...] = ()  # in the clear: output tensors averaged label by label (the site sends its labels)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ class SiteOnline:
     n_train: int = 0
     histogram: tuple[float, ...] | None = None  # only if the site's egress policy lets it leave
     policy: PrivacyPolicy | None = None  # its privacy policy, as its status published it (None: none published)
+    error: str = ""  # its status says "error", and why (e.g. it cannot send a feature summary); "" otherwise
 
 
 @dataclass(frozen=True)

@@ -57,8 +57,10 @@ def missing(held: Mapping[str, FeatureSummary], ready: Iterable[str]) -> tuple[s
     return tuple(sorted(s for s in ready if s not in held))
 
 
-def waiting_line(waiting: tuple[str, ...]) -> str:
-    return f"waiting for feature summaries from sites {named(waiting)}"
+def waiting_line(waiting: tuple[str, ...], errors: Mapping[str, str] | None = None) -> str:
+    """What the PS waits for, with what each of those sites' status says is wrong (e.g. data without columns)."""
+    reported = [f"{site} reports: {errors[site][:400]}" for site in waiting if errors and site in errors]
+    return f"waiting for feature summaries from sites {named(waiting)}" + "".join(f"; {r}" for r in reported)
 
 
 def combined(config: DaemonConfig, held: Mapping[str, FeatureSummary], ready: Iterable[str],

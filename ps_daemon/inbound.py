@@ -56,6 +56,8 @@ def _update_extras(msg: m.ClientUpdate) -> dict[str, Any]:
         extras["delta_c"] = blobs_to_arrays(msg.control_variates)
     if msg.label_histogram is not None:
         extras["label_histogram"] = dict(msg.label_histogram)
+    if msg.label_set is not None:  # FedFBN surgical: the output rows its site annotates (admission checked them)
+        extras["label_set"] = tuple(msg.label_set)
     if msg.layer_stats:
         flat = blobs_to_arrays(msg.layer_stats)
         layers = sorted({name.rsplit("/", 1)[0] for name in flat})
@@ -181,7 +183,7 @@ class InboundEvents:
             self.status.refuse(site, "bad histogram", f"status: {why}")
             return None
         online = SiteOnline(site, now, msg.n_train, _as_tuple(histogram_vector(msg.label_histogram)),
-                            msg.privacy_policy)
+                            msg.privacy_policy, error=(msg.detail or "error") if msg.state == "error" else "")
         if known:
             self.liveness.status_up(online)
         return online

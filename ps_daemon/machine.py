@@ -176,8 +176,8 @@ class Machine(SecureSteps):
         effects: list[fx.Effect] = []
         if feature_gate.wanted(self.config) and state.feature_statistics is None:
             if waiting := feature_gate.missing(state.feature_summaries, ready):
-                line = feature_gate.waiting_line(waiting)
-                return state, [fx.Log("info", line), self._status(state, line)]
+                line = feature_gate.waiting_line(waiting, state.site_errors)
+                return state, [fx.Log("info", line), self._status(state, line[:MAX_DETAIL])]
             try:
                 stats = feature_gate.combined(self.config, state.feature_summaries, ready, state.session)
             except (ValueError, SchemaError) as exc:  # held summaries all fit each other: the sums' own limits
@@ -322,7 +322,9 @@ class Machine(SecureSteps):
                        offline_since=since,
                        enrolled={**state.enrolled, ev.site_id: ev.n_train},
                        histograms={**state.histograms, ev.site_id: ev.histogram},
-                       policies={**state.policies, ev.site_id: ev.policy})
+                       policies={**state.policies, ev.site_id: ev.policy},
+                       site_errors={**{s: e for s, e in state.site_errors.items() if s != ev.site_id},
+                                    **({ev.site_id: ev.error} if ev.error else {})})
 
     @staticmethod
     def _with_offline(state: DaemonState, ev: SiteOffline) -> DaemonState:
@@ -366,6 +368,12 @@ class Machine(SecureSteps):
         if base_model_hash != state.model_hash:
             return "trained from a different model version"
         return None
+
+    def clear_label_rows(self, state: DaemonState) -> tuple[str, ...]:
+        """In the clear, the output tensors the rule averages label by label (FedFBN surgical): each train task
+        names them and each update must name the labels its site annotates (its label set). () for another rule
+        and under secure aggregation, whose terms carry them (the PS then learns per-label counts, not sets)."""
+        return () if self.secure_on else sec.label_rows(self.strategy, state.manifest, self.shared_model(state))
 
     def shared_model(self, state: DaemonState) -> Weights:
         """The tensors every update of the open round must match by name, dtype and shape."""
@@ -489,7 +497,8 @@ class Machine(SecureSteps):
                 site, state.round, state.model_hash, state.deadline or 0.0, self._accepted(state, site),
                 dict(state.personal.get(site, {})), self._site_hyper(state, site),
                 tuple(self.shared_names(state)), state.best.round if state.best else None,
-                sec.terms(self.config, state.secure, clip) if state.secure is not None else None))
+                sec.terms(self.config, state.secure, clip) if state.secure is not None else None,
+                self.clear_label_rows(state)))
         if state.secure is not None:  # the open stage's messages, again (the same ids: a site that has them drops them)
             out.extend(fx.PublishSecAgg(site, message) for site, message in state.secure.sent)
         out.append(self._status(state, why or self._training_on(state)))

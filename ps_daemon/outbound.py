@@ -123,6 +123,7 @@ class Outbound:
                 accepted_round=effect.accepted_round, tensors=arrays_to_blobs(effect.tensors),
                 upload=effect.upload, best_round=effect.best_round, session=state.session,
                 secure_aggregation=effect.secure, participant_dp=participant_terms(c),
+                per_label_tensors=effect.per_label,
                 msg_id=self._msg_id(state, "train", effect.round, effect.site_id, effect.model_hash,
                                     *((effect.secure.attempt,) if effect.secure is not None else ()))))
         elif isinstance(effect, fx.PublishSecAgg):

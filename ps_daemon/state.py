@@ -86,6 +86,9 @@ class DaemonState:
     # With feature_statistics = "federated" (ps_daemon.feature_gate): the sites' summaries while the PS waits for
     # round 1, then the federation's statistics (kept in their own file in out_dir, not in the checkpoint).
     feature_summaries: Mapping[str, FeatureSummary] = field(default_factory=dict)
+    # What a site's latest status says is wrong (state "error"), shown where the PS waits for that site. Not
+    # checkpointed: every site's retained status says it again.
+    site_errors: Mapping[str, str] = field(default_factory=dict)
     feature_statistics: FeatureStatistics | None = None
     recruited: tuple[str, ...] | None = None  # None: no recruitment in this run
     recruitment: Mapping[str, Any] | None = None  # ranking, scores, threshold (for report and manifest)

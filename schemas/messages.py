@@ -32,6 +32,7 @@ from schemas.base import (  # noqa: F401
 from schemas.chunks import Chunk, ChunkManifest
 from schemas.feature_stats import FeatureStatistics, FeatureSummary
 from schemas.secagg import (
+    MAX_LABEL_ROWS,
     SecAggAdvert,
     SecAggAnswer,
     SecAggInbox,
@@ -40,6 +41,7 @@ from schemas.secagg import (
     SecAggShares,
     SecAggTerms,
     SecAggUnmask,
+    TensorName,
 )
 from schemas.signed import KeyList
 from schemas.tensors import Tensors
@@ -56,6 +58,8 @@ Reasons = Annotated[dict[Name, Detail], Field(max_length=16 * MAX_MAP_ENTRIES)] 
 LabelHistogram = Annotated[dict[Annotated[str, Field(max_length=16)], Count], Field(max_length=100_000)]
 SiteNames = Annotated[tuple[SiteName, ...], Field(max_length=MAX_SITES)]
 MAX_SPLITS = 64  # "val", "test", "best.val", ...
+# A label set names output rows: far more than any classifier's outputs is not one (the PS checks the model's).
+MAX_OUTPUT_LABELS = 100_000
 
 
 class ModelSpec(Frozen):
@@ -201,6 +205,17 @@ class TrainTask(Header):
     # Set when the run releases its models under participant-level DP (algorithm dp-fedavg): the site judges these
     # terms against its own policy with its own accountant before it trains (docs/privacy.md).
     participant_dp: ParticipantDP | None = None
+    # In the clear, the output tensors the rule averages label by label (FedFBN surgical, one row per label): the
+    # site then names the labels its data annotate in its update's `label_set`. Under secure aggregation the terms
+    # carry them instead (the PS learns only how many sites annotate each label, never which).
+    per_label_tensors: Annotated[tuple[TensorName, ...], Field(max_length=MAX_LABEL_ROWS)] = ()
+
+    @model_validator(mode="after")
+    def _label_rows_in_the_clear_only(self) -> TrainTask:
+        if self.per_label_tensors and self.secure_aggregation is not None:
+            raise ValueError("per_label_tensors go in the task only in the clear; under secure aggregation the "
+                             "terms carry them")
+        return self
 
 
 class EvalTask(Header):
@@ -276,13 +291,25 @@ class ClientUpdate(Header):
     no_step_reason: Detail = ""
     # Record-level DP (settings.dp): the epsilon this site's training records have spent, this round included.
     privacy: PrivacySpent | None = None
+    # Asked for by a task with per_label_tensors (FedFBN surgical, in the clear): the output rows, i.e. labels, this
+    # site's data annotate, as increasing row indices (integers, never a string or bool read as one); () annotates
+    # none. The PS checks them against the model.
+    label_set: Annotated[tuple[Annotated[int, Field(strict=True, ge=0, lt=MAX_OUTPUT_LABELS)], ...],
+                         Field(max_length=MAX_OUTPUT_LABELS)] | None = None
 
     @model_validator(mode="after")
     def _no_step_answer_carries_nothing_to_aggregate(self) -> ClientUpdate:
         if self.no_step_reason and (self.local_steps or self.tensors or self.control_variates or self.layer_stats
-                                    or self.scalars):
+                                    or self.scalars or self.label_set is not None):
             raise ValueError("an update with no_step_reason has local_steps 0 and carries no tensors, control "
-                             "variates, layer statistics or scalars")
+                             "variates, layer statistics, scalars or label set")
+        return self
+
+    @model_validator(mode="after")
+    def _label_set_increasing(self) -> ClientUpdate:
+        labels = self.label_set or ()
+        if any(b <= a for a, b in zip(labels, labels[1:], strict=False)):
+            raise ValueError("label_set lists each label's row index once, in increasing order")
         return self
 
 

@@ -42,10 +42,11 @@ from site_agent.data import load_site_data
 from site_agent.distributed_dp import model_change, run_epsilon
 from site_agent.federation_features import SiteFeatures
 from site_agent.histogram_release import HistogramRelease
+from site_agent.label_set import annotated_labels, label_set_for
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.policy import epsilon_refusal, participant_refusal, task_refusal
 from site_agent.privacy_ledger import LedgerError, PrivacyLedger
-from site_agent.secagg_round import SiteRound, annotated_labels
+from site_agent.secagg_round import SiteRound
 from site_agent.secagg_store import SecAggRecordError, SecAggStore
 from site_agent.store import UplinkStore
 from site_agent.uplink import Uplink
@@ -156,6 +157,8 @@ class SiteAgent:
 
     def _current_status(self) -> m.SiteStatus:
         """What this site is now: waiting to upload (or uploaded) a large update, else online."""
+        if self.features.problem is not None:  # it cannot take part in this run as configured: it says why
+            return self._status("error", self.features.problem)
         ready = self.uplink.ready
         if ready is None:
             return self._status("online")
@@ -177,9 +180,12 @@ class SiteAgent:
                  self.data.n_val, self.data.n_test, self.device)
         if self.features.enabled:
             self.channel.transport.subscribe([topics.ps_features_topic(c.run_id)])
-            # Retained: a PS that starts later, or restarts before round 1, finds it
-            self.channel.send(topics.site_features_topic(c.run_id, c.site_id), self.features.summary())
-            log.info("sent this site's feature summary; training waits for the federation's statistics")
+            summary = self.features.summary_or_problem()
+            if summary is None:  # images, ECG records: nothing to summarise; the status (sent on connect) says so
+                log.error("%s", self.features.problem)
+            else:  # retained: a PS that starts later, or restarts before round 1, finds it
+                self.channel.send(topics.site_features_topic(c.run_id, c.site_id), summary)
+                log.info("sent this site's feature summary; training waits for the federation's statistics")
         if not self.features.waiting:  # else torch loads once the data is standardised with them
             self._load_trainer()
 
@@ -219,6 +225,8 @@ class SiteAgent:
             log.info("round %d: secure aggregation (try %d): %s; waiting for the PS's %s (PS: %s)",
                      self.secagg.ctx.round_no, self.secagg.ctx.attempt, self.secagg.stage,
                      _NEXT_FROM_PS.get(self.secagg.stage, "next message"), self.ps_state)
+        elif self.features.problem is not None:
+            log.error("%s (PS: %s)", self.features.problem, self.ps_state)
         elif self.features.waiting:
             log.info("waiting for the federation's feature statistics from the PS (PS: %s)", self.ps_state)
         elif self.task is not None:
@@ -418,11 +426,15 @@ class SiteAgent:
             scalars={k: float(v) for k, v in result.uplink_extras.items() if k not in ("delta_c", "feature_stats")},
             layer_stats=_stats_blobs(result.uplink_extras.get("feature_stats", {})),
             label_histogram=self._histogram(task), privacy=privacy,
+            label_set=label_set_for(task.per_label_tensors, shared, self.data.task.kind, self.data.y_train),
         )
         payload = encode(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
+        if update.label_set is not None:
+            log.info("round %d: output layer averaged label by label; this site annotates %d of %d labels (its label "
+                     "set)", task.round, len(update.label_set), np.shape(shared[task.per_label_tensors[0]])[0])
         if task.secure_aggregation is not None:
             self._secure_offer(task, update)
             return

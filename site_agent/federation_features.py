@@ -5,6 +5,10 @@ The summary holds sums only (counts, sums, sums of squares, a histogram on a fix
 never a patient-level value. The PS's statistics are checked (the channel: schema, topic, the PS's signature;
 here: this run, this site's columns) before they are kept, atomically and 0600, in the site's state_dir; the data
 pipeline then reads them from there like any statistics file (fedmqtt.data.registry), also after a restart.
+
+Data without per-column statistics (images, ECG records) cannot take part: the site does not stop, it says why in
+an "error" status (retained, shown by the PS and the dashboard) and trains nothing, as it would otherwise train on
+data the federation did not standardise. `fedmqtt simulate` refuses the same config before it starts.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class SiteFeatures:
         self.enabled = config.feature_statistics == "federated"
         self.path = Path(config.state_dir) / STATISTICS_FILE
         self.held: FeatureStatistics | None = None
+        self.problem: str | None = None  # why this site cannot send a summary (`summary_or_problem`)
         if self.enabled and self.path.is_file():
             try:
                 self.held = read_statistics_message(self.path)
@@ -56,6 +61,15 @@ class SiteFeatures:
         item = site_train_summary(c.data)
         return summary_message(item.summary, item.grid, item.columns, run_id=c.run_id, sender=c.site_id,
                                fixed=item.fixed)
+
+    def summary_or_problem(self) -> FeatureSummary | None:
+        """This site's summary; None when its data have none to send, with the reason in `problem`."""
+        try:
+            return self.summary()
+        except DataError as exc:
+            self.problem = (f"cannot take part in federated feature statistics (feature_statistics = \"federated\"): "
+                            f"{exc}; set feature_statistics = \"site\" in this site's config and in the PS's")
+            return None
 
     def refusal(self, msg: FeatureStatistics, columns: tuple[str, ...]) -> str | None:
         """Why these statistics cannot be used here (None: they can)."""

@@ -25,19 +25,9 @@ from site_agent.distributed_dp import own_share
 from site_agent.secagg_store import RoundRecord, SecAggStore, pack_message, unpack_message
 
 
-def annotated_labels(kind: str, y_train: np.ndarray, labels: int) -> np.ndarray:
-    """Which of the `labels` output rows this site's training data annotates (1.0) or not (0.0), for the
-    surgical output layer: multi-label data marks a label it does not annotate with NaN in every record; for
-    any other task kind every output row is its own (all ones, the plain mean)."""
-    y = np.asarray(y_train, dtype=np.float64)
-    if kind == "multilabel" and y.ndim == 2 and y.shape[1] == labels:
-        return np.asarray((~np.isnan(y)).any(axis=0), dtype=np.float64)
-    return np.ones(labels)
-
-
 class SiteRound:
     """This site's part in one try of round `round_no` of session `session`, under `terms`; `label_mask`: which
-    labels it annotates (`annotated_labels`), needed when the layout sums output rows label by label."""
+    labels it annotates (site_agent/label_set.py), needed when the layout sums output rows label by label."""
 
     def __init__(self, store: SecAggStore, identity: Identity, *, run_id: str, session: str, round_no: int,
                  terms: wire.SecAggTerms, layout: Layout, label_mask: np.ndarray | None = None,

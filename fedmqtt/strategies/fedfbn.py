@@ -64,8 +64,9 @@ def surgical_aggregate(
             arrays = [np.asarray(uploads[site][1][name])[k] for site, k in holders]
             merged[name] = combine_rows(arrays)
         rows[label] = merged
-    personal = {
-        site: {name: np.stack([rows[label][name] for label in uploads[site][0]]) for name in uploads[site][1]}
+    personal = {  # a site with no label gets its tensors with no rows
+        site: {name: np.stack([rows[label][name] for label in uploads[site][0]]) if len(uploads[site][0])
+               else np.asarray(array)[:0] for name, array in uploads[site][1].items()}
         for site in sites
     }
     return rows, personal
@@ -83,11 +84,14 @@ class FedFBN(ServerRule):
     """FedFBN (Kulkarni et al. 2023, Algorithm 1): BatchNorm frozen and never sent;
     w_{t+1} = (1/|S_t|) sum_{i in S_t} w_i^t over every other tensor, regardless of n_i.
 
-    Output layer (HEAD tensors): averaged like the rest when the sites share one label set (no
-    `label_set` extras). When every update carries extras["label_set"] (its labels in row order),
-    the HEAD tensors are aggregated surgically (`surgical_aggregate`), each site receives its own
-    rows in `personal`, the global rows per label are server state, and `weights` keeps the HEAD
-    tensors of `current`.
+    Output layer (HEAD tensors) with `partial_labels = "surgical"` (the default): every site carries the union
+    output layer (row r = label r) and names the labels it annotates in extras["label_set"] (increasing row
+    indices; the wire's `ClientUpdate.label_set`). Row r of each HEAD tensor is the uniform mean over the sites
+    that annotate label r (`surgical_aggregate` on their own rows); a label none of them annotates keeps its
+    current rows. The rows go out in the shared model and are kept per label (str(r)) as server state, as the
+    secure sum's `aggregate_from_label_sums` keeps them. An update without a label set is refused (ValueError):
+    averaging its output layer like the rest would silently be `masked_loss`. With `masked_loss` the output layer
+    is averaged like the rest.
     """
 
     name = "fedfbn"
@@ -113,7 +117,8 @@ class FedFBN(ServerRule):
 
     @property
     def sums_label_rows(self) -> bool:
-        """Under secure aggregation the surgical output layer comes from per-label sums (`LabelSums`)."""
+        """The output layer is averaged label by label (surgical): in the clear each update names its labels
+        (extras["label_set"]), under secure aggregation the sum carries per-label sums (`LabelSums`)."""
         return self.params.partial_labels == "surgical"
 
     def uniform_mean_refusal(self) -> str | None:
@@ -127,7 +132,7 @@ class FedFBN(ServerRule):
         label no summed site annotates keeps its current rows. The rows go out in the shared model (every site
         takes its own from the union layer), and are kept per label (its row index) as server state."""
         one = SiteUpdate(site_id="secure-sum", tensors=dict(mean), n_samples=count, local_steps=0)
-        result = self.aggregate_train(replace(inp, updates=[one]))
+        result = AggregateResult(weights=self._uniform(replace(inp, updates=[one]), per_label=False))
         weights = dict(result.weights)
         for name, summed in sums.rows.items():
             current = np.asarray(inp.current[name])
@@ -138,29 +143,54 @@ class FedFBN(ServerRule):
             weights[name] = rows.astype(current.dtype)
         return replace(result, weights=weights)
 
+    def head_names(self, inp: RoundInput) -> list[str]:
+        """The shared output tensors (HEAD in the manifest, one row per label) that `inp.current` holds."""
+        g = self.groups(inp)
+        return [n for n in g.train + g.floatbuf
+                if n in inp.manifest and inp.manifest[n].is_head and np.ndim(inp.current[n]) >= 1]
+
     def aggregate_train(self, inp: RoundInput) -> AggregateResult:
         if not inp.updates:
             return AggregateResult(weights=copy_weights(inp.current))
+        return AggregateResult(weights=self._uniform(inp, per_label=self.sums_label_rows))
+
+    def _uniform(self, inp: RoundInput, *, per_label: bool) -> Weights:
+        """The uniform mean of the shared tensors; with `per_label`, each output row over its label's holders."""
         g = self.groups(inp)
-        names = g.train + g.floatbuf + g.intbuf
-        head = [n for n in g.train + g.floatbuf if n in inp.manifest and inp.manifest[n].is_head]
-        labelled = [u for u in inp.updates if "label_set" in u.extras]
-        surgical = self.params.partial_labels == "surgical" and bool(head) and bool(labelled)
-        if surgical and len(labelled) != len(inp.updates):
-            missing = sorted(u.site_id for u in inp.updates if "label_set" not in u.extras)
-            raise ValueError(
-                f"fedfbn: surgical aggregation needs extras['label_set'] from every site; missing {missing}"
-            )
-        body = [n for n in names if not (surgical and n in head)]
+        head = self.head_names(inp) if per_label else []
+        body = [n for n in g.train + g.floatbuf + g.intbuf if n not in head]
         out = combine(inp.updates, uniform_weights(len(inp.updates)), body, inp.current)
-        if not surgical:
-            return AggregateResult(weights=self.complete(inp, out))
-        uploads = {
-            u.site_id: ([str(x) for x in u.extras["label_set"]], {n: np.asarray(u.tensors[n]) for n in head})
-            for u in inp.updates
-        }
-        self.label_rows, personal = surgical_aggregate(uploads, self.label_rows)
-        return AggregateResult(weights=self.complete(inp, out), personal=personal)
+        if head:
+            out.update(self._per_label_rows(inp, head))
+        return self.complete(inp, out)
+
+    def _per_label_rows(self, inp: RoundInput, head: Sequence[str]) -> Weights:
+        """Each HEAD tensor with row r the mean over the updates whose label set holds r (`surgical_aggregate`
+        on their own rows), the rows no update annotates as in `inp.current`; self.label_rows updated."""
+        missing = sorted(u.site_id for u in inp.updates if u.extras.get("label_set") is None)
+        if missing:
+            raise ValueError(
+                f"fedfbn: partial_labels = \"surgical\" averages the output layer label by label, and the updates "
+                f"of {missing} name no label set (the labels their site annotates): averaging their output rows "
+                f"like the rest would silently be masked_loss")
+        uploads: dict[str, tuple[list[str], dict[str, np.ndarray]]] = {}
+        for u in inp.updates:
+            held = [int(r) for r in u.extras["label_set"]]
+            for name in head:
+                k = np.shape(inp.current[name])[0]
+                if held != sorted(set(held)) or any(not 0 <= r < k for r in held):
+                    raise ValueError(f"fedfbn: {u.site_id!r}: label set {held[:8]} is not increasing row indices "
+                                     f"of {name!r}'s {k} rows")
+            uploads[u.site_id] = ([str(r) for r in held], {n: np.asarray(u.tensors[n])[held] for n in head})
+        self.label_rows, _ = surgical_aggregate(uploads, self.label_rows)
+        held_now = sorted({int(label) for labels, _ in uploads.values() for label in labels})
+        out: Weights = {}
+        for name in head:
+            rows = np.array(inp.current[name], copy=True)
+            for r in held_now:
+                rows[r] = self.label_rows[str(r)][name]
+            out[name] = rows
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"label_rows": {label: copy_weights(r) for label, r in self.label_rows.items()}}
@@ -183,16 +213,18 @@ ABOUT = StrategyDoc(
     server="""
 body (all non-BN tensors except the output layer):
     w_{t+1} = (1/|S_t|) * sum_{i in S_t} w_i^t          regardless of n_i
-output layer, sites with one label set (or partial_labels = masked_loss): averaged like the body
-output layer, sites with different label sets (surgical):
-    for every label L of the union: row_L = mean of row_L over the participants that have L
-    a label no participant has keeps its previous rows; each site receives the rows of its own labels,
-    in its own order
+output layer with partial_labels = masked_loss: averaged like the body
+output layer with partial_labels = surgical (the default; every site carries the union layer, row r = label r,
+and names the labels it annotates, its label set):
+    for every label r: row_r = mean of row_r over the participants whose label set holds r
+    a label no participant annotates keeps its current rows; an update without a label set is refused
 BN tensors: never sent (identical by construction)
 """,
     client="""
 BN modules in eval mode after every model.train(), weight and bias frozen and out of the optimiser;
-train every other parameter on the plain loss; with surgical aggregation send its label set once
+train every other parameter on the loss, masked to the labels it annotates; with surgical aggregation
+send its label set (the output rows its data annotate) with every update, in the clear, or mask row r
+times 1 or 0 under secure aggregation
 """,
     state="Server: the global output rows per label (surgical aggregation). Sites: none beyond the model.",
     papers=("Kulkarni, Kanhere, Yi, Parekh: Optimizing federated learning for medical image "
@@ -208,9 +240,9 @@ train every other parameter on the plain loss; with surgical aggregation send it
         "sources report that this does worse on labels a site never sees).",
     ),
     example="""
-Uniform averaging: [1, 2] and [3, 0] with n = (1, 3) give [2, 1] (FedAvg: [2.5, 0.5]). Surgical: site A has
-labels (L1, L2) with rows [1, 1] (bias 0.1) and [2, 2] (0.2); site B has (L2, L3) with rows [4, 0] (0.4) and
-[5, 5] (0.5). Global rows: L1 = [1, 1], 0.1; L2 = [3, 1], 0.3; L3 = [5, 5], 0.5; A receives (L1, L2) and B
-receives (L2, L3) of these.
+Uniform averaging: [1, 2] and [3, 0] with n = (1, 3) give [2, 1] (FedAvg: [2.5, 0.5]). Surgical, three labels
+(rows 0, 1, 2): site A annotates (0, 1), its rows [1, 1], [2, 2], [9, 9] (biases 0.1, 0.2, 0.9); site B annotates
+(1, 2), its rows [7, 7], [4, 0], [5, 5] (0.7, 0.4, 0.5). Global rows: 0 = [1, 1], 0.1 (A's); 1 = [3, 1], 0.3;
+2 = [5, 5], 0.5 (B's); the plain mean would give [4, 4], [3, 1], [7, 7].
 """,
 )

@@ -152,3 +152,23 @@ def test_a_site_that_goes_before_sending_its_summary_is_not_waited_for() -> None
     state, _ = machine.step(state, SiteOffline("site-c", 3.0))
     assert state.phase == "training" and state.feature_statistics is not None
     assert state.feature_statistics.sites == SITES[:2]
+
+
+def test_the_wait_for_summaries_names_what_a_site_reports_and_forgets_it_once_fixed() -> None:
+    """A site whose status says "error" (e.g. its data have no columns to summarise) is named with its reason in
+    the PS's status while the PS waits for its summary; a later status without the error clears the reason."""
+    machine = Machine(_config(), FedAvg(), hash_weights)
+    state = machine.initial_state({"w": np.zeros(2, np.float32)}, session="5e55")
+    why = "cannot take part in federated feature statistics: not image data; set feature_statistics = \"site\""
+    state, _ = machine.step(state, SiteOnline("site-a", now=1.0, n_train=50))
+    state, _ = machine.step(state, SiteOnline("site-b", now=1.0, n_train=50, error=why))
+    state, effects = machine.step(state, SiteOnline("site-c", now=1.0, n_train=50, error="x" * 5000))
+    status = [e for e in effects if isinstance(e, fx.PublishStatus)][-1]
+    assert status.detail.startswith("waiting for feature summaries from sites site-a, site-b, site-c; "
+                                    f"site-b reports: {why}; site-c reports: xxx")
+    assert len(status.detail) <= 2000  # a site's long reason cannot make the PS's status invalid
+    state, effects = machine.step(state, SiteOnline("site-b", now=2.0, n_train=50))
+    state, effects = machine.step(state, SiteOnline("site-c", now=2.0, n_train=50))
+    status = [e for e in effects if isinstance(e, fx.PublishStatus)][-1]
+    assert status.detail == "waiting for feature summaries from sites site-a, site-b, site-c"
+    assert state.site_errors == {}

@@ -34,7 +34,8 @@ from ps_daemon.model_init import hash_weights
 from ps_daemon.secure_round import label_rows
 from schemas.codec import decode, encode
 from schemas.secagg import SecAggInbox, SecAggRoster, SecAggTerms
-from site_agent.secagg_round import SiteRound, annotated_labels
+from site_agent.label_set import annotated_labels
+from site_agent.secagg_round import SiteRound
 from site_agent.secagg_store import SecAggStore
 
 FIXED = FixedPoint(clip=4.0, fraction_bits=20, bits=64, max_sites=8)
@@ -87,13 +88,9 @@ def test_surgical_rows_from_label_sums_equal_the_clear_rule_with_a_dropout() -> 
     inp = RoundInput(1, dict(shared), [], {s: 10 for s in names}, manifest)
     secure = aggregate_from_label_sums(secure_rule, inp, mean, count, LabelSums(weight, holders, summed)).weights
 
-    def own(s: str) -> tuple[list[str], dict[str, np.ndarray]]:
-        held = np.flatnonzero(masks[s])
-        return [LABELS[r] for r in held], {n: trained[s][n][held] for n in rows}
-
     clear = clear_rule.aggregate_train(RoundInput(1, dict(shared), [
-        SiteUpdate(s, {**trained[s], **own(s)[1]}, 10, 1, extras={"label_set": own(s)[0]}) for s in included], {},
-        manifest))
+        SiteUpdate(s, trained[s], 10, 1, extras={"label_set": tuple(np.flatnonzero(masks[s]))}) for s in included],
+        {}, manifest))
     largest = max(float(np.max(np.abs(trained[s][k]))) for s in included for k in floats)
     cast = largest * 2.0**-23  # the float32 cast of the mean
     body_bound = mean_error_bound(FIXED, 4, count / bound_b, largest) + cast
@@ -103,11 +100,12 @@ def test_surgical_rows_from_label_sums_equal_the_clear_rule_with_a_dropout() -> 
         for name in rows:
             got = secure[name][r].astype(np.float64)
             if not holders[r]:  # nobody annotates it: the current rows, untouched (the clear rule keeps them too)
-                assert label not in clear_rule.label_rows
+                assert str(r) not in clear_rule.label_rows
                 assert np.array_equal(secure[name][r], shared[name][r])
+                assert np.array_equal(clear.weights[name][r], shared[name][r])
                 continue
             row_bound = mean_error_bound(FIXED, 4, holders[r] / bound_b, largest) + cast
-            assert np.max(np.abs(got - clear_rule.label_rows[label][name])) <= row_bound, (label, name)
+            assert np.max(np.abs(got - clear.weights[name][r])) <= row_bound, (label, name)
             everyone = np.mean([trained[s][name][r] for s in included], axis=0)  # the comparison can fail
             if holders[r] < 4:
                 assert np.max(np.abs(got - everyone)) > 100 * row_bound, (label, name)
@@ -195,12 +193,10 @@ def test_a_surgical_round_through_the_ps_machine(tmp_path: Path) -> None:
 
     clear_rule = FedFBN()
     clear = clear_rule.aggregate_train(RoundInput(1, dict(weights), [SiteUpdate(
-        s, {**trained[s], **{n: trained[s][n][np.flatnonzero(masks[s])] for n in ("fc.weight", "fc.bias")}}, 50, 1,
-        extras={"label_set": [LABELS[r] for r in np.flatnonzero(masks[s])]}) for s in sites], {}, manifest))
+        s, trained[s], 50, 1, extras={"label_set": tuple(np.flatnonzero(masks[s]))}) for s in sites], {}, manifest))
     assert np.max(np.abs(state.weights["body.weight"] - clear.weights["body.weight"])) <= 1e-4
-    for r, label in enumerate(LABELS):
+    for r in range(len(LABELS)):
         for name in ("fc.weight", "fc.bias"):
-            if label not in clear_rule.label_rows:
+            if str(r) not in clear_rule.label_rows:
                 assert np.array_equal(state.weights[name][r], weights[name][r])
-            else:
-                assert np.max(np.abs(state.weights[name][r] - clear_rule.label_rows[label][name])) <= 1e-4
+            assert np.max(np.abs(state.weights[name][r] - clear.weights[name][r])) <= 1e-4

@@ -90,6 +90,7 @@ def _input(rule: ServerRule, round_no: int, current: dict[str, np.ndarray] | Non
             },
             "a_norm": 2.0 + k,
             "label_histogram": {"0": 5 + k, "1": 5 - k},
+            "label_set": ((0,), (0, 1), (1,))[k],  # FedFBN surgical: the head rows (labels) each site annotates
         }
         updates.append(SiteUpdate(site, tensors, ENROLLED[site], 2 + k, extras=extras))
     return RoundInput(round_no, current, updates, ENROLLED, MANIFEST)
