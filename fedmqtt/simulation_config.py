@@ -15,7 +15,7 @@ from fedmqtt.config_io import read_toml, validate_config
 from fedmqtt.data.heart_disease import SITES, bundled_path
 from fedmqtt.data.spec import DataSpec, is_spec_file, load_data_spec
 from fedmqtt.errors import ConfigError
-from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
+from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, HyperValue, check_local_optimiser
 from fedmqtt.training.client_rules import SGD_ONLY, optimiser_problem
 from ps_daemon.config import NEEDS_PRETRAINED, DaemonConfig
 from schemas.base import ID_PATTERN
@@ -47,7 +47,7 @@ class SimulationConfig(BaseModel):
     run_id: str = Field(default="sim", pattern=ID_PATTERN, description="run id: a-z, 0-9 and '-'")
     algorithm: str = Field(default="fedavg", description="a strategy of `fedmqtt algorithms`, or \"central\" "
                            "(one model on the pooled training rows: the baseline no deployment can run)")
-    hyper: dict[str, float] = Field(default_factory=dict, description="the algorithm's hyper-parameters "
+    hyper: dict[str, HyperValue] = Field(default_factory=dict, description="the algorithm's hyper-parameters "
                                     "(`fedmqtt algorithms NAME` lists them with their defaults)")
     rounds: int = Field(default=20, ge=1, description="federated rounds")
     seed: int = Field(default=0, description="run seed: model initialisation, local shuffling, sampling")

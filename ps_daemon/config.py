@@ -16,7 +16,7 @@ from fedmqtt.errors import ConfigError
 from fedmqtt.secagg.ring import FixedPoint
 from fedmqtt.secagg.server import MIN_SITES
 from fedmqtt.strategies import STRATEGIES, build_strategy
-from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, check_local_optimiser
+from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, HyperValue, check_local_optimiser
 from fedmqtt.strategies.sums import mean_refusal
 from fedmqtt.training.client_rules import optimiser_problem, record_dp_problem
 from fedmqtt.transport.settings import BrokerSettings, load_credentials
@@ -191,7 +191,9 @@ class DaemonConfig(BaseModel):
                         "and must match the broker's ACL")
     algorithm: str = Field(default="fedavg", description="the federated strategy (`fedmqtt algorithms` lists them; "
                            "docs/algorithms.md)")
-    hyper: dict[str, float] = Field(default_factory=dict, description="the algorithm's hyper-parameters")
+    hyper: dict[str, HyperValue] = Field(default_factory=dict, description="the algorithm's hyper-parameters "
+                                         "(numbers, or a word where the rule takes a choice, e.g. FedFBN's "
+                                         "partial_labels = \"masked_loss\")")
     rounds: int = Field(default=20, ge=1, le=100_000, description="training rounds before the final evaluation")
     sites: tuple[str, ...] = Field(min_length=1, description="site ids allowed to take part")
     min_sites: int | None = Field(default=None, ge=1, description="sites online before round 1 (default: all)")
@@ -288,7 +290,7 @@ class DaemonConfig(BaseModel):
             return dp
         return dp.model_copy(update={"planned_rounds": self.rounds})
 
-    def strategy_params(self) -> dict[str, float]:
+    def strategy_params(self) -> dict[str, HyperValue]:
         """`hyper`, plus the run length for f-AdaFed's default warm-up (floor(T/2))."""
         if self.algorithm == "f-adafed":
             return {"total_rounds": self.rounds, **self.hyper}

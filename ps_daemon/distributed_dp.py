@@ -14,6 +14,7 @@ from fedmqtt.secagg.skellam import SkellamPlan, reach_problem
 from fedmqtt.secagg.weighted import Layout
 from fedmqtt.strategies.base import AggregateResult, RoundInput, Strategy
 from fedmqtt.strategies.dp_fedavg import DPFedAvg, DPFedAvgParams
+from fedmqtt.strategies.params import HyperValue
 from schemas.secagg import DistributedDPTerms
 
 
@@ -35,7 +36,7 @@ class RunView(Protocol):
     def secure_aggregation(self) -> SecureAggregationView: ...
     @property
     def sites(self) -> tuple[str, ...]: ...
-    def strategy_params(self) -> dict[str, float]: ...
+    def strategy_params(self) -> dict[str, HyperValue]: ...
 
 
 ALGORITHM = "dp-fedavg"

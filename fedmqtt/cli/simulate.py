@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from fedmqtt.tracking.spec import DEFAULT_EXPERIMENT, TRACK_HELP
+
+if TYPE_CHECKING:
+    from fedmqtt.strategies.params import HyperValue
 
 app = typer.Typer()
 
@@ -21,7 +25,8 @@ def simulate(
     optimizer: str | None = typer.Option(None, help="Local optimizer: sgd, adam or adamw."),
     lr: float | None = typer.Option(None, help="Local learning rate."),
     epochs: int | None = typer.Option(None, min=1, help="Local epochs per round."),
-    hyper: list[str] = typer.Option([], "--hyper", "-H", help="Algorithm hyper-parameter NAME=VALUE (repeat)."),
+    hyper: list[str] = typer.Option([], "--hyper", "-H", help="Algorithm hyper-parameter NAME=VALUE (repeat): a "
+                                    "number, or a word where the rule takes a choice (partial_labels=masked_loss)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the rounds."),
     track: list[str] = typer.Option([], "--track", metavar="BACKEND[:WHERE]", help=TRACK_HELP),
 ) -> None:
@@ -48,14 +53,16 @@ def simulate(
     typer.echo(f"report: {cfg.out_dir / 'report.json'}")
 
 
-def _parse_hyper(items: list[str]) -> dict[str, float]:
-    out = {}
+def _parse_hyper(items: list[str]) -> dict[str, HyperValue]:
+    """NAME=VALUE pairs: a number where VALUE reads as one, else the word (a rule's choice, e.g.
+    partial_labels=masked_loss); the rule's own parameter check then refuses a word where it wants a number."""
+    out: dict[str, HyperValue] = {}
     for item in items:
         name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise typer.BadParameter(f"--hyper {item!r}: expected NAME=VALUE")
         try:
             out[name.strip()] = float(value)
         except ValueError:
-            raise typer.BadParameter(f"--hyper {item!r}: expected NAME=NUMBER") from None
-        if not sep:
-            raise typer.BadParameter(f"--hyper {item!r}: expected NAME=NUMBER")
+            out[name.strip()] = value.strip()
     return out

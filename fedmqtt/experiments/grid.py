@@ -22,6 +22,7 @@ from fedmqtt.errors import ConfigError, DataError
 from fedmqtt.experiments.engines import Engine, SerialEngine
 from fedmqtt.experiments.runs import GRID_FILE, POINT_FILE
 from fedmqtt.simulation import SimulationConfig
+from fedmqtt.strategies.params import HyperValue
 from fedmqtt.tracking.spec import TrackSpec
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -49,7 +50,7 @@ class AlgorithmSpec(BaseModel):
     name: str = Field(description="registry name (see `fedmqtt algorithms`)")
     label: str | None = Field(default=None, pattern=NAME_PATTERN,
                               description="run-name label (default: name), e.g. fedprox-mu0.1")
-    hyper: dict[str, float] = Field(default_factory=dict, description="merged into base.hyper")
+    hyper: dict[str, HyperValue] = Field(default_factory=dict, description="merged into base.hyper")
     train: dict[str, Any] = Field(default_factory=dict, description="merged into base.train, e.g. SGD")
     config: dict[str, Any] = Field(default_factory=dict,
                                    description="other SimulationConfig keys, e.g. pretrain_fraction")

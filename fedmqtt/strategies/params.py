@@ -11,6 +11,9 @@ from fedmqtt.errors import ConfigError
 
 P = TypeVar("P", bound="StrategyParams")
 
+# A hyper-parameter in a config: a number, or a word where the rule offers a choice (FedFBN's partial_labels);
+# each rule's Params model says which it takes and refuses the other.
+HyperValue = float | str
 Weighting = Literal["samples", "uniform"]
 NormFamily = Literal["batchnorm", "groupnorm", "layernorm", "instancenorm"]
 ALL_NORMS: tuple[NormFamily, ...] = ("batchnorm", "groupnorm", "layernorm", "instancenorm")
@@ -61,6 +64,9 @@ LOCAL_OPTIMISER_KEYS = {
 def check_local_optimiser(hyper: Mapping[str, Any], optimizer: str) -> None:
     """Raise ConfigError when the local optimiser keys of `hyper` are out of range or do not fit
     `optimizer`."""
+    for key in LOCAL_OPTIMISER_KEYS:
+        if isinstance(hyper.get(key, 0.0), str):
+            raise ConfigError(f"{key} must be a number (got {hyper[key]!r})")
     momentum = hyper.get("momentum", 0.0)
     nesterov = hyper.get("nesterov", 0.0)
     if not 0.0 <= float(momentum) < 1.0:
