@@ -5,7 +5,8 @@
 For each model, one local round (same rows, batch size, epochs and SGD settings) runs in turn through the
 plain loop (`fedmqtt.training.loop.train_local`) and through DP-SGD (`fedmqtt.training.privacy.train_local_dp`:
 per-record gradients, clipping, noise, Poisson sampling, and the accountant's epsilon after the round) with each
-engine: Opacus' ghost clipping and torch.func's vmapped per-record gradients (fedmqtt/training/per_sample.py).
+engine: the fused engine's one-pass per-layer clipping (fedmqtt/training/fused_clipping.py), Opacus' ghost
+clipping and torch.func's vmapped per-record gradients (fedmqtt/training/per_sample.py).
 Each round's wall time is divided by its steps; the table gives the median over the repeats and the ratios
 DP / plain (the issue's goal: at most 2x). The DP time includes everything a DP round costs a site beyond its
 steps (wrapping the model, the accountant before and after), spread over the round's steps.
@@ -57,7 +58,7 @@ def data(shape: tuple[int, ...], task: TaskInfo, rows: int) -> tuple[np.ndarray,
     return x, y
 
 
-ENGINES = ("opacus", "torch.func")  # record_dp.engine; "auto" picks one of these (privacy.choose_engine)
+ENGINES = ("fused", "opacus", "torch.func")  # record_dp.engine; "auto" picks one of these (privacy.choose_engine)
 
 
 def one_round(engine: str | None, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, settings: TrainSettings,
@@ -78,11 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     settings = TrainSettings(epochs=a.epochs, batch_size=a.batch_size, lr=0.05, optimizer="sgd")
     dp = RecordDP(max_grad_norm=1.0, noise_multiplier=1.0)
     print(f"{a.rows} rows, batch {a.batch_size}, {a.epochs} epoch(s), SGD, {a.threads} thread(s), torch "
-          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, opacus, torch.func, ...)")
+          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, {', '.join(ENGINES)}, ...)")
     print(f"load average before: {_load()}\n")
-    print("| model | parameters | plain ms/step | Opacus ghost ms/step | torch.func ms/step | Opacus / plain "
-          "| torch.func / plain | auto picks |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | parameters | plain ms/step | fused ms/step | Opacus ghost ms/step | torch.func ms/step "
+          "| fused / plain | Opacus / plain | torch.func / plain | auto picks |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     kinds: tuple[str | None, ...] = (None, *ENGINES)
     for label, name, args, shape, task in MODELS:
         x, y = data(shape, task, a.rows)
@@ -97,8 +98,9 @@ def main(argv: list[str] | None = None) -> None:
                 times[kind].append(one_round(kind, model, x, y, settings, dp, task))
         ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         auto = choose_engine("auto", model, a.batch_size)
-        print(f"| {label} | {n_params:,} | {ms[None]:.2f} | {ms['opacus']:.2f} | {ms['torch.func']:.2f} | "
-              f"{ms['opacus'] / ms[None]:.2f}x | {ms['torch.func'] / ms[None]:.2f}x | {auto} |")
+        cells = " | ".join(f"{ms[k]:.2f}" for k in ENGINES)
+        ratios = " | ".join(f"{ms[k] / ms[None]:.2f}x" for k in ENGINES)
+        print(f"| {label} | {n_params:,} | {ms[None]:.2f} | {cells} | {ratios} | {auto} |", flush=True)
     print(f"\nload average after: {_load()}")
 
 
