@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.training.client_rules import record_dp_problem
-from fedmqtt.training.loop import TrainStats, _labelled_tensors, _make_optimizer, resolve_loss
+from fedmqtt.training.loop import TrainStats, _batch, _concrete, _labelled_tensors, _make_optimizer, resolve_loss
 from schemas.messages import RecordDP, TrainSettings
 
 # (noise multiplier, sample rate, steps): Opacus' accountant history, the same for its RDP and PRV accountants.
@@ -186,8 +186,8 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
         was_training = model.to(dev).training
         model.train()  # for dropout layers, which the fused engine calls as they are
         try:
-            steps, loss_sum, loss_rows, new_history = _fused_round(model, settings, criterion, xt, yt, draw,
-                                                                   per_epoch, dp, plan, history, noise)
+            steps, loss_sum, loss_rows, new_history = _fused_round(model, _concrete(dev), settings, criterion, xt, yt,
+                                                                   draw, per_epoch, dp, plan, history, noise)
         finally:
             model.train(was_training)
     else:
@@ -230,9 +230,10 @@ def _wrapped_round(chosen: str, model: nn.Module, settings: TrainSettings, crite
     return out
 
 
-def _fused_round(model: nn.Module, settings: TrainSettings, criterion: PerRecordLoss, xt: torch.Tensor,
-                 yt: torch.Tensor, draw: torch.Generator, per_epoch: int, dp: RecordDP, plan: RoundPlan,
-                 history: Sequence[HistoryEntry], noise: torch.Generator) -> tuple[int, float, int, list[HistoryEntry]]:
+def _fused_round(model: nn.Module, device: torch.device, settings: TrainSettings, criterion: PerRecordLoss,
+                 xt: torch.Tensor, yt: torch.Tensor, draw: torch.Generator, per_epoch: int, dp: RecordDP,
+                 plan: RoundPlan, history: Sequence[HistoryEntry], noise: torch.Generator
+                 ) -> tuple[int, float, int, list[HistoryEntry]]:
     """The round through the fused engine (fused_clipping.py) on a flat copy of the model's parameters, written
     back after. The same Poisson sampling as Opacus' UniformWithReplacementSampler (the same draws from `draw`:
     each record joins with probability q), without its round trip through a Python list of indices."""
@@ -245,11 +246,11 @@ def _fused_round(model: nn.Module, settings: TrainSettings, criterion: PerRecord
                         max_grad_norm=dp.max_grad_norm, noise_multiplier=plan.noise_multiplier,
                         expected_batch_size=int(n * plan.sample_rate), generator=noise)
     steps, loss_rows = 0, 0
-    loss_sum = torch.zeros((), dtype=torch.float64, device=xt.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for _ in range(settings.epochs):
         for _ in range(per_epoch):
-            idx = (torch.rand(n, generator=draw) < plan.sample_rate).nonzero().reshape(-1).to(xt.device)
-            losses = engine.step(xt[idx], yt[idx])
+            idx = (torch.rand(n, generator=draw) < plan.sample_rate).nonzero().reshape(-1)
+            losses = engine.step(*_batch(xt, yt, idx, device))
             steps += 1
             loss_sum += losses.sum(dtype=torch.float64)
             loss_rows += len(idx)
