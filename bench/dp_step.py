@@ -8,7 +8,9 @@ per-record gradients, clipping, noise, Poisson sampling, and the accountant's ep
 engine: the fused engine's one-pass per-layer clipping (fedmqtt/training/fused_clipping.py), Opacus' ghost
 clipping and torch.func's vmapped per-record gradients (fedmqtt/training/per_sample.py).
 Each round's wall time is divided by its steps; the table gives the median over the repeats and the ratios
-DP / plain (the issue's goal: at most 2x). The DP time includes everything a DP round costs a site beyond its
+DP / plain of those medians (the issue's goal: at most 2x); a second table gives, per engine, the ratio of each
+repeat's DP round to the plain round just before it (median, lowest, highest), which load drifting over a run
+moves less. The DP time includes everything a DP round costs a site beyond its
 steps (wrapping the model, the accountant before and after), spread over the round's steps.
 """
 
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
           "| fused / plain | Opacus / plain | torch.func / plain | auto picks |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     kinds: tuple[str | None, ...] = (None, *ENGINES)
+    paired: list[str] = []
     for label, name, args, shape, task in MODELS:
         x, y = data(shape, task, a.rows)
         torch.manual_seed(0)
@@ -101,7 +104,17 @@ def main(argv: list[str] | None = None) -> None:
         cells = " | ".join(f"{ms[k]:.2f}" for k in ENGINES)
         ratios = " | ".join(f"{ms[k] / ms[None]:.2f}x" for k in ENGINES)
         print(f"| {label} | {n_params:,} | {ms[None]:.2f} | {cells} | {ratios} | {auto} |", flush=True)
+        paired.append(f"| {label} | " + " | ".join(_spread([d / p for d, p in zip(times[k], times[None], strict=True)])
+                                                   for k in ENGINES) + " |")
+    print("\nPer repeat, DP round / the plain round before it: median (lowest-highest)\n")
+    print("| model | " + " | ".join(f"{k} / plain" for k in ENGINES) + " |")
+    print("|---|" + "---|" * len(ENGINES))
+    print("\n".join(paired))
     print(f"\nload average after: {_load()}")
+
+
+def _spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _load() -> str:

@@ -287,6 +287,7 @@ class FusedDPSGD:
         self.clip, self.std = float(max_grad_norm), float(noise_multiplier) * float(max_grad_norm)
         self.expected_batch_size = float(expected_batch_size)
         self.generator = generator
+        self.one = torch.ones((), dtype=torch.float32, device=self.flat.device)  # d(sum of losses) / d(sum): no new one
 
     def forward(self, xb: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """The model's output, each parametrised layer's kept input and its output (which the backward reads)."""
@@ -311,7 +312,7 @@ class FusedDPSGD:
         if len(yb):
             out, kept, outputs = self.forward(xb)
             losses = self.record_loss(out.float(), yb)
-            output_grads = torch.autograd.grad(losses.sum(), outputs)
+            output_grads = torch.autograd.grad(losses.sum(), outputs, grad_outputs=self.one)
             with torch.no_grad():
                 sq = torch.zeros(len(yb), dtype=grad.dtype, device=grad.device)
                 for layer, k, b in zip(self.layers, kept, output_grads, strict=True):
