@@ -9,14 +9,14 @@ The forward pass is driven by hand through the model's layers (no module hooks):
   "ghost norm" of Li et al.), never materialising a record's gradient; for convolutions and GroupNorm/LayerNorm
   the per-record gradients are small (batch x kernel, batch x channels) and are formed outright;
 - the clipping factors c_i = min(1, C / (||g_i|| + 1e-6)) (Opacus' rule);
-- the clipped sum as one weighted product per layer, sum_i c_i b_i^T a_i = (c * b)^T a, written straight into a
+- the clipped sum as one weighted product per layer, sum_i c_i b_i^T a_i = (c * b)^T a, added straight into a
   flat gradient buffer (Bu et al., Differentially private optimization on large model at small cost: the
   "book-keeping" that spares ghost clipping's second backward pass).
 
 All trainable parameters live in one flat tensor that the layers read through views, so the Gaussian noise is one
-draw, the division by the expected batch one operation, and the site's optimiser (LocalOptimiser, torch's own
-update functions; every rule it offers is elementwise) one step over one tensor. Nothing is allocated for the
-parameters per step.
+draw, straight into the gradient buffer before the clipped sums are added to it (already divided by the expected
+batch size), and the site's optimiser (LocalOptimiser, torch's own update functions; every rule it offers is
+elementwise) one step over one tensor. Nothing is allocated for the parameters per step.
 
 What it serves (`problem` says why not, with the fix): nn.Sequential and the zoo's mlp and lenet5, whose forward is
 their layers in order, built from Linear, Conv1d/Conv2d (groups 1, zero padding), GroupNorm, LayerNorm (and the
@@ -112,7 +112,7 @@ class _Layer:
         raise NotImplementedError
 
     def clipped_sum(self, coef: torch.Tensor) -> None:
-        """Write sum_i coef_i g_i into this layer's slice of the flat gradient (after `norms`)."""
+        """Add sum_i coef_i g_i to this layer's slice of the flat gradient (after `norms`)."""
         raise NotImplementedError
 
 
@@ -143,11 +143,11 @@ class _Linear(_Layer):
 
     def clipped_sum(self, coef: torch.Tensor) -> None:
         if self.per_record is None:
-            torch.mm((self.b * coef[:, None]).t(), self.a, out=self.grads[0])
+            self.grads[0].addmm_((self.b * coef[:, None]).t(), self.a)
         else:
-            torch.mv(self.per_record.flatten(1).t(), coef, out=self.grads[0].view(-1))
+            self.grads[0].view(-1).addmv_(self.per_record.flatten(1).t(), coef)
         if len(self.views) > 1:
-            torch.mv(self.b.t(), coef, out=self.grads[1])
+            self.grads[1].addmv_(self.b.t(), coef)
 
 
 class _Conv(_Layer):
@@ -184,9 +184,9 @@ class _Conv(_Layer):
             sq.add_(self.bias_g.square().sum(1))
 
     def clipped_sum(self, coef: torch.Tensor) -> None:
-        torch.mv(self.weight_g.t(), coef, out=self.grads[0].view(-1))
+        self.grads[0].view(-1).addmv_(self.weight_g.t(), coef)
         if len(self.views) > 1:
-            torch.mv(self.bias_g.t(), coef, out=self.grads[1])
+            self.grads[1].addmv_(self.bias_g.t(), coef)
 
 
 class _Norm(_Layer):
@@ -242,10 +242,10 @@ class _Norm(_Layer):
     def clipped_sum(self, coef: torch.Tensor) -> None:
         i = 0
         if self.has_weight:
-            torch.mv(self.weight_g.t(), coef, out=self.grads[0].view(-1))
+            self.grads[0].view(-1).addmv_(self.weight_g.t(), coef)
             i = 1
         if self.has_bias:
-            torch.mv(self.bias_g.t(), coef, out=self.grads[i].view(-1))
+            self.grads[i].view(-1).addmv_(self.bias_g.t(), coef)
 
 
 class FusedDPSGD:
@@ -262,7 +262,6 @@ class FusedDPSGD:
         params = list(model.parameters())
         self.flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
         self.flat.grad = torch.zeros_like(self.flat)
-        self.noise = torch.empty_like(self.flat)
         base, grad = self.flat.detach(), self.flat.grad
         offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         start = 0
@@ -306,9 +305,18 @@ class FusedDPSGD:
         return h, kept, outputs
 
     def step(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        """One DP-SGD step on the batch (possibly empty: then the noise alone); returns the records' losses."""
+        """One DP-SGD step on the batch (possibly empty: then the noise alone); returns the records' losses.
+
+        The gradient (sum of clipped gradients + N(0, (sigma C)^2)) / B is built in place: the noise drawn straight
+        into it at std sigma C / B, then each layer's clipped sum added with the factors c_i / B. Opacus divides
+        the noised sum by B instead; the same values up to rounding, and two passes over the parameters fewer."""
         grad = self.flat.grad
         assert grad is not None
+        with torch.no_grad():
+            if self.std > 0:
+                grad.normal_(0.0, self.std / self.expected_batch_size, generator=self.generator)
+            else:
+                grad.zero_()
         if len(yb):
             out, kept, outputs = self.forward(xb)
             losses = self.record_loss(out.float(), yb)
@@ -317,17 +325,12 @@ class FusedDPSGD:
                 sq = torch.zeros(len(yb), dtype=grad.dtype, device=grad.device)
                 for layer, k, b in zip(self.layers, kept, output_grads, strict=True):
                     layer.norms(k, b, sq)
-                coef = (self.clip / (sq.sqrt_() + 1e-6)).clamp_(max=1.0)
+                coef = (self.clip / (sq.sqrt_() + 1e-6)).clamp_(max=1.0).div_(self.expected_batch_size)
                 for layer in self.layers:
                     layer.clipped_sum(coef)
             losses = losses.detach()
         else:
-            grad.zero_()
             losses = torch.zeros(0, device=xb.device)
-        with torch.no_grad():
-            if self.std > 0:
-                grad.add_(self.noise.normal_(0.0, self.std, generator=self.generator))
-            grad.div_(self.expected_batch_size)
         self.optimiser.step()
         return losses
 
@@ -349,6 +352,8 @@ def per_record_factors(model: nn.Module, record_loss: RecordLoss, xb: torch.Tens
     engine = FusedDPSGD(model, record_loss, lambda ps: LocalOptimiser(ps, "sgd", lr=0.0),
                         max_grad_norm=max_grad_norm, noise_multiplier=0.0, expected_batch_size=1,
                         generator=torch.Generator())
+    assert engine.flat.grad is not None
+    engine.flat.grad.zero_()
     out, kept, outputs = engine.forward(xb)
     grads = torch.autograd.grad(record_loss(out.float(), yb).sum(), outputs)
     with torch.no_grad():
@@ -359,7 +364,6 @@ def per_record_factors(model: nn.Module, record_loss: RecordLoss, xb: torch.Tens
         coef = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
         for layer in engine.layers:
             layer.clipped_sum(coef)
-    assert engine.flat.grad is not None
     summed: dict[str, torch.Tensor] = {}
     start = 0
     for p in model.parameters():
