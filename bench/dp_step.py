@@ -10,7 +10,8 @@ clipping and torch.func's vmapped per-record gradients (fedmqtt/training/per_sam
 Each round's wall time is divided by its steps; the table gives the median over the repeats and the ratios
 DP / plain of those medians (the issue's goal: at most 2x); a second table gives, per engine, the ratio of each
 repeat's DP round to the plain round just before it (median, lowest, highest), which load drifting over a run
-moves less. The DP time includes everything a DP round costs a site beyond its
+moves less, and the same for the fused engine with noise multiplier 0 (not private: it shows what the Gaussian
+draw for every parameter costs). The DP time includes everything a DP round costs a site beyond its
 steps (wrapping the model, the accountant before and after), spread over the round's steps.
 """
 
@@ -61,13 +62,17 @@ def data(shape: tuple[int, ...], task: TaskInfo, rows: int) -> tuple[np.ndarray,
 
 
 ENGINES = ("fused", "opacus", "torch.func")  # record_dp.engine; "auto" picks one of these (privacy.choose_engine)
+NOISELESS = "fused, sigma 0"  # the fused engine with noise multiplier 0: what the noise draw costs (not private)
 
 
 def one_round(engine: str | None, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, settings: TrainSettings,
               dp: RecordDP, task: TaskInfo) -> float:
     """Seconds per step of one local round: plain (engine None) or DP-SGD through `engine`."""
     start = time.perf_counter()
-    if engine is not None:
+    if engine == NOISELESS:
+        dp = dp.model_copy(update={"engine": "fused", "noise_multiplier": 0.0})
+        steps = train_local_dp(model, x, y, settings, dp, history=[], task=task, seed=0).stats.steps
+    elif engine is not None:
         dp = dp.model_copy(update={"engine": engine})
         steps = train_local_dp(model, x, y, settings, dp, history=[], task=task, seed=0).stats.steps
     else:
@@ -81,12 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     settings = TrainSettings(epochs=a.epochs, batch_size=a.batch_size, lr=0.05, optimizer="sgd")
     dp = RecordDP(max_grad_norm=1.0, noise_multiplier=1.0)
     print(f"{a.rows} rows, batch {a.batch_size}, {a.epochs} epoch(s), SGD, {a.threads} thread(s), torch "
-          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, {', '.join(ENGINES)}, ...)")
+          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, {', '.join(ENGINES)}, {NOISELESS}, ...)")
     print(f"load average before: {_load()}\n")
     print("| model | parameters | plain ms/step | fused ms/step | Opacus ghost ms/step | torch.func ms/step "
           "| fused / plain | Opacus / plain | torch.func / plain | auto picks |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    kinds: tuple[str | None, ...] = (None, *ENGINES)
+    kinds: tuple[str | None, ...] = (None, *ENGINES, NOISELESS)
     paired: list[str] = []
     for label, name, args, shape, task in MODELS:
         x, y = data(shape, task, a.rows)
@@ -105,10 +110,10 @@ def main(argv: list[str] | None = None) -> None:
         ratios = " | ".join(f"{ms[k] / ms[None]:.2f}x" for k in ENGINES)
         print(f"| {label} | {n_params:,} | {ms[None]:.2f} | {cells} | {ratios} | {auto} |", flush=True)
         paired.append(f"| {label} | " + " | ".join(_spread([d / p for d, p in zip(times[k], times[None], strict=True)])
-                                                   for k in ENGINES) + " |")
+                                                   for k in (*ENGINES, NOISELESS)) + " |")
     print("\nPer repeat, DP round / the plain round before it: median (lowest-highest)\n")
-    print("| model | " + " | ".join(f"{k} / plain" for k in ENGINES) + " |")
-    print("|---|" + "---|" * len(ENGINES))
+    print("| model | " + " | ".join(f"{k} / plain" for k in (*ENGINES, NOISELESS)) + " |")
+    print("|---|" + "---|" * (len(ENGINES) + 1))
     print("\n".join(paired))
     print(f"\nload average after: {_load()}")
 
