@@ -284,12 +284,12 @@ def choose_engine(requested: str, model: nn.Module, expected_batch_size: int = 0
     if requested == "fused":
         why = fused_clipping.problem(model)
         if why:
-            raise ValueError(f"record_dp.engine = \"fused\": {why}")
+            raise ValueError(f"train.dp.engine = \"fused\": {why}")
         return "fused"
     missing = unsupported(model)
     if requested == "torch.func":
         if missing:
-            raise ValueError(f"record_dp.engine = \"torch.func\" cannot serve layers {', '.join(missing)}: use "
+            raise ValueError(f"train.dp.engine = \"torch.func\" cannot serve layers {', '.join(missing)}: use "
                              "engine = \"opacus\" or \"auto\"")
         return "torch.func"
     if fused_clipping.problem(model) is None:
