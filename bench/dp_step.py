@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = TrainSettings(epochs=a.epochs, batch_size=a.batch_size, lr=0.05, optimizer="sgd")
     dp = RecordDP(max_grad_norm=1.0, noise_multiplier=1.0)
     print(f"{a.rows} rows, batch {a.batch_size}, {a.epochs} epoch(s), SGD, {a.threads} thread(s), torch "
-          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, {', '.join(ENGINES)}, {NOISELESS}, ...)")
+          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, {', '.join(ENGINES)}, "
+          f"{NOISELESS}, ...)")
     print(f"load average before: {_load()}\n")
     print("| model | parameters | plain ms/step | fused ms/step | Opacus ghost ms/step | torch.func ms/step "
           "| fused / plain | Opacus / plain | torch.func / plain | auto picks |")

@@ -83,6 +83,9 @@ def problem(model: nn.Module) -> str | None:
                   if type(m) not in _WITH_PARAMETERS and type(m) not in _PARAMETER_FREE})
     if odd:
         return f"the fused engine cannot serve layers {', '.join(odd)}: {fix}"
+    if any(getattr(m, "inplace", False) for m in layers):
+        return ("the fused engine reads each layer's output as it was computed, and an in-place layer overwrites it: "
+                f"build the model with inplace=False, or {fix}")
     convs = [m for m in layers if isinstance(m, nn.Conv1d | nn.Conv2d)]
     if any(m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str) for m in convs):
         return f"the fused engine serves convolutions with groups 1 and numeric zero padding only: {fix}"
@@ -119,35 +122,36 @@ class _Layer:
 class _Linear(_Layer):
     def __init__(self, views: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         super().__init__(views, grads)
-        self.a = self.b = torch.empty(0)
+        self.a = self.b_t = torch.empty(0)
         self.per_record: torch.Tensor | None = None
+        self.weight, self.bias = views[0], views[1] if len(views) > 1 else None
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return F.linear(h, self.views[0], self.views[1] if len(self.views) > 1 else None), h
+        return F.linear(h, self.weight, self.bias), h
 
     def norms(self, kept: torch.Tensor, b: torch.Tensor, sq: torch.Tensor) -> None:
         if kept.ndim == 2:  # one vector per record: the norm of the outer product b_i a_i^T is a product of norms
-            self.a, self.b, self.per_record = kept, b, None
-            b_sq = b.square().sum(1)
-            sq.addcmul_(kept.square().sum(1), b_sq)
-            if len(self.views) > 1:
-                sq.add_(b_sq)
+            self.a, self.b_t, self.per_record = kept, b.t(), None
+            a_sq = torch.linalg.vecdot(kept, kept)
+            if self.bias is not None:  # ||a_i||^2 ||b_i||^2 + ||b_i||^2
+                a_sq.add_(1.0)
+            sq.addcmul_(a_sq, torch.linalg.vecdot(b, b))
             return
         # A sequence per record (any rank above 2): its gradient sum_t b_t a_t^T, formed outright
         a3, b3 = kept.flatten(1, -2), b.flatten(1, -2)
         self.per_record = torch.bmm(b3.transpose(1, 2), a3)
         sq.add_(self.per_record.square().sum((1, 2)))
-        self.b = b3.sum(1)
-        if len(self.views) > 1:
-            sq.add_(self.b.square().sum(1))
+        self.b_t = b3.sum(1).t()
+        if self.bias is not None:
+            sq.add_(self.b_t.square().sum(0))
 
     def clipped_sum(self, coef: torch.Tensor) -> None:
-        if self.per_record is None:
-            self.grads[0].addmm_((self.b * coef[:, None]).t(), self.a)
+        if self.per_record is None:  # sum_i c_i b_i a_i^T = (b^T scaled by c along the records) a
+            self.grads[0].addmm_(self.b_t * coef, self.a)
         else:
             self.grads[0].view(-1).addmv_(self.per_record.flatten(1).t(), coef)
-        if len(self.views) > 1:
-            self.grads[1].addmv_(self.b.t(), coef)
+        if self.bias is not None:
+            self.grads[1].addmv_(self.b_t, coef)
 
 
 class _Conv(_Layer):
@@ -287,6 +291,7 @@ class FusedDPSGD:
         self.expected_batch_size = float(expected_batch_size)
         self.generator = generator
         self.one = torch.ones((), dtype=torch.float32, device=self.flat.device)  # d(sum of losses) / d(sum): no new one
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.flat.device)  # of the records' losses
 
     def forward(self, xb: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """The model's output, each parametrised layer's kept input and its output (which the backward reads)."""
@@ -298,25 +303,25 @@ class FusedDPSGD:
                 h, k = s.forward(h)
                 if not h.requires_grad:  # the first parametrised layer: the graph starts at its output
                     h.requires_grad_(True)
-                kept.append(k.detach())
+                kept.append(k)  # read under no_grad only: no graph grows from it
                 outputs.append(h)
             else:
                 h = s(h)
         return h, kept, outputs
 
-    def step(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        """One DP-SGD step on the batch (possibly empty: then the noise alone); returns the records' losses.
+    def step(self, xb: torch.Tensor, yb: torch.Tensor) -> int:
+        """One DP-SGD step on the batch (possibly empty: then the noise alone); returns its records. Their losses
+        are added to `loss_sum`.
 
         The gradient (sum of clipped gradients + N(0, (sigma C)^2)) / B is built in place: the noise drawn straight
         into it at std sigma C / B, then each layer's clipped sum added with the factors c_i / B. Opacus divides
         the noised sum by B instead; the same values up to rounding, and two passes over the parameters fewer."""
         grad = self.flat.grad
         assert grad is not None
-        with torch.no_grad():
-            if self.std > 0:
-                grad.normal_(0.0, self.std / self.expected_batch_size, generator=self.generator)
-            else:
-                grad.zero_()
+        if self.std > 0:  # grad needs no gradient: no no_grad context for it
+            grad.normal_(0.0, self.std / self.expected_batch_size, generator=self.generator)
+        else:
+            grad.zero_()
         if len(yb):
             out, kept, outputs = self.forward(xb)
             losses = self.record_loss(out.float(), yb)
@@ -325,14 +330,14 @@ class FusedDPSGD:
                 sq = torch.zeros(len(yb), dtype=grad.dtype, device=grad.device)
                 for layer, k, b in zip(self.layers, kept, output_grads, strict=True):
                     layer.norms(k, b, sq)
-                coef = (self.clip / (sq.sqrt_() + 1e-6)).clamp_(max=1.0).div_(self.expected_batch_size)
+                # c_i / B = min(1, C / (||g_i|| + 1e-6)) / B, Opacus' factor, with the division by B folded in
+                coef = sq.sqrt_().add_(1e-6).reciprocal_().mul_(self.clip / self.expected_batch_size) \
+                    .clamp_(max=1.0 / self.expected_batch_size)
                 for layer in self.layers:
                     layer.clipped_sum(coef)
-            losses = losses.detach()
-        else:
-            losses = torch.zeros(0, device=xb.device)
+                self.loss_sum += losses.sum(dtype=torch.float64)
         self.optimiser.step()
-        return losses
+        return len(yb)
 
     def write_back(self) -> None:
         """Copy the trained parameters into the model."""

@@ -186,7 +186,7 @@ def test_the_records_are_opacus_poisson_samples() -> None:
     seen: list[list[int]] = []
     original = fused_clipping.FusedDPSGD.step
 
-    def spy(self: fused_clipping.FusedDPSGD, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    def spy(self: fused_clipping.FusedDPSGD, xb: torch.Tensor, yb: torch.Tensor) -> int:
         rows = [int(np.flatnonzero((x == xb[i].numpy()).all(axis=1))[0]) for i in range(len(xb))]
         seen.append(rows)
         return original(self, xb, yb)
@@ -252,7 +252,7 @@ def test_an_empty_batch_steps_by_the_noise_alone() -> None:
     engine = fused_clipping.FusedDPSGD(model, _record_loss(BINARY), lambda ps: privacy._make_optimizer(
         ps, TrainSettings(optimizer="sgd", lr=1.0)), max_grad_norm=2.0, noise_multiplier=1.5, expected_batch_size=4,
         generator=torch.Generator().manual_seed(2))
-    assert len(engine.step(torch.zeros(0, 15), torch.zeros(0))) == 0
+    assert engine.step(torch.zeros(0, 15), torch.zeros(0)) == 0 and float(engine.loss_sum) == 0.0
     engine.write_back()
     noise = torch.empty_like(before).normal_(0.0, 3.0, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), before - noise / 4)
@@ -277,8 +277,10 @@ def test_models_it_cannot_serve_are_refused_with_the_fix_and_auto_falls_back() -
     frozen = _model("mlp")
     frozen.head.weight.requires_grad_(False)
     odd = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    # an in-place ReLU would overwrite the Linear output whose gradient the engine reads
+    inplace = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 1))
     for model, says in [(gru, "GRUNet"), (resnet, "ResNet1dSE"), (same, "zero padding"), (frozen, "frozen"),
-                        (odd, "BatchNorm1d")]:
+                        (odd, "BatchNorm1d"), (inplace, "inplace=False")]:
         why = fused_clipping.problem(model)
         assert why is not None and says in why and 'engine = "auto"' in why
         with pytest.raises(ValueError, match="fused"):
