@@ -273,19 +273,19 @@ class FusedDPSGD:
             end = start + p.numel()
             offsets[id(p)] = (base[start:end].view(p.shape), grad[start:end].view(p.shape))
             start = end
-        self.steps: list[_Layer | nn.Module] = []
+        self.chain: list[_Layer | nn.Module] = []
         for m in _layers(model) or []:
             own = [offsets[id(p)] for p in m.parameters(recurse=False)]
             views, grads = [v for v, _ in own], [g for _, g in own]
             if isinstance(m, nn.Linear):
-                self.steps.append(_Linear(views, grads))
+                self.chain.append(_Linear(views, grads))
             elif isinstance(m, nn.Conv1d | nn.Conv2d):
-                self.steps.append(_Conv(m, views, grads))
+                self.chain.append(_Conv(m, views, grads))
             elif isinstance(m, nn.GroupNorm | nn.LayerNorm):
-                self.steps.append(_Norm(m, views, grads))
+                self.chain.append(_Norm(m, views, grads))
             else:
-                self.steps.append(m)
-        self.layers = [s for s in self.steps if isinstance(s, _Layer)]
+                self.chain.append(m)
+        self.layers = [s for s in self.chain if isinstance(s, _Layer)]
         self.optimiser = optimiser([self.flat])
         self.clip, self.std = float(max_grad_norm), float(noise_multiplier) * float(max_grad_norm)
         self.expected_batch_size = float(expected_batch_size)
@@ -298,7 +298,7 @@ class FusedDPSGD:
         kept: list[torch.Tensor] = []
         outputs: list[torch.Tensor] = []
         h = xb
-        for s in self.steps:
+        for s in self.chain:
             if isinstance(s, _Layer):
                 h, k = s.forward(h)
                 if not h.requires_grad:  # the first parametrised layer: the graph starts at its output

@@ -182,6 +182,9 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
     if settings.steps_per_epoch is not None:
         per_epoch = min(per_epoch, settings.steps_per_epoch)
     chosen = choose_engine(dp.engine, model, int(n * plan.sample_rate))
+    if n == 0:  # nothing to sample from (Opacus' sampler refuses it): no step, nothing spent
+        stats = TrainStats(0, 0, None, time.perf_counter() - started, "no labelled training row")
+        return DPRound(stats, [(float(s), float(q), int(k)) for s, q, k in history], plan, plan.epsilon_before, chosen)
     if chosen == "fused":  # trains the model's own weights: it wraps nothing and adds no hook to it
         was_training = model.to(dev).training
         model.train()  # for dropout layers, which the fused engine calls as they are

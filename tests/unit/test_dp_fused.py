@@ -258,6 +258,19 @@ def test_an_empty_batch_steps_by_the_noise_alone() -> None:
     torch.testing.assert_close(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), before - noise / 4)
 
 
+@pytest.mark.parametrize("engine", ["fused", "opacus", "torch.func"])
+def test_no_labelled_record_takes_no_step_and_spends_nothing(engine: str) -> None:
+    x, _ = _toy_table(4)
+    model = _model("mlp")
+    before = [p.detach().clone() for p in model.parameters()]
+    done = privacy.train_local_dp(model, x, np.full(4, np.nan, dtype=np.float32), TrainSettings(batch_size=8),
+                                  RecordDP(max_grad_norm=1.0, noise_multiplier=1.0, engine=engine),
+                                  history=[(1.0, 0.5, 3)], seed=1)
+    assert done.stats.steps == 0 and done.stats.no_step_reason == "no labelled training row"
+    assert done.history == [(1.0, 0.5, 3)] and done.epsilon == done.plan.epsilon_before > 0
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+
+
 def test_the_model_is_trained_in_place_and_gets_no_hooks() -> None:
     x, y = _toy_table(32)
     model = _model("mlp")
