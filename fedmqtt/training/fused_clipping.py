@@ -90,6 +90,8 @@ def problem(model: nn.Module) -> str | None:
     if any(m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str) for m in convs):
         return f"the fused engine serves convolutions with groups 1 and numeric zero padding only: {fix}"
     params = list(model.parameters())
+    if not params:
+        return f"the fused engine trains parameters, and this model has none: {fix}"
     if any(not p.requires_grad for p in params):
         return f"the fused engine trains every parameter, and this model has frozen ones: {fix}"
     if len({p.dtype for p in params}) > 1 or len({p.device for p in params}) > 1:

@@ -248,7 +248,8 @@ def _fused_round(model: nn.Module, device: torch.device, settings: TrainSettings
     # forward, not the module's call: no hooks to run, a few microseconds a step on models whose step is hundreds
     engine = FusedDPSGD(model, per_record.forward, lambda params: _make_optimizer(params, settings),
                         max_grad_norm=dp.max_grad_norm, noise_multiplier=plan.noise_multiplier,
-                        expected_batch_size=int(n * plan.sample_rate), generator=noise)
+                        # at least 1: n * (1 / n) can round to just below 1 (batch size 1), and int() to 0
+                        expected_batch_size=max(1, int(n * plan.sample_rate)), generator=noise)
     resident = xt.device == device
     steps, loss_rows = 0, 0
     for _ in range(settings.epochs):

@@ -271,6 +271,17 @@ def test_no_labelled_record_takes_no_step_and_spends_nothing(engine: str) -> Non
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
 
 
+def test_batch_size_one_divides_by_one_record() -> None:
+    """49 rows at batch size 1: q = 1/49, and 49 * (1/49) is just below 1 in floating point; the expected batch
+    must still be one record, not zero."""
+    x, y = _toy_table(49)
+    model = _model("mlp")
+    done = privacy.train_local_dp(model, x, y, TrainSettings(batch_size=1, steps_per_epoch=3, lr=0.01),
+                                  RecordDP(max_grad_norm=1.0, noise_multiplier=1.0, engine="fused"), history=[], seed=3)
+    assert done.stats.steps == 3
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
 def test_the_model_is_trained_in_place_and_gets_no_hooks() -> None:
     x, y = _toy_table(32)
     model = _model("mlp")
@@ -293,7 +304,7 @@ def test_models_it_cannot_serve_are_refused_with_the_fix_and_auto_falls_back() -
     # an in-place ReLU would overwrite the Linear output whose gradient the engine reads
     inplace = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 1))
     for model, says in [(gru, "GRUNet"), (resnet, "ResNet1dSE"), (same, "zero padding"), (frozen, "frozen"),
-                        (odd, "BatchNorm1d"), (inplace, "inplace=False")]:
+                        (odd, "BatchNorm1d"), (inplace, "inplace=False"), (nn.Sequential(nn.ReLU()), "none")]:
         why = fused_clipping.problem(model)
         assert why is not None and says in why and 'engine = "auto"' in why
         with pytest.raises(ValueError, match="fused"):
