@@ -5,10 +5,16 @@
 For each model, one local round (same rows, batch size, epochs and SGD settings) runs in turn through the
 plain loop (`fedmqtt.training.loop.train_local`) and through DP-SGD (`fedmqtt.training.privacy.train_local_dp`:
 per-record gradients, clipping, noise, Poisson sampling, and the accountant's epsilon after the round) with each
-engine: Opacus' ghost clipping and torch.func's vmapped per-record gradients (fedmqtt/training/per_sample.py).
+engine: the fused engine's one-pass per-layer clipping (fedmqtt/training/fused_clipping.py), Opacus' ghost
+clipping and torch.func's vmapped per-record gradients (fedmqtt/training/per_sample.py).
 Each round's wall time is divided by its steps; the table gives the median over the repeats and the ratios
-DP / plain (the issue's goal: at most 2x). The DP time includes everything a DP round costs a site beyond its
-steps (wrapping the model, the accountant before and after), spread over the round's steps.
+DP / plain of those medians (the issue's goal: at most 2x); a second table gives, per engine, the ratio of each
+repeat's DP round to the plain round just before it (median, lowest, highest), which load drifting over a run
+moves less, and the same for the fused engine with noise multiplier 0 (not private: it shows what the Gaussian
+draw for every parameter costs); a third table the same ratios of this process's CPU time (one torch thread: the
+work itself, without the time spent waiting for a core that other processes hold). The DP time includes
+everything a DP round costs a site beyond its steps (wrapping the model, the accountant before and after), spread
+over the round's steps.
 """
 
 from __future__ import annotations
@@ -57,19 +63,24 @@ def data(shape: tuple[int, ...], task: TaskInfo, rows: int) -> tuple[np.ndarray,
     return x, y
 
 
-ENGINES = ("opacus", "torch.func")  # record_dp.engine; "auto" picks one of these (privacy.choose_engine)
+ENGINES = ("fused", "opacus", "torch.func")  # record_dp.engine; "auto" picks one of these (privacy.choose_engine)
+NOISELESS = "fused, sigma 0"  # the fused engine with noise multiplier 0: what the noise draw costs (not private)
 
 
 def one_round(engine: str | None, model: torch.nn.Module, x: np.ndarray, y: np.ndarray, settings: TrainSettings,
-              dp: RecordDP, task: TaskInfo) -> float:
-    """Seconds per step of one local round: plain (engine None) or DP-SGD through `engine`."""
-    start = time.perf_counter()
-    if engine is not None:
+              dp: RecordDP, task: TaskInfo) -> tuple[float, float]:
+    """Seconds per step of one local round, wall-clock and this process's CPU time: plain (engine None) or DP-SGD
+    through `engine`."""
+    start, cpu = time.perf_counter(), time.process_time()
+    if engine == NOISELESS:
+        dp = dp.model_copy(update={"engine": "fused", "noise_multiplier": 0.0})
+        steps = train_local_dp(model, x, y, settings, dp, history=[], task=task, seed=0).stats.steps
+    elif engine is not None:
         dp = dp.model_copy(update={"engine": engine})
         steps = train_local_dp(model, x, y, settings, dp, history=[], task=task, seed=0).stats.steps
     else:
         steps = train_local(model, x, y, settings, seed=0, task=task).steps
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,28 +89,52 @@ def main(argv: list[str] | None = None) -> None:
     settings = TrainSettings(epochs=a.epochs, batch_size=a.batch_size, lr=0.05, optimizer="sgd")
     dp = RecordDP(max_grad_norm=1.0, noise_multiplier=1.0)
     print(f"{a.rows} rows, batch {a.batch_size}, {a.epochs} epoch(s), SGD, {a.threads} thread(s), torch "
-          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, opacus, torch.func, ...)")
+          f"{torch.__version__}, median of {a.repeats} rounds each (interleaved: plain, {', '.join(ENGINES)}, "
+          f"{NOISELESS}, ...)")
     print(f"load average before: {_load()}\n")
-    print("| model | parameters | plain ms/step | Opacus ghost ms/step | torch.func ms/step | Opacus / plain "
-          "| torch.func / plain | auto picks |")
-    print("|---|---|---|---|---|---|---|---|")
-    kinds: tuple[str | None, ...] = (None, *ENGINES)
+    print("| model | parameters | plain ms/step | fused ms/step | Opacus ghost ms/step | torch.func ms/step "
+          "| fused / plain | Opacus / plain | torch.func / plain | auto picks |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    kinds: tuple[str | None, ...] = (None, *ENGINES, NOISELESS)
+    paired: list[str] = []
+    paired_cpu: list[str] = []
     for label, name, args, shape, task in MODELS:
         x, y = data(shape, task, a.rows)
         torch.manual_seed(0)
         model = build_model(name, args)
         n_params = sum(p.numel() for p in model.parameters())
         times: dict[str | None, list[float]] = {k: [] for k in kinds}
+        cpu: dict[str | None, list[float]] = {k: [] for k in kinds}
         for kind in kinds:  # warm-up: the first calls import and allocate
             one_round(kind, model, x, y, settings, dp, task)
         for _ in range(a.repeats):
             for kind in kinds:
-                times[kind].append(one_round(kind, model, x, y, settings, dp, task))
+                wall, used = one_round(kind, model, x, y, settings, dp, task)
+                times[kind].append(wall)
+                cpu[kind].append(used)
         ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         auto = choose_engine("auto", model, a.batch_size)
-        print(f"| {label} | {n_params:,} | {ms[None]:.2f} | {ms['opacus']:.2f} | {ms['torch.func']:.2f} | "
-              f"{ms['opacus'] / ms[None]:.2f}x | {ms['torch.func'] / ms[None]:.2f}x | {auto} |")
+        cells = " | ".join(f"{ms[k]:.2f}" for k in ENGINES)
+        ratios = " | ".join(f"{ms[k] / ms[None]:.2f}x" for k in ENGINES)
+        print(f"| {label} | {n_params:,} | {ms[None]:.2f} | {cells} | {ratios} | {auto} |", flush=True)
+        paired.append(_paired_row(label, times))
+        paired_cpu.append(_paired_row(label, cpu))
+    for title, rows in (("wall-clock", paired), ("CPU time of this process (what other processes' load moves least)",
+                                                 paired_cpu)):
+        print(f"\nPer repeat, DP round / the plain round before it, {title}: median (lowest-highest)\n")
+        print("| model | " + " | ".join(f"{k} / plain" for k in (*ENGINES, NOISELESS)) + " |")
+        print("|---|" + "---|" * (len(ENGINES) + 1))
+        print("\n".join(rows))
     print(f"\nload average after: {_load()}")
+
+
+def _paired_row(label: str, seconds: dict[str | None, list[float]]) -> str:
+    return f"| {label} | " + " | ".join(_spread([d / p for d, p in zip(seconds[k], seconds[None], strict=True)])
+                                        for k in (*ENGINES, NOISELESS)) + " |"
+
+
+def _spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _load() -> str:

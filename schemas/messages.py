@@ -93,12 +93,17 @@ class RecordDP(Frozen):
                          "reported; choose it well below 1 / (records at a site)")
     accountant: Literal["rdp", "prv"] = Field(default="rdp", description="Opacus' accountant: rdp (Renyi DP, "
                                               "Mironov) or prv (privacy random variables, Gopi et al.)")
-    engine: Literal["auto", "opacus", "torch.func"] = Field(default="auto", description="who computes the "
-                                                           "per-record gradients: opacus (ghost clipping), torch.func "
-                                                           "(vmap; layers it batches only), or auto: torch.func for a "
-                                                           "convolutional model it serves whose batch of per-record "
-                                                           "gradients stays under 8 Mi floats, else opacus. The same "
-                                                           "clipping, noise, sampling and accountant either way")
+    engine: Literal["auto", "fused", "opacus", "torch.func"] = Field(default="auto", description="who computes the "
+                                                                     "per-record gradients: fused (one backward pass, "
+                                                                     "per-layer norms and clipped sums; sequential "
+                                                                     "models of Linear, Conv, GroupNorm and LayerNorm "
+                                                                     "layers), opacus (ghost clipping), torch.func "
+                                                                     "(vmap; layers it batches only), or auto: fused "
+                                                                     "where it serves the model, else torch.func for a "
+                                                                     "convolutional model it serves whose batch of "
+                                                                     "per-record gradients stays under 8 Mi floats, "
+                                                                     "else opacus. The same clipping, noise "
+                                                                     "distribution, sampling and accountant in each")
 
     @model_validator(mode="after")
     def _noise_or_target(self) -> RecordDP:

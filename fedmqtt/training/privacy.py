@@ -1,5 +1,5 @@
-"""Record-level DP-SGD at the site (Abadi et al., Deep Learning with Differential Privacy), through Opacus or
-torch.func (per_sample.py; `choose_engine` says which serves a model).
+"""Record-level DP-SGD at the site (Abadi et al., Deep Learning with Differential Privacy), through one of three
+engines: fused (fused_clipping.py), Opacus or torch.func (per_sample.py); `choose_engine` says which serves a model.
 
 Each round: Poisson-sampled batches (every record joins a batch with probability q, as the accountant assumes),
 each record's gradient clipped to C, Gaussian noise of std sigma * C on the batch's clipped sum, then the
@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.training.client_rules import record_dp_problem
-from fedmqtt.training.loop import TrainStats, _labelled_tensors, resolve_loss
+from fedmqtt.training.loop import TrainStats, _batch, _concrete, _labelled_tensors, _make_optimizer, resolve_loss
 from schemas.messages import RecordDP, TrainSettings
 
 # (noise multiplier, sample rate, steps): Opacus' accountant history, the same for its RDP and PRV accountants.
@@ -167,8 +167,6 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
         ValueError: the model or the settings cannot be trained with DP (the message says how to fix it), or the
             labels do not fit the task.
     """
-    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
-
     problem = settings_problem(settings) or model_problem(model)
     if problem:
         raise ValueError(problem)
@@ -180,26 +178,24 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
     plan = plan_round(dp, n, settings, history)
     draw = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
     noise = torch.Generator(device=dev).manual_seed(secrets.randbits(63) if seed is None else seed + 1)
-    # A copy is wrapped, so the trainer's cached model never carries Opacus' hooks into plain training or evaluation.
-    work = copy.deepcopy(model).to(dev).train()
-    optimizer = _torch_optimizer(work, settings)
-    # Read by make_private only for q = 1 / len(loader) and the expected batch n * q; the batches come from
-    # Opacus' Poisson sampler below, indexing the tensors directly (a DataLoader fetches row by row, which cost
-    # about a quarter of a DP step on the zoo's MLP).
-    loader = DataLoader(TensorDataset(xt, yt), batch_size=settings.batch_size)
     per_epoch = max(1, math.ceil(n / settings.batch_size))
-    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=plan.sample_rate, generator=draw,
-                                            steps=per_epoch if settings.steps_per_epoch is None else
-                                            min(per_epoch, settings.steps_per_epoch))
-    chosen = choose_engine(dp.engine, work, int(n * plan.sample_rate))
-    with _quiet():
-        if chosen == "opacus":
-            steps, loss_sum, loss_rows, new_history = _opacus_round(work, optimizer, loader, sampler, criterion,
-                                                                    xt, yt, settings.epochs, dp, plan, history, noise)
-        else:
-            steps, loss_sum, loss_rows, new_history = _torch_func_round(work, optimizer, sampler, criterion, xt, yt,
-                                                                        settings.epochs, dp, plan, history, noise)
-    model.load_state_dict(_unwrapped(work.state_dict()))
+    if settings.steps_per_epoch is not None:
+        per_epoch = min(per_epoch, settings.steps_per_epoch)
+    chosen = choose_engine(dp.engine, model, int(n * plan.sample_rate))
+    if n == 0:  # nothing to sample from (Opacus' sampler refuses it): no step, nothing spent
+        stats = TrainStats(0, 0, None, time.perf_counter() - started, "no labelled training row")
+        return DPRound(stats, [(float(s), float(q), int(k)) for s, q, k in history], plan, plan.epsilon_before, chosen)
+    if chosen == "fused":  # trains the model's own weights: it wraps nothing and adds no hook to it
+        was_training = model.to(dev).training
+        model.train()  # for dropout layers, which the fused engine calls as they are
+        try:
+            steps, loss_sum, loss_rows, new_history = _fused_round(model, _concrete(dev), settings, criterion, xt, yt,
+                                                                   draw, per_epoch, dp, plan, history, noise)
+        finally:
+            model.train(was_training)
+    else:
+        steps, loss_sum, loss_rows, new_history = _wrapped_round(chosen, model, settings, criterion, xt, yt, draw,
+                                                                 per_epoch, dp, plan, history, noise)
     # The plan counted exactly the steps taken (the Poisson loader yields a fixed number of batches per epoch).
     planned = [*history, (plan.noise_multiplier, plan.sample_rate, plan.steps)]
     eps = plan.epsilon_after if _merged(new_history) == _merged(planned) else epsilon(new_history, dp.delta,
@@ -209,12 +205,73 @@ def train_local_dp(model: nn.Module, x: np.ndarray, y: np.ndarray, settings: Tra
     return DPRound(stats, new_history, plan, eps, chosen)
 
 
-Engine = Literal["opacus", "torch.func"]
-# The rule "auto" follows (bench/dp_step.py; docs/benchmarks.md "DP-SGD step time"): torch.func where it was
-# measured faster, on convolutional models (LeNet-5 with GroupNorm: about a tenth faster than ghost clipping, whose
-# per-record norms of a convolution unfold its input), as long as a batch of per-record gradients stays small;
-# Opacus' ghost clipping otherwise: on Linear layers its norms are cheap and torch.func's materialised gradients
-# are not (4 times slower on the 784-256-256-10 MLP), and on the smallest MLP the two tie.
+def _wrapped_round(chosen: str, model: nn.Module, settings: TrainSettings, criterion: PerRecordLoss,
+                   xt: torch.Tensor, yt: torch.Tensor, draw: torch.Generator, per_epoch: int, dp: RecordDP,
+                   plan: RoundPlan, history: Sequence[HistoryEntry], noise: torch.Generator
+                   ) -> tuple[int, float, int, list[HistoryEntry]]:
+    """The round through Opacus or torch.func on a copy of the model, whose weights are copied back after."""
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+    n = int(xt.shape[0])
+    # A copy is wrapped, so the trainer's cached model never carries Opacus' hooks into plain training or evaluation.
+    work = copy.deepcopy(model).to(xt.device).train()
+    optimizer = _torch_optimizer(work, settings)
+    # Read by make_private only for q = 1 / len(loader) and the expected batch n * q; the batches come from
+    # Opacus' Poisson sampler below, indexing the tensors directly (a DataLoader fetches row by row, which cost
+    # about a quarter of a DP step on the zoo's MLP).
+    loader = DataLoader(TensorDataset(xt, yt), batch_size=settings.batch_size)
+    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=plan.sample_rate, generator=draw,
+                                            steps=per_epoch)
+    with _quiet():
+        if chosen == "opacus":
+            out = _opacus_round(work, optimizer, loader, sampler, criterion, xt, yt, settings.epochs, dp, plan,
+                                history, noise)
+        else:
+            out = _torch_func_round(work, optimizer, sampler, criterion, xt, yt, settings.epochs, dp, plan,
+                                    history, noise)
+    model.load_state_dict(_unwrapped(work.state_dict()))
+    return out
+
+
+def _fused_round(model: nn.Module, device: torch.device, settings: TrainSettings, criterion: PerRecordLoss,
+                 xt: torch.Tensor, yt: torch.Tensor, draw: torch.Generator, per_epoch: int, dp: RecordDP,
+                 plan: RoundPlan, history: Sequence[HistoryEntry], noise: torch.Generator
+                 ) -> tuple[int, float, int, list[HistoryEntry]]:
+    """The round through the fused engine (fused_clipping.py) on a flat copy of the model's parameters, written
+    back after. The same Poisson sampling as Opacus' UniformWithReplacementSampler (the same draws from `draw`:
+    each record joins with probability q), without its round trip through a Python list of indices."""
+    from fedmqtt.training.fused_clipping import FusedDPSGD, accountant_history
+
+    per_record = PerRecordLoss(criterion.name)
+    per_record.reduction = "none"
+    n = int(xt.shape[0])
+    # forward, not the module's call: no hooks to run, a few microseconds a step on models whose step is hundreds
+    engine = FusedDPSGD(model, per_record.forward, lambda params: _make_optimizer(params, settings),
+                        max_grad_norm=dp.max_grad_norm, noise_multiplier=plan.noise_multiplier,
+                        # at least 1: n * (1 / n) can round to just below 1 (batch size 1), and int() to 0
+                        expected_batch_size=max(1, int(n * plan.sample_rate)), generator=noise)
+    resident = xt.device == device
+    steps, loss_rows = 0, 0
+    for _ in range(settings.epochs):
+        for _ in range(per_epoch):
+            chosen = torch.rand(n, generator=draw) < plan.sample_rate
+            if resident and device.type == "cpu":  # a boolean mask indexes in one operation per tensor
+                loss_rows += engine.step(xt[chosen], yt[chosen])
+            else:
+                loss_rows += engine.step(*_batch(xt, yt, chosen.nonzero().reshape(-1), device))
+            steps += 1
+    engine.write_back()
+    new_history = accountant_history(history, plan.noise_multiplier, plan.sample_rate, steps)
+    return steps, float(engine.loss_sum), loss_rows, new_history
+
+
+Engine = Literal["fused", "opacus", "torch.func"]
+# The rule "auto" follows (bench/dp_step.py; docs/benchmarks.md "DP-SGD step time"): the fused engine wherever it
+# serves the model (one backward pass, no hooks, no materialised gradient of a Linear layer: the fastest of the three
+# on every model measured); else torch.func where it was measured faster than Opacus, on convolutional models (LeNet-5
+# with GroupNorm: about a tenth faster than ghost clipping, whose per-record norms of a convolution unfold its
+# input), as long as a batch of per-record gradients stays small; Opacus' ghost clipping otherwise: on Linear layers
+# its norms are cheap and torch.func's materialised gradients are not.
 AUTO_MAX_GRADIENT_FLOATS = 1 << 23  # expected batch x trainable parameters: 8 Mi floats, 32 MiB in float32
 
 
@@ -222,18 +279,27 @@ def choose_engine(requested: str, model: nn.Module, expected_batch_size: int = 0
     """The engine that computes the per-record gradients: the one requested, or for "auto" the rule above.
 
     Raises:
-        ValueError: torch.func was requested for a model with layers it does not serve (the message names them).
+        ValueError: torch.func or fused was requested for a model with layers it does not serve (the message says
+            which and what to use instead).
     """
+    from fedmqtt.training import fused_clipping
     from fedmqtt.training.per_sample import unsupported
 
     if requested == "opacus":
         return "opacus"
+    if requested == "fused":
+        why = fused_clipping.problem(model)
+        if why:
+            raise ValueError(f"train.dp.engine = \"fused\": {why}")
+        return "fused"
     missing = unsupported(model)
     if requested == "torch.func":
         if missing:
-            raise ValueError(f"record_dp.engine = \"torch.func\" cannot serve layers {', '.join(missing)}: use "
+            raise ValueError(f"train.dp.engine = \"torch.func\" cannot serve layers {', '.join(missing)}: use "
                              "engine = \"opacus\" or \"auto\"")
         return "torch.func"
+    if fused_clipping.problem(model) is None:
+        return "fused"
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     small = max(1, expected_batch_size) * n_params <= AUTO_MAX_GRADIENT_FLOATS
     convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())

@@ -126,12 +126,14 @@ def test_an_empty_batch_steps_by_the_noise_alone() -> None:
 
 
 def test_the_engine_rule() -> None:
+    """Past the fused engine (tests/unit/test_dp_fused.py), which serves the zoo's chains: torch.func for a small
+    convolutional model it serves, Opacus otherwise."""
     mlp, lenet = _model("mlp"), _model("lenet-gn")
-    wide = build_model("mlp", {"in_features": 784, "hidden": [256, 256], "out_features": 10})
-    assert privacy.choose_engine("auto", lenet, 64) == "torch.func"  # convolutional and small: measured faster
-    assert privacy.choose_engine("auto", lenet, 512) == "opacus"  # 512 x 62k per-record gradients: too many
-    assert privacy.choose_engine("auto", mlp, 64) == "opacus"  # Linear layers: ghost clipping's norms are cheap
-    assert privacy.choose_engine("auto", wide, 64) == "opacus"
+    assert privacy.choose_engine("auto", lenet, 64) == "fused"
+    assert privacy.choose_engine("auto", mlp, 64) == "fused"
+    resnet = build_model("resnet1d_se", {"in_leads": 1, "base": 8, "blocks": [1], "norm": "gn"})  # residual: no chain
+    assert privacy.choose_engine("auto", resnet, 64) == "torch.func"  # convolutional and small: measured faster
+    assert privacy.choose_engine("auto", resnet, 8192) == "opacus"  # 8192 x 1149 per-record gradients: too many
     assert privacy.choose_engine("torch.func", mlp, 64) == "torch.func"
     assert privacy.choose_engine("opacus", lenet, 64) == "opacus"
     gru = build_model("gru", {"n_features": 3, "hidden": 8})
