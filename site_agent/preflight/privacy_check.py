@@ -40,10 +40,12 @@ def check_privacy(config: SiteConfig) -> Finding:
 
 
 def policy_summary(policy: PrivacyPolicy) -> str:
-    """The rules that are set, in one line ("none" when the site trains whatever the run asks)."""
+    """The rules that are set, in one line ("none" when the site trains whatever the run asks). A setting left at
+    its default is not a rule (the histogram's mechanism matters only once label_histogram_epsilon is set)."""
+    defaults = type(policy)()
     parts = [f"{name} {value:g}" if isinstance(value, float) else
              f"{name} {', '.join(value)}" if isinstance(value, tuple) else
              name if value is True else f"{name} {value}"
              for name, value in policy.model_dump().items()
-             if value not in (None, False, 0)]
+             if value not in (None, False, 0) and value != getattr(defaults, name)]
     return ", ".join(parts) or "none (trains whatever the run asks)"
