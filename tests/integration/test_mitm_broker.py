@@ -83,6 +83,8 @@ class MitmBroker:
     passed: list[str] = field(default_factory=list)  # topics of PUBLISH packets relayed in the watched direction
     _server: socket.socket = field(init=False)
     _sockets: list[socket.socket] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: bool = False
 
     def __post_init__(self) -> None:
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -96,8 +98,9 @@ class MitmBroker:
         with contextlib.suppress(OSError):
             while True:
                 client, _ = self._server.accept()
+                self._keep(client)  # before connecting upstream: a refused connection still closes the client
                 upstream = socket.create_connection(("127.0.0.1", self.broker_port))
-                self._sockets += [client, upstream]
+                self._keep(upstream)
                 threading.Thread(target=self._pump, args=(client, upstream, self.towards == "broker"),
                                  daemon=True).start()
                 threading.Thread(target=self._pump, args=(upstream, client, self.towards == "client"),
@@ -135,9 +138,21 @@ class MitmBroker:
         self.rewritten += 1
         return body[:start] + self.rewrite(body[start:])
 
+    def _keep(self, sock: socket.socket) -> None:
+        """Every socket is closed by close(), also one accepted or connected while close() runs (no socket left
+        for the garbage collector, whose ResourceWarning fails the test's teardown)."""
+        with self._lock:
+            self._sockets.append(sock)
+            closed = self._closed
+        if closed:
+            sock.close()
+
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sockets, self._sockets = self._sockets, []
         self._server.close()
-        for sock in self._sockets:
+        for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.close()
 
