@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedmqtt.atomic import private_dir, write_atomic
+from schemas.codec import Encoded
 
 
 class UplinkStore:
@@ -20,7 +21,8 @@ class UplinkStore:
         path = self._path(kind, round_no, model_hash)
         return path.read_bytes() if path.is_file() else None
 
-    def save(self, kind: str, round_no: int, model_hash: str, payload: bytes) -> Path:
+    def save(self, kind: str, round_no: int, model_hash: str, payload: Encoded) -> Path:
+        """Durable before it returns; `payload` as bytes or as the pieces of one encoding, written in order."""
         path = write_atomic(self._path(kind, round_no, model_hash), payload)
         self._prune(kind, keep=3)
         return path
