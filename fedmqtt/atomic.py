@@ -5,6 +5,7 @@ others must not read: files are 0600 and folders 0700 from the moment they exist
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -78,9 +79,11 @@ def write_atomic(path: Path, data: Piece | Iterable[Piece], *, durable: bool = T
 
 
 def _take_over(old: Path, tmp: Path) -> bool:
-    """Rename `old` (a regular file of ours, not a link) to `tmp`; False if it is not there."""
+    """Rename `old` (a regular file of ours with no other name: writing over it in place must change nothing
+    anyone reads) to `tmp`; False if it is not such a file, which is then left as it is."""
     try:
-        if not old.is_file() or old.is_symlink():
+        info = os.lstat(old)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             return False
         os.replace(old, tmp)
     except OSError:
