@@ -175,7 +175,7 @@ def safetensors_pieces(arrays: dict[str, np.ndarray], metadata: dict[str, str]
     text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
     return [len(text).to_bytes(8, "little") + text,
-            *(memoryview(arrays[name].reshape(-1)).cast("B") for name in order if arrays[name].nbytes)]
+            *(arrays[name].reshape(-1).data.cast("B") for name in order if arrays[name].nbytes)]
 
 
 def _round_of(path: Path) -> int:
