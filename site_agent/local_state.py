@@ -100,6 +100,7 @@ class BestSlot:
             # after the round evaluated last has closed), so it is no longer needed; it becomes the spare.
             os.replace(evaluated, spare)
         _save(evaluated, round_no, weights, durable=False, recycle=spare)
+        spare.unlink(missing_ok=True)  # not taken (a dtype save_file writes, a second name): no third model on disk
 
     def promote(self, best_round: int | None) -> None:
         evaluated = self.folder / "evaluated.safetensors"

@@ -59,9 +59,13 @@ def test_a_dtype_outside_the_table_is_left_to_save_file(tmp_path: Path) -> None:
     assert safetensors_pieces(weights, {}) is None
     slot.remember(1, weights)
     slot.promote(1)
-    # Assert
+    slot.remember(2, weights)
+    slot.promote(2)  # the replaced best becomes a spare, which save_file cannot write over
+    slot.remember(3, weights)
+    # Assert: read back as written; no spare model file left beside the slot's two
     round_no, back = slot.slot()
-    assert round_no == 1 and back is not None and np.array_equal(back["w"], weights["w"])
+    assert round_no == 2 and back is not None and np.array_equal(back["w"], weights["w"])
+    assert sorted(p.name for p in (tmp_path / "best").iterdir()) == ["best.safetensors", "evaluated.safetensors"]
 
 
 def _model(round_no: int) -> dict[str, np.ndarray]:
@@ -110,7 +114,8 @@ def test_a_crash_inside_promote_never_lets_the_next_model_overwrite_the_best(tmp
     restarted = BestSlot(folder)
     restarted.promote(2)
     restarted.remember(4, _model(4))
-    # Assert: the best model is still round 2's, bit for bit
+    # Assert: the best model is still round 2's, bit for bit; the stray second name is gone
     got_round, got = restarted.slot()
     assert got_round == 2 and _same(got, _model(2))
     assert _same(load_file(str(folder / "evaluated.safetensors")), _model(4))
+    assert not (folder / "spare.safetensors").exists() and (folder / "best.safetensors").stat().st_nlink == 1
