@@ -15,7 +15,8 @@ Only rounds 2..R count (round 1 pays one-off costs such as torch's first kernels
 closes (the final evaluation is not a round). `--baseline-tree DIR` runs the same measurement from another
 checkout (e.g. `git archive <commit> | tar -x -C DIR`) in alternating child processes, so both see the same
 machine load; medians over `--repeats` are printed side by side with their ratio. `--profile` prints the
-functions where this tree's agents spend their time (cProfile, cumulative, agent polls only).
+functions where this tree's agents spend their CPU time (cProfile on the thread's CPU clock, cumulative, or as
+AGENT_ROUND_SORT says, e.g. tottime; agent polls only).
 
     python bench/agent_round.py --model-mb 16 --sites 2 --rounds 6 --repeats 3 [--baseline-tree /tmp/base]
 """
@@ -101,7 +102,7 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
     if profile:
         import cProfile
 
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)  # CPU time, as the figures above: waits for fsync excluded
     runner.start()
     counted = {"cpu": 0.0, "wall": 0.0}
     idle = {"cpu": 0.0, "wall": 0.0, "polls": 0}  # polls that found nothing to do (the loop spins; see below)

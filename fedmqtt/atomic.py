@@ -5,6 +5,7 @@ others must not read: files are 0600 and folders 0700 from the moment they exist
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -47,28 +48,64 @@ def write_private_text(path: Path, text: str) -> Path:
     return write_atomic(path, text.encode("utf-8"))
 
 
-def write_atomic(path: Path, data: Piece | Iterable[Piece], *, durable: bool = True) -> Path:
+def write_atomic(path: Path, data: Piece | Iterable[Piece], *, durable: bool = True,
+                 recycle: Path | None = None) -> Path:
     """Write `data` (bytes, or pieces written one after another without joining them) to `path` so that a
     crash at any moment leaves either the old or the new file. `durable=False` skips the fsyncs, for files that
-    a restart throws away anyway (the PS's update spool): still never torn, just not forced to disk."""
+    a restart throws away anyway (the PS's update spool): still never torn, just not forced to disk.
+
+    `recycle`: a file of the same folder that the caller deletes once `path` is written (an older stored update).
+    It becomes the temporary file and is overwritten in place: its cached pages are reused instead of freed
+    while as many are allocated and zeroed for a new file (3 of the 6 ms a 16 MB file cost). Nothing else
+    changes for `path`: the temporary file is never read, and it is fsynced before it takes `path`'s name. The
+    only difference is `recycle`'s: after a crash while writing it is already gone, where the caller would have
+    deleted it next."""
+    pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    if recycle is not None and Path(recycle) != path and _take_over(Path(recycle), tmp):
+        with open(tmp, "r+b") as fh:  # not "wb": truncating first would free the pages we came for
+            for piece in pieces:
+                fh.write(piece)
+            fh.truncate()
+        return _put_in_place(tmp, path, durable=durable)
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as fh:  # made 0600 by replace_atomic; truncating keeps that mode
-            for piece in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+            for piece in pieces:
                 fh.write(piece)
 
     return replace_atomic(path, write, durable=durable)
+
+
+def _take_over(old: Path, tmp: Path) -> bool:
+    """Rename `old` (a regular file of ours with no other name: writing over it in place must change nothing
+    anyone reads) to `tmp`; False if it is not such a file, which is then left as it is."""
+    try:
+        info = os.lstat(old)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return False
+        os.replace(old, tmp)
+    except OSError:
+        return False
+    os.chmod(tmp, PRIVATE_FILE)
+    return True
 
 
 def replace_atomic(path: Path, write: Callable[[Path], None], *, durable: bool = True) -> Path:
     """Let `write` create a temporary file (for writers that take a file name, such as safetensors' save_file,
     which writes straight from the arrays' memory), then put it in place as `write_atomic` does."""
     path = Path(path)
-    durable = durable and not _VOLATILE.get()
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))  # 0600 before a byte is in it
     write(tmp)
+    return _put_in_place(tmp, path, durable=durable)
+
+
+def _put_in_place(tmp: Path, path: Path, *, durable: bool) -> Path:
+    """fsync `tmp` (if durable), rename it to `path`, fsync the folder (if durable)."""
+    durable = durable and not _VOLATILE.get()
     os.chmod(tmp, PRIVATE_FILE)  # a writer that replaced the file rather than truncating it
     if durable:
         with open(tmp, "rb+") as fh:

@@ -76,6 +76,14 @@ _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 _KINDS = frozenset(cls.model_fields["kind"].default for cls in typing.get_args(typing.get_args(Message)[0]))
 
 
+# An encoded message: its bytes, or pieces whose concatenation they are (`encode_pieces`).
+Encoded = bytes | list[bytes | memoryview]
+
+
+def encoded_size(payload: Encoded) -> int:
+    return len(payload) if isinstance(payload, bytes) else sum(len(piece) for piece in payload)
+
+
 def encode(message: Any, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """Serialise a message; refuse to produce more than `max_bytes` (the broker would drop it)."""
     if message.kind in TEXT_KINDS:

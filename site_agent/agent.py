@@ -33,7 +33,7 @@ from fedmqtt.transport.signing import Identity
 from schemas import messages as m
 from schemas import secagg as sw
 from schemas.base import MAX_DETAIL
-from schemas.codec import decode, encode
+from schemas.codec import Encoded, decode, encode, encode_pieces
 from schemas.feature_stats import FeatureStatistics
 from schemas.secagg import CLIPPED_SCALAR
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
@@ -428,7 +428,9 @@ class SiteAgent:
             label_histogram=self._histogram(task), privacy=privacy,
             label_set=label_set_for(task.per_label_tensors, shared, self.data.task.kind, self.data.y_train),
         )
-        payload = encode(update, max_bytes=self.channel.max_bytes)
+        # As pieces (the tensors stay in the trained arrays): the store writes them one after another and the
+        # channel cuts chunks from them, so the update is never joined into one more model-sized copy.
+        payload = encode_pieces(update, max_bytes=self.channel.max_bytes)
         self.store.save("update", task.round, task.model_hash, payload)  # durable before it leaves
         log.info("round %d: trained %d steps in %.2f s, val auroc %s", task.round, result.steps, result.seconds,
                  result.val_metrics.get("auroc"))
@@ -701,7 +703,7 @@ class SiteAgent:
         self.store.save("update", task.round, task.model_hash, payload)
         self._offer_update(task, payload, answer)
 
-    def _offer_update(self, task: m.TrainTask, payload: bytes, update: m.ClientUpdate | None) -> None:
+    def _offer_update(self, task: m.TrainTask, payload: Encoded, update: m.ClientUpdate | None) -> None:
         if self.uplink.offer(task, payload, update):  # large: announce it, send it in the PS's upload turn
             self.channel.send(self.status_topic, self._current_status())
             self.uplink.take_turn()

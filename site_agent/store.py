@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedmqtt.atomic import private_dir, write_atomic
+from schemas.codec import Encoded
+
+KEEP = 3  # stored payloads of a kind: the newest rounds'
 
 
 class UplinkStore:
@@ -20,11 +23,20 @@ class UplinkStore:
         path = self._path(kind, round_no, model_hash)
         return path.read_bytes() if path.is_file() else None
 
-    def save(self, kind: str, round_no: int, model_hash: str, payload: bytes) -> Path:
-        path = write_atomic(self._path(kind, round_no, model_hash), payload)
-        self._prune(kind, keep=3)
+    def save(self, kind: str, round_no: int, model_hash: str, payload: Encoded) -> Path:
+        """Durable before it returns; `payload` as bytes or as the pieces of one encoding, written in order."""
+        path = self._path(kind, round_no, model_hash)
+        # The file the pruning below deletes once this one is in place (an older round's) becomes the new one's
+        # temporary file: its pages are written over, not freed while as many new ones are allocated.
+        doomed = sorted({*self._stored(kind), path})[:-KEEP]
+        recycle = doomed[0] if doomed and doomed[0] != path else None
+        write_atomic(path, payload, recycle=recycle)
+        self._prune(kind)
         return path
 
-    def _prune(self, kind: str, *, keep: int) -> None:
-        for old in sorted(self.folder.glob(f"{kind}-r*.msgpack"))[:-keep]:
+    def _stored(self, kind: str) -> list[Path]:
+        return sorted(self.folder.glob(f"{kind}-r*.msgpack"))
+
+    def _prune(self, kind: str) -> None:
+        for old in self._stored(kind)[:-KEEP]:
             old.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from fedmqtt.faults import crash_point
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from schemas import messages as m
-from schemas.codec import decode
+from schemas.codec import Encoded, decode, encoded_size
 from site_agent.store import UplinkStore
 
 log = logging.getLogger("fedmqtt.site")
@@ -39,7 +39,7 @@ class Uplink:
         self.site_id = site_id
         self.topic = topics.site_update_topic(run_id, site_id)
         self.ready: ReadyUpdate | None = None  # announced as update_ready
-        self._held: tuple[bytes, m.ClientUpdate] | None = None  # its bytes and message, until the first turn
+        self._held: tuple[Encoded, m.ClientUpdate] | None = None  # its bytes and message, until the first turn
         self._answered_grant: int | None = None  # the upload turn we last used
         self.turn: m.UploadTurn | None = None  # the newest on ps/turn/<site>
         self.ps_status: m.DaemonStatus | None = None  # for who else uploads now
@@ -53,18 +53,19 @@ class Uplink:
         return (f"round {self.ready.round}: update stored; waiting for an upload turn from the PS (now uploading: "
                 f"{', '.join(turns) or 'nobody'})")
 
-    def offer(self, task: m.TrainTask, payload: bytes, update: m.ClientUpdate | None) -> bool:
+    def offer(self, task: m.TrainTask, payload: Encoded, update: m.ClientUpdate | None) -> bool:
         """Publish a small update now (False); take a large one as ready (True: the caller announces
-        `update_ready`, then calls `take_turn`)."""
-        if len(payload) <= self.channel.transport.settings.chunk_threshold_bytes:
+        `update_ready`, then calls `take_turn`). `payload`: the stored encoding of `update`, as bytes or pieces."""
+        size = encoded_size(payload)
+        if size <= self.channel.transport.settings.chunk_threshold_bytes:
             self._publish(task.session, task.round, payload, update)
             return False
-        self.ready = ReadyUpdate(task.session, task.round, task.model_hash, len(payload))
+        self.ready = ReadyUpdate(task.session, task.round, task.model_hash, size)
         # Held until the turn, as a direct publish would hold it: the first turn needs no re-read and re-decode.
         self._held = (payload, update) if update is not None else None
         self._answered_grant = None
         log.info("round %d: update of %.1f MB stored; waiting for an upload turn from the PS", task.round,
-                 len(payload) / 1e6)
+                 size / 1e6)
         return True
 
     def on_ps_status(self, status: m.DaemonStatus) -> None:
@@ -86,6 +87,7 @@ class Uplink:
         if grant == self._answered_grant:
             return
         held, self._held = self._held, None
+        payload: Encoded | None
         payload, update = held if held is not None else (self.store().load("update", ready.round, ready.model_hash),
                                                          None)
         if payload is None:
@@ -111,8 +113,11 @@ class Uplink:
             log.info("round %d: the PS has moved on to round %d; removed our update from the broker", round_no,
                      model.round)
 
-    def _publish(self, session: str, round_no: int, payload: bytes, update: m.ClientUpdate | None) -> None:
-        message = update if update is not None else decode(payload, max_bytes=self.channel.max_bytes)
+    def _publish(self, session: str, round_no: int, payload: Encoded, update: m.ClientUpdate | None) -> None:
+        message: object = update
+        if update is None:  # read back from the store: one file's bytes
+            assert isinstance(payload, bytes)
+            message = decode(payload, max_bytes=self.channel.max_bytes)
         crash_point("site_before_publish", round_no)
         self.channel.send(self.topic, message, payload=payload)
         self._retained = (session, round_no)

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from fedmqtt.strategies.feddyn import DEFAULT_MAX_GRAD_NORM
 from schemas.messages import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -94,6 +93,9 @@ def plan_terms(settings: TrainSettings, manifest: Mapping[str, Any], *, extras: 
         return GradTerms(prox_mu=float(hyper.get("mu", 0.0)), prox_names=names)
     if algo == "feddyn":
         s_i = local.get("s_i") or {n: np.zeros(manifest[n]["shape"], np.float32) for n in train}
+        # Imported here: `fedmqtt.strategies` loads every server rule, which a site never runs
+        from fedmqtt.strategies.feddyn import DEFAULT_MAX_GRAD_NORM
+
         clip = float(hyper.get("max_grad_norm", DEFAULT_MAX_GRAD_NORM))
         return GradTerms(dyn_alpha=float(hyper["alpha"]), dyn_s=s_i, clip_norm=clip)
     if algo == "scaffold":

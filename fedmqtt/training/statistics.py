@@ -11,14 +11,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedmqtt.strategies.adafed import feature_statistics
-
 Stats = dict[str, tuple[np.ndarray, np.ndarray]]
 BN_INPUTS, PENULTIMATE, BN_RUNNING = 1, 2, 3  # the `feature_stats` codes a task may ask for
 
 
 def _inputs_of(model: nn.Module, modules: Mapping[str, nn.Module], x: np.ndarray, batch_size: int = 1024) -> Stats:
     """Statistics of the tensors entering `modules`, with `model` in eval mode (no buffer changes)."""
+    from fedmqtt.strategies.adafed import feature_statistics  # here: only AdaFed's tasks ask; a site needs no rules
+
     seen: dict[str, list[np.ndarray]] = {name: [] for name in modules}
     hooks = [m.register_forward_pre_hook(
         lambda _m, args, name=name: seen[name].append(args[0].detach().double().numpy()))

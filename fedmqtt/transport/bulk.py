@@ -183,7 +183,7 @@ class _Transfer:
     def store(self, index: int, data: bytes | memoryview) -> None:
         """Write a verified chunk (of its manifest's length) at its place in the payload."""
         if self.buffer is None:
-            self.buffer = mmap.mmap(-1, self.manifest.total_bytes)
+            self.buffer = reassembly_buffer(self.manifest.total_bytes)
         start = index * self.manifest.chunk_bytes
         self.buffer[start:start + len(data)] = data
         self.filled += len(data)
@@ -194,6 +194,28 @@ class _Transfer:
         view = memoryview(self.buffer).toreadonly()
         self.buffer = None
         return view
+
+
+def reassembly_buffer(size: int) -> mmap.mmap:
+    """An anonymous map of `size` bytes that costs memory only where chunks are written into it.
+
+    Private, not mmap's default MAP_SHARED: a shared anonymous map is backed by shmem, whose page faults cost
+    about three times as much (a 16 MB model took 15 ms of the site's CPU to write into one, 3 ms into this).
+    Huge pages where the kernel offers them on request (transparent_hugepage "madvise" or "always"): a chunk
+    fills 2 MB pages with one fault each instead of 512. Either way nothing is committed before a verified
+    chunk is written, now in steps of at most one huge page."""
+    flags = getattr(mmap, "MAP_PRIVATE", None)
+    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
+    if flags is None or anonymous is None:  # Windows: no flags, an anonymous map is already private
+        return mmap.mmap(-1, size)
+    buffer = mmap.mmap(-1, size, flags=flags | anonymous)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        try:
+            buffer.madvise(advice)
+        except OSError:  # a kernel built without transparent huge pages: ordinary pages
+            pass
+    return buffer
 
 
 class Fetcher:

@@ -33,7 +33,7 @@ from fedmqtt.transport.topics import (
     parse_topic,
 )
 from schemas.chunks import MAX_CHUNK_BYTES, ChunkManifest
-from schemas.codec import WireError, clip, decode, encode, encode_pieces
+from schemas.codec import Encoded, WireError, clip, decode, encode, encode_pieces
 from schemas.messages import Message
 from schemas.signed import KeyList
 
@@ -288,10 +288,13 @@ class Channel:
     def max_bytes(self) -> int:
         return self.transport.settings.max_payload_bytes
 
-    def send(self, topic: str, message: object, *, retain: bool = True, payload: bytes | None = None) -> int:
-        """Publish `message` (or its already-encoded `payload`, e.g. a stored uplink); returns the bytes put on
-        the wire, chunks and manifest included."""
-        pieces = [payload] if payload is not None else encode_pieces(message, max_bytes=self.max_bytes)
+    def send(self, topic: str, message: object, *, retain: bool = True, payload: Encoded | None = None) -> int:
+        """Publish `message` (or its already-encoded `payload`, bytes or pieces, e.g. a stored uplink); returns the
+        bytes put on the wire, chunks and manifest included."""
+        if payload is None:
+            pieces = encode_pieces(message, max_bytes=self.max_bytes)
+        else:
+            pieces = [payload] if isinstance(payload, bytes) else list(payload)
         size = sum(len(piece) for piece in pieces)
         s = self.transport.settings
         chunked = size > s.chunk_threshold_bytes and parse_topic(topic).base in CHUNKED_KINDS

@@ -7,6 +7,7 @@ here the fetcher's clock is driven by hand so stalls need no sleeping.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from signed_wire import identity, signed
 
 from fedmqtt.errors import TopicError
 from fedmqtt.transport import topics
-from fedmqtt.transport.bulk import split
+from fedmqtt.transport.bulk import reassembly_buffer, split
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.memory import SIMULATION_SETTINGS, MemoryBroker, MemoryTransport
 from schemas import messages as m
@@ -329,3 +330,31 @@ def test_chunk_index_beyond_max_chunks_is_not_a_protocol_topic() -> None:
         topics.parse_topic(f"{update}/chunk/{MAX_CHUNKS}")
     with pytest.raises(TopicError, match="out of range"):
         topics.chunk_topic(update, MAX_CHUNKS)
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="resident memory is read from Linux's /proc")
+def test_the_reassembly_buffer_commits_memory_only_where_verified_chunks_are_written() -> None:
+    """A manifest's declared size only reserves addresses (a hostile one may claim a gigabyte and send one chunk):
+    the private, huge-page map behind a transfer grows by what is written, rounded up to a huge page, and holds
+    exactly the bytes written, zeros elsewhere."""
+    declared = 1 << 30
+    before = _resident_bytes()
+    buffer = reassembly_buffer(declared)
+    assert _resident_bytes() - before < 8 << 20
+    chunk = np.random.default_rng(3).integers(0, 256, size=3 << 20, dtype=np.uint8).tobytes()
+    start = 512 << 20
+    buffer[start:start + len(chunk)] = chunk
+    assert _resident_bytes() - before < len(chunk) + (12 << 20)
+    assert buffer[start:start + len(chunk)] == chunk
+    assert buffer[start - 4096:start] == bytes(4096) and buffer[start + len(chunk):start + len(chunk) + 4096] \
+        == bytes(4096)
+    view = memoryview(buffer).toreadonly()
+    with pytest.raises(TypeError):
+        view[0] = 1  # the payload handed on is read-only
+    view.release()
+    buffer.close()

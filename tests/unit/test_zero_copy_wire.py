@@ -199,3 +199,64 @@ def test_encoding_a_message_as_pieces_leaves_no_cycle_that_keeps_its_arrays() ->
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_an_update_stored_and_sent_as_pieces_is_byte_for_byte_the_update_stored_and_sent_joined(tmp_path) -> None:
+    """A site stores and publishes its update from the pieces of its encoding (no model-sized join): the file and
+    the chunks at the broker hold exactly the bytes of `encode(update)`, and the receiver decodes the same update.
+    A chunk altered at the broker is still refused by its digest."""
+    from schemas.envelope import unseal
+    from site_agent.store import UplinkStore
+
+    # Prepare: an update big enough to travel as chunks, with chunk boundaries inside and across tensors
+    settings_ = SIMULATION_SETTINGS.model_copy(update={
+        "chunk_threshold_bytes": 64 * 1024, "chunk_bytes": 65_536, "fetch_window_bytes": 1 * MiB,
+        "chunk_refetches": 0, "max_payload_bytes": 16 * MiB})
+    run = "run-1"
+    rng = np.random.default_rng(4)
+    update = m.ClientUpdate(run_id=run, sender="site-a", round=3, session="ab", base_model_hash="0" * 64,
+                            tensors=arrays_to_blobs({"a": rng.normal(size=70_000).astype(np.float32),
+                                                     "b": rng.normal(size=33).astype(np.float32),
+                                                     "c": rng.normal(size=50_000).astype(np.float32)}),
+                            n_samples=10, local_steps=2)
+    joined = encode(update, max_bytes=16 * MiB)
+    pieces = encode_pieces(update, max_bytes=16 * MiB)
+    assert len(pieces) > 1 and any(isinstance(p, memoryview) for p in pieces)
+    # Execute: store both ways; send the pieces to the PS over the in-process broker
+    store = UplinkStore(tmp_path / "uplink")
+    from_pieces = store.save("update", 3, "f" * 64, pieces).read_bytes()
+    from_bytes = store.save("update", 4, "f" * 64, joined).read_bytes()
+    broker = MemoryBroker()
+
+    def factory(**kw):  # noqa: ANN003, ANN202
+        return MemoryTransport(broker, settings_, **kw)
+
+    ps = Channel.open(factory, client_id="ps", will=None, run_id=run, identity=identity(run, "ps"))
+    site = Channel.open(factory, client_id="site", will=None, run_id=run, identity=identity(run, "site-a"))
+    for ch in (ps, site):
+        ch.connect()
+    topic = topics.site_update_topic(run, "site-a")
+    site.send(topic, update, payload=pieces)
+    chunk_topics = sorted((t for t in broker.retained if t.startswith(topic + "/chunk/")),
+                          key=lambda t: int(t.rsplit("/", 1)[1]))
+    sent = b"".join(bytes(decode(broker.retained[t], max_bytes=16 * MiB).data) for t in chunk_topics)
+    ps.transport.subscribe([topic])
+    got = None
+    for _ in range(200):
+        got = got or ps.receive(0)
+    # Assert: the same bytes everywhere, and the same update at the receiver
+    assert from_pieces == from_bytes == joined == sent
+    assert got is not None and encode(got.message, max_bytes=16 * MiB) == joined
+    # A chunk altered at the broker (one byte of a tensor) fails its digest: the transfer is refused
+    manifest = decode(unseal(broker.retained[topic], max_bytes=16 * MiB)[1], max_bytes=16 * MiB)
+    chunk = decode(broker.retained[chunk_topics[1]], max_bytes=16 * MiB)
+    bad = bytearray(chunk.data)
+    bad[100] ^= 1
+    broker.retained[chunk_topics[1]] = encode(chunk.model_copy(update={"data": bytes(bad)}), max_bytes=16 * MiB)
+    receiver = Channel.open(factory, client_id="ps2", will=None, run_id=run, identity=identity(run, "ps"))
+    receiver.connect()
+    receiver.transport.subscribe([topic])
+    assert manifest.count == len(chunk_topics) and [receiver.receive(0) for _ in range(200)] == [None] * 200
+    assert receiver.stats.rejected["chunked transfer failed"] == 1 and receiver.fetcher.stats.corrupt >= 1
+    for ch in (ps, site, receiver):
+        ch.close()
