@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from ps_daemon.state import RoundRecord
 from schemas import messages as m
 
-ACCOUNTANTS: tuple[str, ...] = get_args(m.ParticipantSpent.model_fields["accountant"].annotation)
+ACCOUNTANTS: tuple[m.ParticipantAccountant, ...] = get_args(m.ParticipantAccountant)
 
 
 def spent_after(record: RoundRecord) -> m.ParticipantSpent | None:

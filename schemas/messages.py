@@ -143,6 +143,9 @@ class ParticipantDP(Frozen):
                          "stated")
 
 
+ParticipantAccountant = Literal["rdp", "prv", "skellam"]
+
+
 class ParticipantSpent(Frozen):
     """What participant-level DP (DP-FedAvg, docs/privacy.md) has cost the run's released models so far: epsilon at
     the run's delta after `rounds` charged releases, by the PS's accountant (q = 1, no amplification by sampling):
@@ -152,7 +155,7 @@ class ParticipantSpent(Frozen):
     epsilon: float = Field(ge=0, le=1e9, allow_inf_nan=False, description="epsilon at `delta` of every release so "
                            "far")
     delta: float = Field(gt=0, lt=1, allow_inf_nan=False, description="the run's participant-level delta")
-    accountant: Literal["rdp", "prv", "skellam"] = Field(description="whose bound `epsilon` is")
+    accountant: ParticipantAccountant = Field(description="whose bound `epsilon` is")
     rounds: int = Field(ge=0, le=MAX_ROUND, description="the releases (rounds) the accountant has charged")
     round: RoundNo = Field(description="the last closed round it counts")
 
