@@ -24,7 +24,8 @@ if (!run) return null;
 const facts = {};
 run.querySelectorAll('dl.facts dt').forEach(dt => { facts[dt.textContent] = dt.nextElementSibling.textContent; });
 const dd = run.querySelector("dl.facts dd[data-fact='participant-level DP']");
-return {facts, html: dd && dd.innerHTML, title: dd && dd.firstElementChild && dd.firstElementChild.getAttribute('title')};
+const span = dd && dd.firstElementChild;
+return {facts, html: dd && dd.innerHTML, title: span && span.getAttribute('title')};
 """
 
 

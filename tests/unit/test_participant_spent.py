@@ -5,6 +5,7 @@ whose values are out of the wire's range is never shown and never stops the PS."
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,26 @@ def test_the_report_shows_it_per_round_and_final_beside_the_record_level_one() -
     report = build_report(plain.config, state, timings={"total_s": 1.0}, traffic={}, models={})
     assert report["privacy"]["participant_level"] is None
     assert "Differential privacy" not in render_markdown(report)
+
+
+def test_fedmqtt_report_lists_each_runs_final_epsilons_and_refuses_invalid_ones(tmp_path: Path) -> None:
+    from fedmqtt.experiments.privacy import privacy_markdown, privacy_rows, privacy_text
+    from fedmqtt.experiments.runs import RunRecord
+
+    spent = m.ParticipantSpent(epsilon=2.31, delta=1e-5, accountant="prv", rounds=7, round=7).model_dump()
+    site = m.PrivacySpent(epsilon=0.75, delta=1e-5, noise_multiplier=1.1, sample_rate=0.1, steps=40).model_dump()
+    two_sites = {"a": site, "b": {**site, "epsilon": 0.5}}
+    privacy = {"dp": {"participant_level": {"final": spent}, "record_level": two_sites},
+               "plain": {"participant_level": None, "record_level": {}},
+               "bad": {"participant_level": {"final": {**spent, "epsilon": -1}}, "record_level": {"a": "x"}}}
+    records = []
+    for name, section in privacy.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps({"privacy": section}))
+        records.append(RunRecord(path=tmp_path / name, algorithm="dp-fedavg", norm="none", seed=3, partition="",
+                                 sites=(), final_test={}, best_test=None, best_round=None, curve=()))
+    rows = privacy_rows(records)
+    assert rows[1:] == [["dp", "dp-fedavg", "3", "2.31 at 1e-05 after 7 rounds (prv)", "0.75 at 1e-05 (2 sites)"],
+                        ["bad", "dp-fedavg", "3", "invalid", "invalid"]]
+    assert "| dp | dp-fedavg | 3 | 2.31 at 1e-05 after 7 rounds (prv) |" in privacy_markdown(records)
+    assert privacy_text(records[1:2]) == "" and privacy_markdown(records[1:2]) == ""
