@@ -559,8 +559,10 @@ class Machine(SecureSteps):
             waiting = tuple(s for s in self.config.sorted_sites if s not in state.online)
         else:
             waiting = ()
+        # Only a DP server rule writes the spending into its records: other runs skip the look through the history.
+        spent = spent_so_far(state.history) if isinstance(self.strategy, DPFedAvg) else None
         return fx.PublishStatus(state.phase, state.round, waiting, state.deadline, detail, _shown(dropped(state)),
-                                spent_so_far(state.history))
+                                spent)
 
     @staticmethod
     def _can_answer(state: DaemonState, answered: Mapping[str, object]) -> tuple[str, ...]:
