@@ -48,6 +48,10 @@ def test_distributed_dp_round_adds_the_planned_noise_and_charges_its_epsilon(cli
     assert record["server"]["sites_in_sum"] == 4.0
     expected = skellam_epsilon([(plan.l1, plan.l2, len(SITES) * plan.site_variance)], 1e-5)
     assert record["server"]["epsilon"] == pytest.approx(expected, rel=1e-9)
+    # the run's participant-level spending, as ps/status carried it: by the Skellam bound, one round charged
+    assert report["privacy"]["participant_level"]["final"] == {
+        "epsilon": record["server"]["epsilon"], "delta": 1e-5, "accountant": "skellam", "rounds": 1, "round": 1}
+    assert "| 1 | " in (fed.work / "ps" / "report.md").read_text().split("## Differential privacy")[1]
     for site in SITES:
         assert "Traceback" not in fed.tail(site, 2000)
         assert "refused" not in fed.tail(site, 2000)
