@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from fedmqtt.strategies.base import Weights
 from schemas.feature_stats import FeatureStatistics
+from schemas.messages import ParticipantSpent
 from schemas.secagg import SecAggTerms
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class PublishStatus:
     deadline: float | None
     detail: str = ""
     dropped: Mapping[str, str] = field(default_factory=dict)  # selected sites left out of the round -> why
+    participant_dp: ParticipantSpent | None = None  # what participant-level DP has cost the released models so far
 
 
 @dataclass(frozen=True)

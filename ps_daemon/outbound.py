@@ -20,6 +20,7 @@ from ps_daemon.config import DaemonConfig
 from ps_daemon.feature_gate import statistics_path
 from ps_daemon.final_outputs import write_final_outputs
 from ps_daemon.monitoring import DurationTally
+from ps_daemon.participant_spent import spent_after
 from ps_daemon.participant_terms import participant_terms
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState, RoundRecord
@@ -151,7 +152,8 @@ class Outbound:
                 effect.state, effect.round, session=state.session, waiting_for=effect.waiting_for,
                 deadline=effect.deadline, detail=effect.detail, sites_online=tuple(sorted(state.online)),
                 dropped=dict(effect.dropped), secure_last_round=secure_note(state.history[-1] if state.history
-                                                                           else None)))
+                                                                           else None),
+                participant_dp=effect.participant_dp))
         elif isinstance(effect, fx.PublishRoundMetrics):
             metrics = self._round_metrics(effect.record)
             ch.send(topics.ps_metrics_topic(c.run_id), metrics)
@@ -173,4 +175,4 @@ class Outbound:
             train_loss=r.train_loss, duration_s=r.closed_at - r.started_at,
             usage={s: m.ResourceUsage(**u) for s, u in self.usage.get(r.round, {}).items() if s in r.sites},
             update_bytes={s: n for s, n in self.update_bytes.pop(r.round, {}).items() if s in r.sites},
-            secure=secure_note(r))
+            secure=secure_note(r), participant_dp=spent_after(r))

@@ -7,6 +7,7 @@ from typing import Any
 
 from fedmqtt.means import mean_defined
 from ps_daemon.config import DaemonConfig
+from ps_daemon.participant_spent import spent_after
 from ps_daemon.state import DaemonState
 
 SPLITS = ("val", "test")
@@ -49,8 +50,10 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         "models": models,
         "usage": usage_section(usage or {}),
         # Record-level DP (docs/privacy.md): each site's epsilon as it reported it with its newest accepted update,
-        # over everything its records ever served. Participant-level DP is in each round's "server".
-        "privacy": {"record_level": dict(sorted((privacy or {}).items()))},
+        # over everything its records ever served. Participant-level DP (DP-FedAvg): what the released models had
+        # cost after each round and at the end (None without it); each round's "server" has the rule's diagnostics.
+        "privacy": {"record_level": dict(sorted((privacy or {}).items())),
+                    "participant_level": participant_section(state)},
         # Secure aggregation (docs/secure-aggregation.md): the PS saw only the sums; per round who was in the sum,
         # who was left out and whose masks were removed with rebuilt keys (each round's "secure" has the names).
         "secure_aggregation": {"enabled": config.secure_aggregation.enabled, "per_round": [
@@ -59,6 +62,15 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
              "clipped": len(r.secure.get("clipped", ()))}
             for r in state.history if r.secure]},
     }
+
+
+def participant_section(state: DaemonState) -> dict[str, Any] | None:
+    """Participant-level DP per round (epsilon at delta after it, accountant, releases charged) and the final
+    spending; None when the run released its models without it."""
+    per_round = [spent.model_dump() for r in state.history if (spent := spent_after(r)) is not None]
+    if not per_round:
+        return None
+    return {"per_round": per_round, "final": per_round[-1]}
 
 
 def usage_section(usage: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -288,6 +300,33 @@ def _baseline_notes(report: dict[str, Any]) -> list[str]:
     return lines + [line for w in baseline_warnings(report) for line in ("", f"**Warning:** {w}.")]
 
 
+def _privacy_lines(report: dict[str, Any]) -> list[str]:
+    """Differential privacy: participant-level epsilon per round and final (DP-FedAvg), and each site's
+    record-level epsilon (DP-SGD), both at their delta; nothing when the run had neither."""
+    privacy = report.get("privacy") or {}
+    participant = privacy.get("participant_level") or {}
+    record = privacy.get("record_level") or {}
+    if not participant and not record:
+        return []
+    md = ["", "## Differential privacy (docs/privacy.md)"]
+    if final := participant.get("final"):
+        md += ["", f"Participant-level DP (each hospital's whole data, in every released model): epsilon "
+               f"{final['epsilon']:.3g} at delta {final['delta']:g} after {final['rounds']} charged rounds "
+               f"({final['accountant']} accountant).", "",
+               "| round | epsilon | delta | accountant | rounds charged |", "|---|---|---|---|---|"]
+        md += [f"| {p['round']} | {p['epsilon']:.3g} | {p['delta']:g} | {p['accountant']} | {p['rounds']} |"
+               for p in participant.get("per_round", [])]
+    if record and len(record) <= MAX_SITE_ROWS:
+        md += ["", "Record-level DP (each patient's record, as each site's accountant counts it over all its rounds "
+               "and runs):", "", "| site | epsilon | delta | accountant | DP-SGD steps |", "|---|---|---|---|---|"]
+        md += [f"| {site} | {p['epsilon']:.3g} | {p['delta']:g} | {p['accountant']} | {p['steps']} |"
+               for site, p in sorted(record.items())]
+    elif record:
+        worst = max(p["epsilon"] for p in record.values())
+        md += ["", f"Record-level DP: {len(record)} sites, largest epsilon {worst:.3g} (report.json has every site)."]
+    return md
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """report.md: final test metrics (a summary when there are more than MAX_SITE_ROWS sites; the full
     table is per_site.csv, `per_site_csv`), the baselines and their warnings when the report has them, mean
@@ -327,6 +366,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         if any(r.get("clipped") for r in secure.get("per_round", [])):
             md += ["", "Clipped: sites whose weighted update had coordinates outside the ring's range; those rounds' "
                        "sums are off by more than the encoding's bound (report.json names the sites and counts)."]
+    md += _privacy_lines(report)
     t, traffic = report["timings"], report.get("traffic") or {}
     sent = (f"; bytes sent {traffic.get('bytes_sent')}, received {traffic.get('bytes_received')}"
             if traffic else "; no network traffic (pooled in one process)")

@@ -143,6 +143,23 @@ class ParticipantDP(Frozen):
                          "stated")
 
 
+ParticipantAccountant = Literal["rdp", "prv", "skellam"]
+
+
+class ParticipantSpent(Frozen):
+    """What participant-level DP (DP-FedAvg, docs/privacy.md) has cost the run's released models so far: epsilon at
+    the run's delta after `rounds` charged releases, by the PS's accountant (q = 1, no amplification by sampling):
+    rdp or prv (the smaller of Opacus' two) for the Gaussian mechanism in the clear, skellam (the Skellam
+    mechanism's RDP bound) for distributed DP under secure aggregation."""
+
+    epsilon: float = Field(ge=0, le=1e9, allow_inf_nan=False, description="epsilon at `delta` of every release so "
+                           "far")
+    delta: float = Field(gt=0, lt=1, allow_inf_nan=False, description="the run's participant-level delta")
+    accountant: ParticipantAccountant = Field(description="whose bound `epsilon` is")
+    rounds: int = Field(ge=0, le=MAX_ROUND, description="the releases (rounds) the accountant has charged")
+    round: RoundNo = Field(description="the last closed round it counts")
+
+
 class TrainSettings(Frozen):
     """Local-training settings the PS sends with each task."""
 
@@ -449,6 +466,9 @@ class DaemonStatus(Header):
     upload_turns: Annotated[dict[SiteName, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     # Record-level DP: the epsilon each site reported with its newest accepted update (at its delta).
     epsilon: Annotated[dict[SiteName, PrivacySpent], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
+    # Participant-level DP (DP-FedAvg): what the released models have cost so far, from the closed rounds' records
+    # (so a resumed PS says it too). None when the run's rule releases its models without it.
+    participant_dp: ParticipantSpent | None = None
     # Secure aggregation on for this run (the PS sees only sums), and how the last closed round went under it.
     secure_aggregation: bool = False
     secure_last_round: SecureRoundNote | None = None
@@ -471,6 +491,9 @@ class RoundMetrics(Header):
     usage: Annotated[dict[Name, ResourceUsage], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     update_bytes: Annotated[dict[Name, Count], Field(max_length=MAX_SITES)] = Field(default_factory=dict)
     secure: SecureRoundNote | None = None  # under secure aggregation: how this round's sum went
+    # Participant-level DP (DP-FedAvg): what the released models have cost after this round
+    participant_dp: ParticipantSpent | None = None
+
 
 class UploadTurn(Header):
     """`ps/turn/<site>` (retained): this site may now upload its large update of `round` (docs/protocol.md,

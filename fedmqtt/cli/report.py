@@ -55,6 +55,7 @@ def report_command(
     """
     from fedmqtt.errors import FedMqttError
     from fedmqtt.experiments.heldout import render_union_text, trained_on_subset
+    from fedmqtt.experiments.privacy import privacy_text
     from fedmqtt.experiments.report import PER_SITE_FILE, seed_report, write_report
     from fedmqtt.experiments.runs import load_runs, metric_names
     from fedmqtt.experiments.tables import MAX_SITE_COLUMNS
@@ -84,6 +85,8 @@ def report_command(
     if held_out if held_out is not None else any(trained_on_subset(r.path) for r in records):
         union = _union(records, metric, test_sites)
         typer.echo("\n" + render_union_text(union))
+    if privacy := privacy_text(records):
+        typer.echo("\n" + privacy)
     if out is not None:
         plots = write_report(out, records, metric, seeds, union)
         typer.echo(f"report: {out / 'report.md'}; plots: {', '.join(p.name for p in plots)}")

@@ -87,7 +87,8 @@ def fill_from_report(view: RunView, report: dict[str, Any], audit: list[dict[str
 
 def _privacy(view: RunView, report: dict[str, Any]) -> None:
     """Each site's record-level DP spending from `privacy.record_level`, validated as the wire's PrivacySpent (the
-    report is a file another party wrote): an entry that does not validate is left out."""
+    report is a file another party wrote), and the run's participant-level spending from
+    `privacy.participant_level.final`, validated as ParticipantSpent: an entry that does not validate is left out."""
     privacy = report.get("privacy")
     spent = privacy.get("record_level") if isinstance(privacy, dict) else None
     for name, entry in (spent.items() if isinstance(spent, dict) else ()):
@@ -98,6 +99,13 @@ def _privacy(view: RunView, report: dict[str, Any]) -> None:
             continue
         if site is not None:
             site.epsilon = privacy_spent_view(checked)
+    participant = privacy.get("participant_level") if isinstance(privacy, dict) else None
+    final = participant.get("final") if isinstance(participant, dict) else None
+    if final is not None:  # validated as the wire's ParticipantSpent: one that does not is left out
+        try:
+            view.note_participant(m.ParticipantSpent.model_validate(final))
+        except ValidationError:
+            pass
 
 
 def _usage(view: RunView, report: dict[str, Any]) -> None:

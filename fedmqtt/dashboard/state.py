@@ -113,6 +113,10 @@ class RunView:
     # closed round's sum went (each round's own is in its entry of `rounds`, "secure").
     secure_aggregation: bool = False
     secure_last_round: dict[str, int] | None = None
+    # Participant-level DP (DP-FedAvg): what the released models have cost so far (epsilon at delta, accountant,
+    # rounds charged), from ps/status and ps/metrics live or the report's privacy.participant_level; the newest
+    # round's wins, and a status without it (the PS's Last Will) leaves it standing.
+    participant_dp: dict[str, Any] | None = None
     results: dict[str, Any] | None = None  # a finished run's results panel (results.py)
     files: list[dict[str, Any]] = field(default_factory=list)  # its downloads (rundir.py)
     timeline: Timeline = field(default_factory=Timeline)
@@ -196,6 +200,8 @@ class RunView:
         self.secure_aggregation = msg.secure_aggregation
         if msg.secure_last_round is not None:
             self._note_secure(secure_view(msg.secure_last_round))
+        if msg.participant_dp is not None:
+            self.note_participant(msg.participant_dp)
         for name in msg.sites_expected:
             self._site(name)
         for name, spent in msg.epsilon.items():
@@ -242,6 +248,8 @@ class RunView:
         self.round_changed[msg.round] = self.round_changes
         if msg.secure is not None:
             self._note_secure(secure_view(msg.secure))
+        if msg.participant_dp is not None:
+            self.note_participant(msg.participant_dp)
         if not known:  # the retained metrics again (a reconnect) is the same round, not a new event
             self.timeline.add(now, "round", f"round {msg.round} closed in {msg.duration_s:.1f} s: "
                               f"{len(msg.sites)} update{'s' * (len(msg.sites) != 1)}", round_no=msg.round,
@@ -272,6 +280,11 @@ class RunView:
             entry["secure"] = note
             self.round_changes += 1
             self.round_changed[note["round"]] = self.round_changes
+
+    def note_participant(self, spent: m.ParticipantSpent) -> None:
+        """Participant-level DP after a closed round (validated already): kept unless an older round's."""
+        if self.participant_dp is None or spent.round >= self.participant_dp["round"]:
+            self.participant_dp = participant_spent_view(spent)
 
     def _on_site_status(self, msg: m.SiteStatus, now: float) -> None:
         site = self._site(msg.sender)
@@ -355,6 +368,7 @@ class RunView:
             "final": self.final, "best_round": best, "results": self.results, "files": self.files,
             "recruitment": self.recruitment, "invalid": self.invalid,
             "secure_aggregation": self.secure_aggregation, "secure_last_round": self.secure_last_round,
+            "participant_dp": self.participant_dp,
             "dropped": [{"sender": d.sender, "topic": d.topic, "reason": d.reason, "count": d.count, "last": d.last}
                         for d in self.dropped.values()],
             "now": now,
@@ -372,6 +386,12 @@ def privacy_spent_view(spent: m.PrivacySpent) -> dict[str, Any]:
     """What the page shows of a site's record-level DP spending."""
     return {"epsilon": spent.epsilon, "delta": spent.delta, "accountant": spent.accountant, "steps": spent.steps,
             "noise_multiplier": spent.noise_multiplier}
+
+
+def participant_spent_view(spent: m.ParticipantSpent) -> dict[str, Any]:
+    """What the page shows of the run's participant-level DP spending."""
+    return {"epsilon": spent.epsilon, "delta": spent.delta, "accountant": spent.accountant, "rounds": spent.rounds,
+            "round": spent.round}
 
 
 def _metrics(per_site: Any) -> dict[str, dict[str, Any]]:

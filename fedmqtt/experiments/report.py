@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fedmqtt.experiments.heldout import UnionTable, render_union_markdown
 from fedmqtt.experiments.paired import PairedTable, paired_table
+from fedmqtt.experiments.privacy import privacy_markdown
 from fedmqtt.experiments.runs import RunRecord, Which
 from fedmqtt.experiments.tables import SummaryTable, compact, render_markdown, render_text, summary_table
 
@@ -58,5 +59,7 @@ def write_report(out: Path, records: Sequence[RunRecord], metric: str, seeds: Se
                                                          title="fedmqtt experiment report: every site"))
     if union is not None:
         text += "\n" + render_union_markdown(union)
+    if privacy := privacy_markdown(records):
+        text += "\n" + privacy
     (out / "report.md").write_text(text)
     return plots

@@ -75,7 +75,7 @@ class DPFedAvg(ServerRule):
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)
         self.clip = self.params.clip_norm
-        self.noised_rounds = 0  # rounds whose release the accountant counts
+        self.noised_rounds = 0  # rounds whose release the accountant counts (either form)
         # Distributed DP: (Delta_1, Delta_2, variance of the sum) of every round's Skellam release, ring units
         self.skellam_releases: list[tuple[float, float, float]] = []
         # Fresh OS randomness unless a test fixes it: the run's seed is known to every site.
@@ -124,9 +124,9 @@ class DPFedAvg(ServerRule):
             self.clip = clip * math.exp(-self.params.clip_lr * (noisy - self.params.target_quantile))
             diagnostics |= {"noisy_unclipped_fraction": noisy, "next_clip_norm": self.clip}
         self.noised_rounds += 1
-        eps = self.epsilon()
+        eps, accountant = self.spent()
         if math.isfinite(eps):
-            diagnostics |= {"epsilon": eps, "delta": self.params.delta}
+            diagnostics |= self._spent_diagnostics(eps, accountant)
         return AggregateResult(weights=self.complete(inp, out), diagnostics=diagnostics)
 
     def aggregate_noised_sum(self, inp: RoundInput, change_sum: Mapping[str, np.ndarray], plan: SkellamPlan,
@@ -150,9 +150,10 @@ class DPFedAvg(ServerRule):
             noisy = count / m
             self.clip = plan.clip * math.exp(-self.params.clip_lr * (noisy - self.params.target_quantile))
             diagnostics |= {"noisy_unclipped_fraction": noisy, "next_clip_norm": self.clip}
+        self.noised_rounds += 1
         eps = skellam_epsilon(self.skellam_releases, self.params.delta)
         if math.isfinite(eps):
-            diagnostics |= {"epsilon": eps, "delta": self.params.delta}
+            diagnostics |= self._spent_diagnostics(eps, "skellam")
         return AggregateResult(weights=self.complete(inp, out), diagnostics=diagnostics)
 
     # -- the accountant -----------------------------------------------------------------------------
@@ -161,12 +162,22 @@ class DPFedAvg(ServerRule):
         q = 1, the smaller of Opacus' RDP and PRV epsilons (fedmqtt/participant_dp.py). Never amplified by
         sampling: the PS's selection is every site or a fixed-size draw from the run's public seed, not the
         Poisson sampling with secret randomness that amplification needs."""
+        return self.spent()[0]
+
+    def spent(self) -> tuple[float, str]:
+        """`epsilon()` and the accountant whose bound it is ("rdp" or "prv")."""
         z = self.params.noise_multiplier
         if self.noised_rounds == 0:
-            return 0.0
+            return 0.0, "rdp"
         if z == 0.0:
-            return math.inf
-        return best_gaussian_epsilon(z, self.noised_rounds, self.params.delta)[0]
+            return math.inf, "rdp"
+        return best_gaussian_epsilon(z, self.noised_rounds, self.params.delta)
+
+    def _spent_diagnostics(self, eps: float, accountant: str) -> dict[str, float]:
+        """What a round's record says of the run's spending (ps_daemon/participant_spent.py reads it back):
+        epsilon at delta, the releases charged so far, and `epsilon_<accountant>` naming whose bound it is."""
+        return {"epsilon": eps, "delta": self.params.delta, "epsilon_rounds": float(self.noised_rounds),
+                f"epsilon_{accountant}": eps}
 
     def state_dict(self) -> dict[str, Any]:
         return {"clip": float(self.clip), "noised_rounds": int(self.noised_rounds),

@@ -16,6 +16,7 @@ from safetensors.numpy import load_file
 from fedmqtt.demo import DEMO_MODEL
 from fedmqtt.secagg.skellam import SkellamPlan, skellam_epsilon
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
+from schemas import messages as m
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SITES = ("cleveland", "hungary", "switzerland", "va")
@@ -48,6 +49,14 @@ def test_distributed_dp_round_adds_the_planned_noise_and_charges_its_epsilon(cli
     assert record["server"]["sites_in_sum"] == 4.0
     expected = skellam_epsilon([(plan.l1, plan.l2, len(SITES) * plan.site_variance)], 1e-5)
     assert record["server"]["epsilon"] == pytest.approx(expected, rel=1e-9)
+    # the run's participant-level spending, as ps/status carried it: by the Skellam bound, one round charged
+    assert report["privacy"]["participant_level"]["final"] == {
+        "epsilon": record["server"]["epsilon"], "delta": 1e-5, "accountant": "skellam", "rounds": 1, "round": 1}
+    assert "| 1 | " in (fed.work / "ps" / "report.md").read_text().split("## Differential privacy")[1]
+    final = fed.retained_ps_status()  # what a newcomer (the dashboard) reads from the broker
+    assert isinstance(final, m.DaemonStatus) and final.state == "done"
+    assert final.participant_dp is not None
+    assert final.participant_dp.model_dump() == report["privacy"]["participant_level"]["final"]
     for site in SITES:
         assert "Traceback" not in fed.tail(site, 2000)
         assert "refused" not in fed.tail(site, 2000)

@@ -239,6 +239,10 @@ def test_a_round_under_distributed_dp_through_the_ps(tmp_path: Path) -> None:
     server = state.history[-1].server
     assert server["sites_in_sum"] == 4.0 and server["noise_calibrated_for"] == 4.0
     assert server["epsilon"] == pytest.approx(sk.skellam_epsilon([(plan.l1, plan.l2, 4 * plan.site_variance)], 1e-5))
+    # ps/status says the same epsilon, by the Skellam bound, after one charged round
+    spent = [e for e in effects if isinstance(e, fx.PublishStatus)][-1].participant_dp
+    assert spent is not None
+    assert (spent.epsilon, spent.delta, spent.accountant, spent.rounds) == (server["epsilon"], 1e-5, "skellam", 1)
 
 
 def _ddp_machine() -> Machine:

@@ -152,6 +152,17 @@ function secureText(run) {
     `${last.recovered} recovered` + (last.tries > 1 ? `, after ${last.tries} tries` : "");
 }
 
+// Participant-level DP (DP-FedAvg): what every model released so far has cost each hospital's whole data.
+function fmtDelta(x) { return typeof x === "number" && isFinite(x) ? x.toExponential().replace("e+", "e") : "–"; }
+function participantText(run) {
+  const p = run.participant_dp;
+  if (!p) return null;
+  const rounds = typeof p.rounds === "number" && isFinite(p.rounds) ? p.rounds : "?";
+  return el("span", { title: "participant-level DP: epsilon at delta of all the models the PS released so far, against one hospital's whole data set, " +
+      "by the PS's accountant with no amplification by sampling (q = 1)" },
+    `ε ${fmtNum(p.epsilon, 2)} at δ ${fmtDelta(p.delta)} after ${rounds} round${rounds === 1 ? "" : "s"} (${word(p.accountant)} accountant)`);
+}
+
 function runFacts(run, now) {
   const pairs = [
     ["status", STATUS_TEXT[run.status] || run.status],
@@ -165,6 +176,8 @@ function runFacts(run, now) {
   pairs.push(["quorum", run.quorum ? `${run.quorum} of ${run.sites_expected.length} (updates that close a round at its deadline)` : "–"]);
   pairs.push(["min sites", run.min_sites ? `${run.min_sites} of ${run.sites_expected.length} online before round 1` : "–"]);
   pairs.push(["secure aggregation", secureText(run)]);
+  const participant = participantText(run);
+  if (participant) pairs.push(["participant-level DP", participant]);
   if (run.source === "live") {
     pairs.push(["sites online", `${run.sites_online.length} of ${run.sites_expected.length}`]);
     pairs.push(["waiting for", partyList(run.waiting_for)]);
