@@ -22,7 +22,7 @@ def pretrain(
 ) -> None:
     """Train the config's model on the pooled training rows of its sites and write its tensors to --out.
 
-    The file starts another run from this model: `[init_model] path = ...` in a PS or simulation config
+    The file starts another run from this model: `\\[init_model] path = ...` in a PS or simulation config
     (tensors = "matching" where that run's head has another number of classes). Train it on data outside the
     federation it will start: pooling the federation's own rows is a simulation's shortcut, not a deployment's.
     """
