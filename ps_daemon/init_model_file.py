@@ -68,24 +68,24 @@ def size_limit(manifest: Mapping[str, Mapping[str, Any]], max_bytes: int | None)
 
 def load_init_model(path: Path, weights: Mapping[str, np.ndarray], manifest: Mapping[str, Mapping[str, Any]], *,
                     tensors: Literal["all", "matching"] = "all",
-                    max_bytes: int | None = None) -> tuple[dict[str, np.ndarray], InitRecord]:
+                    max_bytes: int | None = None, what: str = "init_model") -> tuple[dict[str, np.ndarray], InitRecord]:
     """`weights` (the model's own seeded initialisation) with the file's tensors put in, and the record.
 
     Raises InitModelError for a file that is too large, unreadable, or holds a tensor that does not fit
     (in "all" mode any difference from the manifest; in both modes a non-finite or out-of-range value)."""
     from safetensors import safe_open
 
-    where = str(path)
+    where = f"{what} {path}"
     try:
         size = path.stat().st_size
     except OSError as exc:
-        raise InitModelError(f"init_model {where}: cannot read it ({exc.strerror or exc})") from None
+        raise InitModelError(f"{where}: cannot read it ({exc.strerror or exc})") from None
     limit = size_limit(manifest, max_bytes)
     if size > limit:
-        raise InitModelError(f"init_model {where}: {size} bytes, more than the {limit} this model allows "
+        raise InitModelError(f"{where}: {size} bytes, more than the {limit} this model allows "
                              "(init_model.max_bytes raises the limit)")
     sha256 = _sha256(path)  # of the file as it was when the run started (the report names it)
-    plan, ignored = _plan(path, manifest, tensors)
+    plan, ignored = _plan(path, manifest, tensors, where)
     out, loaded = dict(weights), []
     try:
         with safe_open(str(path), framework="numpy") as f:
@@ -95,23 +95,22 @@ def load_init_model(path: Path, weights: Mapping[str, np.ndarray], manifest: Map
     except InitModelError:
         raise
     except Exception as exc:  # the library's own refusal of a header or data it cannot read
-        raise InitModelError(f"init_model {where}: not a readable safetensors file ({exc})") from None
+        raise InitModelError(f"{where}: not a readable safetensors file ({exc})") from None
     kept = [name for name in manifest if name not in plan]
-    return out, InitRecord(path=where, sha256=sha256, tensors=tensors, loaded=loaded, kept=kept,
+    return out, InitRecord(path=str(path), sha256=sha256, tensors=tensors, loaded=loaded, kept=kept,
                            ignored=ignored)
 
 
-def _plan(path: Path, manifest: Mapping[str, Mapping[str, Any]],
-          tensors: str) -> tuple[list[str], dict[str, str]]:
+def _plan(path: Path, manifest: Mapping[str, Mapping[str, Any]], tensors: str,
+          where: str) -> tuple[list[str], dict[str, str]]:
     """From the header alone: which tensors to load (in manifest order), and why the others are ignored."""
     from safetensors import safe_open
 
-    where = str(path)
     try:
         with safe_open(str(path), framework="numpy") as f:
             header = {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape())) for name in f.keys()}
     except Exception as exc:  # the library refuses a malformed header; say so by name
-        raise InitModelError(f"init_model {where}: not a readable safetensors file ({exc})") from None
+        raise InitModelError(f"{where}: not a readable safetensors file ({exc})") from None
     ignored: dict[str, str] = {}
     plan: list[str] = []
     for name, (code, shape) in sorted(header.items()):
@@ -126,15 +125,15 @@ def _plan(path: Path, manifest: Mapping[str, Mapping[str, Any]],
     if tensors == "all":
         if ignored:
             name, why = next(iter(ignored.items()))
-            raise InitModelError(f"init_model {where}: tensor {name!r}: {why} (tensors = \"all\" needs the "
+            raise InitModelError(f"{where}: tensor {name!r}: {why} (tensors = \"all\" needs the "
                                  "model's exact state; \"matching\" loads only the tensors that fit)")
         missing = [name for name in manifest if name not in header]
         if missing:
-            raise InitModelError(f"init_model {where}: tensor {missing[0]!r} of the model is missing"
+            raise InitModelError(f"{where}: tensor {missing[0]!r} of the model is missing"
                                  f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}")
     plan = [name for name in manifest if name in header and name not in ignored]
     if not plan:
-        raise InitModelError(f"init_model {where}: no tensor has the model's name, dtype and shape: is it "
+        raise InitModelError(f"{where}: no tensor has the model's name, dtype and shape: is it "
                              "a checkpoint of this model?")
     return plan, ignored
 
@@ -142,12 +141,12 @@ def _plan(path: Path, manifest: Mapping[str, Mapping[str, Any]],
 def _checked(array: np.ndarray, name: str, spec: Mapping[str, Any], where: str) -> np.ndarray:
     """The tensor as loaded, checked again (the data, not only the header) and made read-only."""
     if str(array.dtype) != spec["dtype"] or list(array.shape) != [int(d) for d in spec["shape"]]:
-        raise InitModelError(f"init_model {where}: tensor {name!r} reads as {array.dtype} {list(array.shape)}, "
+        raise InitModelError(f"{where}: tensor {name!r} reads as {array.dtype} {list(array.shape)}, "
                              f"the model has {spec['dtype']} {list(spec['shape'])}")
     if array.dtype.kind == "f" and not np.isfinite(array).all():
-        raise InitModelError(f"init_model {where}: tensor {name!r} holds NaN or infinity")
+        raise InitModelError(f"{where}: tensor {name!r} holds NaN or infinity")
     if array.size and (name.endswith("running_var") or "INTBUF" in spec["tags"]) and array.min() < 0:
-        raise InitModelError(f"init_model {where}: tensor {name!r} holds a negative value (a variance or a "
+        raise InitModelError(f"{where}: tensor {name!r} holds a negative value (a variance or a "
                              "count)")
     out = np.require(array, requirements="C")  # (ascontiguousarray would make a 0-d count 1-d)
     out.flags.writeable = False

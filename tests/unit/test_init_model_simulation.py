@@ -59,3 +59,12 @@ def test_a_bad_file_stops_the_run_before_round_one(tmp_path) -> None:
     save_file(arrays, str(path))
     with pytest.raises(ConfigError, match="tensor 'blocks.0.weight' holds NaN"):
         run_simulation(_config(tmp_path, {"path": path}), progress=False)
+
+
+def test_adafeds_pretrained_file_is_checked_the_same_way(tmp_path) -> None:
+    """AdaFed's `pretrained` model goes to every site: a file with a wrong shape is refused by name first."""
+    path = tmp_path / "adafed.safetensors"
+    save_file(initial_arrays("mlp", {**ARGS, "out_features": 3}, 7), str(path))
+    config = _config(tmp_path, None, algorithm="adafed").model_copy(update={"pretrained": path})
+    with pytest.raises(ConfigError, match=r"pretrained .*tensor 'head.bias': shape \[3\]"):
+        run_simulation(config, progress=False)
