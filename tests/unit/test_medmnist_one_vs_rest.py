@@ -93,3 +93,49 @@ def test_grey_images_repeat_into_three_channels_and_colour_turns_grey(tmp_path: 
 def test_unknown_channel_counts_are_refused_when_the_config_is_read(tmp_path: Path) -> None:
     with pytest.raises((ConfigError, ValueError), match="channels"):
         DataSpec(format="medmnist", path=tmp_path / "x.npz", options={"channels": 2})
+
+
+def test_fedfbn_proxy_from_a_colour_backbone_to_grey_sites_with_partial_labels(tmp_path: Path) -> None:
+    """The whole chain of the FedFBN proxy, small: pretrain LeNet-5 on colour images made grey (8 classes),
+    start a FedFBN federation of grey one-vs-rest sites with partial labels (4 labels) from it."""
+    from typer.testing import CliRunner
+
+    from fedmqtt.cli import app
+    from fedmqtt.simulation import SimulationConfig, run_simulation
+
+    # Prepare: the pretraining config and its file
+    blood = organ_like_npz(tmp_path / "blood.npz", colour=True, classes=8)
+    (tmp_path / "blood.toml").write_text(f"""
+[model]
+name = "lenet5"
+args = {{ in_channels = 1, n_classes = 8, norm = "bn" }}
+[train]
+epochs = 1
+batch_size = 16
+[sites.blood]
+format = "medmnist"
+path = "{blood}"
+options = {{ channels = 1 }}
+""")
+    pretrained = tmp_path / "blood.safetensors"
+    done = CliRunner().invoke(app, ["pretrain", str(tmp_path / "blood.toml"), "--out", str(pretrained),
+                                    "--epochs", "1"])
+    assert done.exit_code == 0, done.output
+    pooled = DataSpec(format="medmnist", path=organ_like_npz(tmp_path / "organ.npz"),
+                      options={"targets": "one_vs_rest"})
+    manifest = write_manifest(tmp_path, pooled, PartitionSpec(kind="iid", n_sites=2, labels_per_site=2, seed=0))
+    sites = {part.site: pooled.model_copy(update={"partition": manifest, "site": part.site})
+             for part in read_partition_manifest(manifest).sites}
+    config = SimulationConfig(run_id="proxy", algorithm="fedfbn", rounds=1, out_dir=tmp_path / "sim", sites=sites,
+                              model={"name": "lenet5", "args": {"in_channels": 1, "n_classes": CLASSES,
+                                                                "norm": "bn"}},
+                              train={"epochs": 1, "batch_size": 16, "lr": 0.01, "loss": "bce"},
+                              init_model={"path": pretrained, "tensors": "matching"})
+    # Execute
+    report = run_simulation(config, progress=False)
+    # Assert: everything but the 8-class head came from the pretraining, BatchNorm's statistics included
+    init = report["init_model"]
+    assert init["kept"] == ["head.weight", "head.bias"]
+    assert any("running_mean" in name for name in init["loaded"])
+    assert set(init["ignored"]) == {"head.weight", "head.bias"}
+    assert all("auroc" in e["metrics"]["test"] for e in report["final"]["per_site"].values())
