@@ -168,3 +168,43 @@ def test_relative_init_model_resolves_against_the_config_folder(tmp_path) -> Non
     assert InitModelConfig(path=Path("m.safetensors")).resolved(tmp_path).path == tmp_path / "m.safetensors"
     with pytest.raises(ValueError, match="tensors"):
         InitModelConfig(path=Path("m.safetensors"), tensors="some")  # type: ignore[arg-type]
+
+
+_DTYPES = (np.float32, np.float64, np.float16, np.int64, np.int32)
+
+
+@st.composite
+def _checkpoints(draw) -> dict[str, np.ndarray]:
+    """Files a stranger might offer: some of the model's names with the right or a wrong dtype or shape,
+    and names the model lacks; values finite and non-negative, so only the fit decides."""
+    out: dict[str, np.ndarray] = {}
+    for name in draw(st.lists(st.sampled_from([*MANIFEST, "head2.weight", "conv.bias"]), unique=True)):
+        spec = MANIFEST.get(name, {"shape": [2], "dtype": "float32"})
+        shape = tuple(spec["shape"]) if draw(st.booleans()) else tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+        dtype = np.dtype(spec["dtype"]) if draw(st.booleans()) else np.dtype(draw(st.sampled_from(_DTYPES)))
+        out[name] = np.full(shape, draw(st.integers(0, 3)), dtype=dtype)
+    return out
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arrays=_checkpoints())
+def test_matching_loads_exactly_what_fits_and_accounts_for_everything(tmp_path_factory, arrays) -> None:
+    # Prepare
+    path = tmp_path_factory.mktemp("fit") / "m.safetensors"
+    save_file(arrays, str(path))
+    fits = [n for n in MANIFEST if n in arrays and str(arrays[n].dtype) == MANIFEST[n]["dtype"]
+            and list(arrays[n].shape) == MANIFEST[n]["shape"]]
+    # Execute
+    try:
+        weights, record = load_init_model(path, SEEDED, MANIFEST, tensors="matching")
+    except InitModelError as exc:
+        # Assert: refused only when nothing fits
+        assert not fits and "no tensor has the model's name" in str(exc)
+        return
+    # Assert: loaded = what fits, kept = the rest of the model, ignored = the rest of the file
+    assert record.loaded == fits and record.kept == [n for n in MANIFEST if n not in fits]
+    assert set(record.ignored) == set(arrays) - set(fits)
+    for name in fits:
+        np.testing.assert_array_equal(weights[name], arrays[name])
+    for name in record.kept:
+        assert weights[name] is SEEDED[name]
