@@ -141,11 +141,14 @@ def run_baselines(config: SimulationConfig, report: dict[str, Any]) -> dict[str,
     return {"baselines": section, **({"baseline": legacy} if legacy is not None else {})}
 
 
-def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
-    """Train the model on a stratified `pretrain_fraction` of every site's training rows, pooled.
+def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20, fraction: float | None = None,
+                    path: Path | None = None) -> Path:
+    """Train the model on a stratified `pretrain_fraction` (or `fraction`; 1: every row) of every site's
+    training rows, pooled, starting from the model's seeded initialisation (config.seed).
 
     Only a simulation can do this (Chen et al. pretrain AdaFed's model so); in a hospital network the
-    pretrained model must come from outside the federation. Written to out_dir/pretrained.safetensors.
+    pretrained model must come from outside the federation: `fedmqtt pretrain` makes one on another data set
+    (a run's `init_model`). Written to `path` (default out_dir/pretrained.safetensors).
     """
     import numpy as np
     from safetensors.numpy import save_file
@@ -157,9 +160,9 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
     from fedmqtt.training.weights import initial_arrays, load_arrays, state_to_arrays
     from site_agent.data import load_site_data
 
-    fraction = config.pretrain_fraction
-    if fraction is None:
-        raise ValueError("pretrain_pooled needs config.pretrain_fraction")
+    fraction = config.pretrain_fraction if fraction is None else fraction
+    if fraction is None or not 0 < fraction <= 1:
+        raise ValueError(f"pretrain_pooled needs a fraction in (0, 1] (config.pretrain_fraction), not {fraction}")
     xs, ys = [], []
     task = BINARY
     for _site, spec in sorted(config.sites.items()):  # in site order: the pooled rows do not depend on dict order
@@ -169,6 +172,10 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
         # Stratify where every class has two rows; under extreme label skew some classes have one.
         stratify = data.y_train if data.task.kind in ("binary", "multiclass") and counts.min() >= 2 else None
         if len(data.y_train) * fraction < 1:  # a tiny site: too few rows to sample from
+            continue
+        if fraction == 1:  # every row (train_test_split cannot leave nothing out)
+            xs.append(data.x_train)
+            ys.append(data.y_train)
             continue
         x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=fraction,
                                       random_state=config.seed, stratify=stratify)
@@ -182,7 +189,7 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20) -> Path:
     settings = config.train.model_copy(update={"epochs": epochs})
     train_local(model, np.concatenate(xs), np.concatenate(ys), settings, seed=derive_seed(config.seed, "pretrain", 0),
                 task=task)
-    path = config.out_dir / "pretrained.safetensors"
+    path = config.out_dir / "pretrained.safetensors" if path is None else path
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state_to_arrays(model), str(path))
     return path

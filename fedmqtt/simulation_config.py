@@ -17,7 +17,7 @@ from fedmqtt.data.spec import DataSpec, is_spec_file, load_data_spec
 from fedmqtt.errors import ConfigError
 from fedmqtt.strategies.params import LOCAL_OPTIMISER_KEYS, HyperValue, check_local_optimiser
 from fedmqtt.training.client_rules import SGD_ONLY, optimiser_problem
-from ps_daemon.config import NEEDS_PRETRAINED, DaemonConfig
+from ps_daemon.config import NEEDS_PRETRAINED, DaemonConfig, InitModelConfig
 from schemas.base import ID_PATTERN
 from schemas.messages import ModelSpec, TrainSettings
 from site_agent.config import SiteConfig
@@ -73,6 +73,9 @@ class SimulationConfig(BaseModel):
                                           "gamma_dv, gamma_sa, gamma_th (docs/algorithms.md 15)")
     pretrained: Path | None = Field(default=None, description="AdaFed / d-AdaFed: a model (safetensors) "
                                     "trained outside the federation")
+    init_model: InitModelConfig | None = Field(default=None, description="start round 1 from a pretrained "
+                                               "model (any rule): [init_model] path, tensors (\"all\" or "
+                                               "\"matching\"), max_bytes, as in the PS config")
     pretrain_fraction: float | None = Field(default=None, gt=0, le=1, description="simulation only: pretrain "
                                             "that model on this share of the pooled training rows (AdaFed "
                                             f"without `pretrained` gets {DEFAULT_PRETRAIN_FRACTION})")
@@ -111,6 +114,7 @@ class SimulationConfig(BaseModel):
             "selection_metric": self.selection_metric,
             # pretrain_fraction: the model is pretrained when the run starts (placeholder for validation)
             "pretrained": self.pretrained or (Path("(pretrained at start)") if self.pretrain_fraction else None),
+            "init_model": self.init_model,
         }, DaemonConfig, source="simulation config")
 
     def site_configs(self) -> list[SiteConfig]:
@@ -162,7 +166,8 @@ def load_simulation_config(path: Path | None, **overrides: Any) -> SimulationCon
         base = validate_config(raw, SimulationConfig, source=str(path))
         sites = {s: d.resolved(root) for s, d in base.sites.items()}
         out = base.out_dir if base.out_dir.is_absolute() else root / base.out_dir
-        base = base.model_copy(update={"sites": sites, "out_dir": out})
+        init = None if base.init_model is None else base.init_model.resolved(root)
+        base = base.model_copy(update={"sites": sites, "out_dir": out, "init_model": init})
     updates = {k: v for k, v in overrides.items() if v is not None}
     cfg = SimulationConfig.model_validate({**base.model_dump(), **updates})
     for site, spec in cfg.sites.items():  # a feature-spec file that is missing or invalid fails now, by name

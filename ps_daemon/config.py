@@ -53,6 +53,25 @@ class RecruitmentConfig(BaseModel):
                             "scores reach this share of the total (0: one site, 1: all)")
 
 
+class InitModelConfig(BaseModel):
+    """Start round 1 from a pretrained model (ps_daemon/init_model_file.py), for every rule."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: Path = Field(description="safetensors file of the model's tensors (e.g. from `fedmqtt pretrain`); "
+                       "validated completely before use (size, dtypes, shapes, finite values)")
+    tensors: Literal["all", "matching"] = Field(default="all", description="\"all\": the file must hold exactly "
+                                                "the model's tensors; \"matching\": load the tensors with the "
+                                                "model's name, dtype and shape, keep the model's own seeded "
+                                                "initialisation for the rest (e.g. a head for another number of "
+                                                "classes); the report lists which were loaded and which kept")
+    max_bytes: int | None = Field(default=None, ge=1, description="largest file accepted (default: twice the "
+                                  "model's own bytes plus 1 MiB)")
+
+    def resolved(self, base: Path) -> InitModelConfig:
+        return self if self.path.is_absolute() else self.model_copy(update={"path": base / self.path})
+
+
 class MetricsConfig(BaseModel):
     """The PS's Prometheus endpoint (docs/monitoring.md): off unless `port` is set."""
 
@@ -230,6 +249,8 @@ class DaemonConfig(BaseModel):
                                  "task")
     credentials: Path = Field(description="TOML file with a [broker] table (host, port, username, password)")
     pretrained: Path | None = Field(default=None, description="safetensors model for AdaFed's statistics")
+    init_model: InitModelConfig | None = Field(default=None, description="start round 1 from a pretrained model "
+                                               "instead of the seeded initialisation (any rule); unset: seeded")
     metrics: MetricsConfig = Field(default=MetricsConfig(), description="the Prometheus endpoint "
                                    "(docs/monitoring.md); off unless `port` is set")
     secure_aggregation: SecureAggregationConfig = Field(
@@ -308,7 +329,9 @@ class DaemonConfig(BaseModel):
         """What must not change across `--resume` (the broker, credentials and out_dir may)."""
         keep = self.model_dump(mode="json", exclude={"credentials", "out_dir", "round_timeout_s", "keep_checkpoints",
                                                       "pretrained", "upload_turns", "upload_turn_bytes",
-                                                      "metrics"})
+                                                      "metrics", "init_model"})
+        if self.init_model is not None:  # the file may move; how it was loaded may not (unset: hashes as before)
+            keep["init_model"] = {"tensors": self.init_model.tensors}
         if keep.get("feature_statistics") == "site":  # the default: checkpoints from before the option still match
             del keep["feature_statistics"]
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
@@ -344,5 +367,6 @@ def load_daemon_config(path: Path, *, algorithm: str | None = None) -> DaemonCon
             "pretrained": (cfg.pretrained if cfg.pretrained is None or cfg.pretrained.is_absolute()
                            else base / cfg.pretrained),
             "metrics": cfg.metrics.resolved(base),
+            "init_model": None if cfg.init_model is None else cfg.init_model.resolved(base),
         }
     )

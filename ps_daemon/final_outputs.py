@@ -15,6 +15,7 @@ from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from ps_daemon.checkpoint import best_weights, drop_read_pages
 from ps_daemon.config import DaemonConfig
+from ps_daemon.model_init import init_record
 from ps_daemon.report import build_report, per_site_csv, render_markdown
 from ps_daemon.state import DaemonState
 from ps_daemon.status import PS
@@ -42,7 +43,8 @@ def write_final_outputs(config: DaemonConfig, channel: Channel, state: DaemonSta
                "rejected": dict(channel.stats.rejected)}
     finished_at = time.time()
     timings = {"started_at": started_at, "finished_at": finished_at, "total_s": finished_at - started_at}
-    report = build_report(c, state, timings=timings, traffic=traffic, models=models, usage=usage, privacy=privacy)
+    report = build_report(c, state, timings=timings, traffic=traffic, models=models, usage=usage, privacy=privacy,
+                          init_model=init_record(c))
     write_private_text(out / "report.json", json.dumps(report, indent=2))
     write_private_text(out / "report.md", render_markdown(report))
     write_private_text(out / "per_site.csv", per_site_csv(report))

@@ -16,7 +16,9 @@ SPLITS = ("val", "test")
 def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str, float],
                  traffic: dict[str, Any], models: dict[str, str],
                  usage: dict[int, dict[str, dict[str, Any]]] | None = None,
-                 privacy: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                 privacy: dict[str, dict[str, Any]] | None = None,
+                 init_model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`init_model`: what a pretrained starting model loaded and kept (ps_daemon.model_init.init_record)."""
     per_site: dict[str, Any] = {}
     for site in config.sorted_sites:
         rep = state.final_reports.get(site)
@@ -48,6 +50,7 @@ def build_report(config: DaemonConfig, state: DaemonState, *, timings: dict[str,
         "timings": timings,
         "traffic": traffic,
         "models": models,
+        "init_model": init_model,
         "usage": usage_section(usage or {}),
         # Record-level DP (docs/privacy.md): each site's epsilon as it reported it with its newest accepted update,
         # over everything its records ever served. Participant-level DP (DP-FedAvg): what the released models had
@@ -327,6 +330,21 @@ def _privacy_lines(report: dict[str, Any]) -> list[str]:
     return md
 
 
+def _init_model_notes(init: dict[str, Any] | None) -> list[str]:
+    """Round 1 started from a pretrained file: which tensors it set and which kept the seeded initialisation."""
+    if not init:
+        return []
+    lines = ["", "## Starting model", "", f"Round 1 started from `{init['path']}` (sha256 {init['sha256'][:16]}..., "
+             f"tensors = \"{init['tensors']}\"): {len(init['loaded'])} tensor(s) loaded, {len(init['kept'])} kept "
+             "from the model's seeded initialisation.", ""]
+    if init["kept"]:
+        lines.append("Kept: " + ", ".join(f"`{name}`" for name in init["kept"]) + ".")
+    if init.get("ignored"):
+        lines.append("Ignored in the file: " + "; ".join(f"`{name}` ({why})" for name, why in init["ignored"].items())
+                     + ".")
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """report.md: final test metrics (a summary when there are more than MAX_SITE_ROWS sites; the full
     table is per_site.csv, `per_site_csv`), the baselines and their warnings when the report has them, mean
@@ -340,6 +358,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     else:
         md += _md_table(final_table(report, metrics))
     md += _baseline_notes(report)
+    md += _init_model_notes(report.get("init_model"))
     md += ["", "## Mean validation metrics per round (model received at the start of the round)", "",
            "| round | sites | " + " | ".join(f"val {m}" for m in metrics) + " | train loss |",
            "|---|---|" + "---|" * len(metrics) + "---|"]

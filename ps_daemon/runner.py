@@ -31,6 +31,7 @@ from ps_daemon.checkpoint import CheckpointStore, checkpoint_to_state
 from ps_daemon.config import DaemonConfig
 from ps_daemon.events import Event, Started, Tick
 from ps_daemon.inbound import UNUSABLE_CONTENT, InboundEvents
+from ps_daemon.init_model_file import load_init_model
 from ps_daemon.machine import Machine
 from ps_daemon.metrics_hooks import metrics_for
 from ps_daemon.model_init import hash_weights, initial_model
@@ -136,10 +137,9 @@ class DaemonRunner:
             log.warning("--force: removed %d checkpoint(s) of an earlier start in %s", removed, self.store.folder)
         weights, manifest = initial_model(self.config)
         extras = {}
-        if self.config.pretrained is not None:
-            from safetensors.numpy import load_file
-
-            extras["pretrained"] = load_file(str(self.config.pretrained))
+        if self.config.pretrained is not None:  # AdaFed's: checked like init_model, as exactly this model's state
+            extras["pretrained"], _ = load_init_model(self.config.pretrained, weights, manifest, tensors="all",
+                                                    what="pretrained")
         session = secrets.token_hex(8)
         log.info("run %s: new session %s", self.config.run_id, session)
         state = self.machine.initial_state(weights, manifest_from_dict(manifest), extras, session=session)

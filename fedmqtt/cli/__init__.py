@@ -14,6 +14,7 @@ from fedmqtt.cli import (
     demo,
     grid,
     partition,
+    pretrain,
     ps,
     recruit,
     report,
@@ -33,7 +34,7 @@ app.add_typer(site.app, name="site")
 app.add_typer(topics.app, name="topics")
 app.add_typer(audit.app, name="audit")
 # Single commands: each module's Typer holds one command, mounted at the top level.
-for module in (demo, simulate, algorithms, grid, report, partition, recruit):
+for module in (demo, simulate, pretrain, algorithms, grid, report, partition, recruit):
     app.registered_commands.extend(module.app.registered_commands)
 app.command("dashboard")(dashboard.dashboard)  # `fedmqtt dashboard`
 

@@ -85,3 +85,30 @@ def _labels(path: Path, split: str, raw: np.ndarray, n: int, task: TaskInfo) -> 
     if task.kind == "multilabel":
         return raw.astype(np.float32)
     return raw.reshape(-1).astype(np.int64)
+
+
+# ITU-R BT.601 luma weights: the usual colour-to-grey conversion (what PIL's "L" mode uses)
+LUMA_BT601 = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+def one_vs_rest(path: Path, labels: np.ndarray, task: TaskInfo) -> tuple[np.ndarray, TaskInfo]:
+    """Class k of a single-label file as k binary labels: float32 `(n, classes)` rows of one 1 and zeros, a
+    multi-label task with the class names (so each label can be annotated or not, site by site)."""
+    if task.kind not in ("binary", "multiclass"):
+        raise DataError(f"{path}: targets = \"one_vs_rest\" needs a single-label file; this one is {task.kind}")
+    classes = len(task.label_names)
+    out = np.zeros((labels.shape[0], classes), dtype=np.float32)
+    out[np.arange(labels.shape[0]), labels] = 1.0
+    return out, TaskInfo("multilabel", classes, task.label_names)
+
+
+def match_channels(images: np.ndarray, channels: int) -> np.ndarray:
+    """`(n, c, h, w)` images with `channels` channels: grey repeated into 3, or colour made grey (BT.601)."""
+    have = images.shape[1]
+    if have == channels:
+        return images
+    if have == 1 and channels == 3:
+        return np.repeat(images, 3, axis=1)
+    if have == 3 and channels == 1:
+        return np.einsum("nchw,c->nhw", images, LUMA_BT601)[:, None, :, :].astype(np.float32)
+    raise DataError(f"cannot turn {have}-channel images into {channels} channels")

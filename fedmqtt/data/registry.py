@@ -320,11 +320,18 @@ def _table(path: Path, opts: Any) -> Dataset:
 
 
 def _medmnist(path: Path, opts: Any) -> Dataset:
-    from fedmqtt.data.medmnist import load_medmnist
+    from fedmqtt.data.medmnist import load_medmnist, match_channels, one_vs_rest
 
     x, y, task = load_medmnist(path, splits=opts.splits)
+    notes = [f"medmnist splits pooled: {', '.join(opts.splits)}"]
+    if opts.targets == "one_vs_rest":
+        y, task = one_vs_rest(path, y, task)
+        notes.append(f"one-vs-rest: {task.n_outputs} binary labels")
+    if opts.channels is not None and opts.channels != x.shape[1]:
+        notes.append(f"{x.shape[1]} channel(s) made {opts.channels}")
+        x = match_channels(x, opts.channels)
     names = tuple(f"channel_{c}" for c in range(x.shape[1]))
-    return Dataset(x, y, task, names, "image", notes=(f"medmnist splits pooled: {', '.join(opts.splits)}",))
+    return Dataset(x, y, task, names, "image", notes=tuple(notes))
 
 
 def _wfdb(path: Path, opts: Any) -> Dataset:

@@ -65,6 +65,14 @@ class MedmnistOptions(_Options):
 
     splits: tuple[Literal["train", "val", "test"], ...] = Field(
         default=("train", "val", "test"), min_length=1)
+    targets: Literal["class", "one_vs_rest"] = Field(default="class", description="\"class\": the file's labels "
+                                                     "as they are; \"one_vs_rest\": a single-label file's class "
+                                                     "k becomes k binary labels, a multi-label task, so a partition's "
+                                                     "labels_per_site can leave some unannotated (partial labels)")
+    channels: Literal[1, 3] | None = Field(default=None, description="colour channels the model sees: 3 repeats "
+                                           "a grey image, 1 turns a colour image grey (ITU-R BT.601 luma "
+                                           "weights); unset: as stored. For a model pretrained on images with "
+                                           "the other number of channels")
 
 
 class WfdbOptions(_Options):

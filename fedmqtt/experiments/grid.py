@@ -151,13 +151,15 @@ class GridPoint(BaseModel):
 
 
 def load_grid(path: Path) -> GridSpec:
-    """A grid TOML; relative paths (base sites, pooled data, pretrained) resolve against its folder."""
+    """A grid TOML; relative paths (base sites, pooled data, pretrained, init_model) resolve against its folder."""
     grid = load_toml(path, GridSpec)
     root = Path(path).resolve().parent
     base = grid.base
     updates: dict[str, Any] = {"sites": {s: d.resolved(root) for s, d in base.sites.items()}}
     if base.pretrained is not None and not base.pretrained.is_absolute():
         updates["pretrained"] = root / base.pretrained
+    if base.init_model is not None:
+        updates["init_model"] = base.init_model.resolved(root)
     parts = tuple(p if p.data is None else p.model_copy(update={"data": p.data.resolved(root)})
                   for p in grid.partitions)
     return grid.model_copy(update={"base": base.model_copy(update=updates), "partitions": parts})

@@ -208,7 +208,9 @@ ABOUT = StrategyDoc(
         "in inference mode with the pretrained statistics and are not trained, so every site holds identical "
         "BN layers and there is a usable global model. Every other tensor is averaged uniformly. With "
         "partial labels (each site annotates only some classes), the output layer is aggregated label by "
-        "label (surgical aggregation)."
+        "label (surgical aggregation). The pretrained backbone is the run's `init_model` (tensors = "
+        "\"matching\" keeps the model's own output layer where the pretraining had other classes; "
+        "`fedmqtt pretrain` trains one centrally); without it the frozen statistics are the seeded ones."
     ),
     server="""
 body (all non-BN tensors except the output layer):

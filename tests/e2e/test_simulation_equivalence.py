@@ -87,3 +87,29 @@ def test_chunked_transfer_changes_nothing(cli_federation, tmp_path, algorithm) -
     totals = report["usage"]["per_site_total"]
     assert sorted(totals) == sorted(SITES)
     assert all(t["rounds"] == ROUNDS and t["cpu_s"] > 0 and t["energy_j"] is None for t in totals.values())
+
+
+def test_pretrained_start_is_the_same_over_mqtt(cli_federation, tmp_path) -> None:
+    """`init_model` with a head that does not fit: the PS (torch in a child process, the file read in the
+    daemon) and the simulation start from, and end with, the same bits."""
+    # Prepare: a backbone pretrained for 3 classes; the federation's model has one output
+    init = tmp_path / "pretrained-3-class.safetensors"
+    save_file(initial_arrays(BN_MODEL["name"], {**BN_MODEL["args"], "out_features": 3}, 123), str(init))
+    init_model = {"path": str(init), "tensors": "matching"}
+    fed = cli_federation("fedfbn", run_id="eq-init", rounds=ROUNDS, sites=SITES, algorithm="fedfbn", train=FAST_TRAIN,
+                         model=BN_MODEL, ps_extra={"init_model": init_model})
+    sim = SimulationConfig(run_id="eq-init", algorithm="fedfbn", rounds=ROUNDS, seed=0, out_dir=tmp_path / "sim",
+                           model=BN_MODEL, train=FAST_TRAIN, init_model=init_model,
+                           sites={s: d for s, d in bundled_sites().items() if s in SITES})
+    # Execute
+    fed.run_to_completion(240)
+    sim_report = run_simulation(sim, progress=False)
+    # Assert
+    import json
+
+    mqtt_report = json.loads((fed.work / "ps" / "report.json").read_text())
+    assert mqtt_report["rounds"][0]["model_hash"] == sim_report["rounds"][0]["model_hash"]
+    assert mqtt_report["init_model"]["kept"] == sim_report["init_model"]["kept"] == ["head.weight", "head.bias"]
+    over_mqtt, simulated = _final(fed.work / "ps"), _final(tmp_path / "sim")
+    for name in simulated:
+        np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
