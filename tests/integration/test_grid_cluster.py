@@ -97,7 +97,7 @@ def test_a_point_failing_on_a_worker_is_failed_in_grid_json(tmp_path: Path, clus
     assert points["fedavg-none-s3-natural"]["status"] == "done"
     broken = points["broken-none-s3-natural"]
     assert broken["status"] == "failed" and str(missing) in broken["error"]
-    assert broken["error"].startswith("FileNotFoundError")
+    assert broken["error"].startswith("InitModelError") and "No such file" in broken["error"]  # checked, not crashed
     assert not (out / "broken-none-s3-natural" / "report.json").exists()
 
 def test_what_the_engine_itself_cannot_run_comes_back_as_that_jobs_outcome(cluster) -> None:
