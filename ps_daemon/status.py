@@ -91,10 +91,13 @@ class StatusBoard:
         return {site: dict(c.most_common(MAX_REASONS_SHOWN)) for site, c in sorted(merged.items())}
 
     def publish(self, msg: m.DaemonStatus) -> None:
-        """Publish a change of phase or round now; hold progress within the same phase and round back to one
-        status per STATUS_PROGRESS_S (the newest one wins, see send_held)."""
+        """Publish a change of phase or round, or a newly dropped site, now; hold progress within the same phase
+        and round back to one status per STATUS_PROGRESS_S (the newest one wins, see send_held)."""
         last = self._last
-        progress = last is not None and (last.state, last.round) == (msg.state, msg.round)
+        # A site newly left out of the round (offline, refused by its policy) is news, not progress: it goes out at
+        # once, so a round that closes within the hold still shows who it went on without. Bounded by the sites.
+        progress = last is not None and (last.state, last.round) == (msg.state, msg.round) and \
+            set(msg.dropped) <= set(last.dropped)
         if progress and time.monotonic() - self._sent_at < STATUS_PROGRESS_S:
             self._held = msg
             return

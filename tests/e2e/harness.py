@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 
 from broker.config import free_port
 from broker.federation import FederationLayout, load_federation
+from fedmqtt.config_io import dump_toml, read_toml
 from fedmqtt.demo import write_role_configs
 from fedmqtt.errors import BrokerError
 from fedmqtt.transport import topics
@@ -164,6 +165,21 @@ class CliFederation:
         env = {**os.environ, **({"FEDMQTT_FAULT": fault} if fault else {})}
         self.procs[site] = cli("site", "start", "--config", str(self.site_configs[site]),
                                log=self.logs / f"{site}.log", env=env, fresh=self.fresh)
+
+    def set_privacy(self, site: str, rules: dict[str, object]) -> None:
+        """Write the site's `[privacy]` policy (docs/privacy.md) into its config, before it starts."""
+        path = self.site_configs[site]
+        config = read_toml(path)
+        config["privacy"] = rules
+        path.write_text(dump_toml(config))
+
+    def start_watched(self) -> None:
+        """Broker, the observer's subscription (so no status is missed), the PS and every site."""
+        self.start_broker()
+        self.watch()
+        self.start_ps()
+        for site in self.sites:
+            self.start_site(site)
 
     def run_to_completion(self, timeout_s: float) -> None:
         """Broker, PS and every site, then wait for the PS to finish the run."""

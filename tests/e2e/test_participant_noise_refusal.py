@@ -10,7 +10,6 @@ import json
 
 import pytest
 
-from fedmqtt.config_io import dump_toml, read_toml
 from schemas import messages as m
 
 pytestmark = pytest.mark.e2e
@@ -29,16 +28,9 @@ def test_a_site_refuses_a_run_with_less_participant_noise_than_its_policy_allows
     fed = cli_federation("participant-noise", run_id="e2e-participant-noise", rounds=2,
                          sites=("cleveland", "hungary"), algorithm="dp-fedavg", hyper=hyper, train=train,
                          ps_extra={"quorum": 1}, round_timeout_s=600.0)  # a round that waits for its deadline fails
-    path = fed.site_configs["hungary"]
-    config = read_toml(path)
-    config["privacy"] = {"min_participant_noise_multiplier": 1.0, "max_participant_epsilon": 50.0}
-    path.write_text(dump_toml(config))
+    fed.set_privacy("hungary", {"min_participant_noise_multiplier": 1.0, "max_participant_epsilon": 50.0})
     # Execute
-    fed.start_broker()
-    fed.watch()
-    fed.start_ps()
-    for site in fed.sites:
-        fed.start_site(site)
+    fed.start_watched()
     shown = fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and "hungary" in msg.dropped, 120,
                              "ps/status naming hungary as dropped")
     fed.wait_ps_done(180)

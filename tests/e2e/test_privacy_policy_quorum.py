@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from fedmqtt.config_io import dump_toml, read_toml
 from schemas import messages as m
 
 pytestmark = pytest.mark.e2e
@@ -19,15 +18,8 @@ def test_the_ps_waits_while_no_quorum_accepts_its_run_and_names_the_refusing_sit
     # Prepare: no DP in the run; cleveland demands it
     fed = cli_federation("policy-quorum", run_id="e2e-policy-quorum", rounds=1, sites=("cleveland", "hungary"),
                          ps_extra={"quorum": 2})
-    path = fed.site_configs["cleveland"]
-    config = read_toml(path)
-    config["privacy"] = {"require_record_dp": True}
-    path.write_text(dump_toml(config))
-    fed.start_broker()
-    fed.watch()
-    fed.start_ps()
-    for site in fed.sites:
-        fed.start_site(site)
+    fed.set_privacy("cleveland", {"require_record_dp": True})
+    fed.start_watched()
     # Execute + assert: the PS waits, naming cleveland and its rule
     waiting = fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and "Refusing:" in msg.detail, 60,
                                "ps/status naming the refusing site")
@@ -38,8 +30,7 @@ def test_the_ps_waits_while_no_quorum_accepts_its_run_and_names_the_refusing_sit
     assert "cleveland (require_record_dp" in fed.tail("ps", 200)
     # cleveland's hospital relaxes its policy and restarts: the run now starts and finishes with both sites
     fed.kill("cleveland")
-    config["privacy"] = {"max_rounds": 5, "models": ["mlp"]}
-    path.write_text(dump_toml(config))
+    fed.set_privacy("cleveland", {"max_rounds": 5, "models": ["mlp"]})
     fed.start_site("cleveland")
     fed.wait_ps_done(120)
     report = json.loads((fed.work / "ps" / "report.json").read_text())

@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from fedmqtt.config_io import dump_toml, read_toml
 from schemas import messages as m
 
 pytestmark = pytest.mark.e2e
@@ -26,16 +25,9 @@ def test_a_site_refuses_rounds_beyond_its_privacy_budget_and_the_ps_shows_why(cl
              "dp": {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5}}
     fed = cli_federation("dp-policy", run_id="e2e-dp-policy", rounds=2, sites=("cleveland", "hungary"), train=train,
                          round_timeout_s=600.0)  # a round that waits for its deadline fails the test
-    path = fed.site_configs["hungary"]
-    config = read_toml(path)
-    config["privacy"] = {"max_epsilon": 0.05, "require_record_dp": True}
-    path.write_text(dump_toml(config))
+    fed.set_privacy("hungary", {"max_epsilon": 0.05, "require_record_dp": True})
     # Execute
-    fed.start_broker()
-    fed.watch()
-    fed.start_ps()
-    for site in fed.sites:
-        fed.start_site(site)
+    fed.start_watched()
     shown = fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and "hungary" in msg.dropped, 120,
                              "ps/status naming hungary as dropped")
     fed.wait_ps_done(180)
