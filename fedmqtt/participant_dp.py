@@ -43,6 +43,12 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def load_accountants() -> None:
+    """Import Opacus' accountants (and torch with them) now: the first epsilon a PS computes would otherwise pay
+    for that import inside its loop, about 2-3 s here, in the middle of closing round 1."""
+    import opacus.accountants  # noqa: F401
+
+
 @functools.lru_cache(maxsize=256)  # pure; the PS asks again for every site while it waits
 def gaussian_epsilon(noise_multiplier: float, sample_rate: float, rounds: int, delta: float,
                      accountant: Accountant = "rdp") -> float:

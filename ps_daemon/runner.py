@@ -17,6 +17,7 @@ from typing import Any
 from fedmqtt.atomic import private_dir
 from fedmqtt.data.feature_wire import read_statistics_message
 from fedmqtt.errors import BrokerError, CheckpointError, DataError
+from fedmqtt.participant_dp import load_accountants
 from fedmqtt.strategies import build_strategy
 from fedmqtt.strategies.base import manifest_from_dict
 from fedmqtt.transport import topics
@@ -152,6 +153,9 @@ class DaemonRunner:
         c = self.config
         self.metrics.start()  # first: a taken port stops the PS before it loads, or removes, any checkpoint
         self.state = self._load_state()
+        if c.algorithm == "dp-fedavg":  # its epsilon after each round needs Opacus: loaded before the loop runs
+            log.info("loading Opacus' accountants for participant-level DP")
+            load_accountants()
         will = encode(status_message(c, "offline", session=self.state.session, rejected={},  # nothing refused yet
                                      detail="PS disconnected"))
         self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-ps-{c.run_id}",
