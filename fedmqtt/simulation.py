@@ -154,6 +154,7 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20, fraction: flo
     from safetensors.numpy import save_file
     from sklearn.model_selection import train_test_split
 
+    from fedmqtt.atomic import replace_atomic
     from fedmqtt.data.base import BINARY
     from fedmqtt.training.loop import derive_seed, train_local
     from fedmqtt.training.models import build_model
@@ -191,5 +192,6 @@ def pretrain_pooled(config: SimulationConfig, *, epochs: int = 20, fraction: flo
                 task=task)
     path = config.out_dir / "pretrained.safetensors" if path is None else path
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(state_to_arrays(model), str(path))
-    return path
+    arrays = state_to_arrays(model)
+    # Atomic: a PS or a resumed grid reads this file; an interrupted write must not leave half a model behind.
+    return replace_atomic(path, lambda tmp: save_file(arrays, str(tmp)))

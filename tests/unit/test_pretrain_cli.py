@@ -34,6 +34,7 @@ def test_pretrain_writes_a_trained_model_that_init_model_accepts(tmp_path) -> No
     # Assert
     assert result.exit_code == 0, result.output
     assert f"wrote {out}: 9 tensors of mlp, sha256 " in result.output
+    assert out.stat().st_mode & 0o777 == 0o600 and [p.name for p in out.parent.iterdir()] == [out.name]  # atomic
     written, seeded = load_file(str(out)), initial_arrays("mlp", ARGS, 3)
     assert not np.array_equal(written["blocks.0.weight"], seeded["blocks.0.weight"])  # it trained
     assert written["blocks.1.num_batches_tracked"] > 0  # BatchNorm saw the pooled rows
