@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from page_wait import wait_for
 
 from fedmqtt.transport import topics
 from schemas import messages as m
@@ -67,13 +68,7 @@ def _stream(url: str) -> Iterator[dict]:
 
 
 def _wait(driver, predicate, what: str, timeout_s: float = 30) -> dict:
-    end, page = time.monotonic() + timeout_s, None
-    while time.monotonic() < end:
-        page = driver.execute_script(READ)
-        if page and predicate(page):
-            return page
-        time.sleep(0.2)
-    raise AssertionError(f"page never showed {what}; last seen: {json.dumps(page)[:3000]}")
+    return wait_for(driver, READ, predicate, what, timeout_s)
 
 
 def test_hostile_strings_stay_within_420_px_unreversed_and_the_best_round_is_the_pss(

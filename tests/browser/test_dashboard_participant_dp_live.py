@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from page_wait import wait_for
 
 from fedmqtt.transport import topics
 from schemas import messages as m
@@ -30,13 +30,7 @@ return {facts, html: dd && dd.innerHTML, title: span && span.getAttribute('title
 
 
 def _wait(driver, predicate, what: str, timeout_s: float = 30) -> dict:
-    end, page = time.monotonic() + timeout_s, None
-    while time.monotonic() < end:
-        page = driver.execute_script(READ)
-        if page and predicate(page):
-            return page
-        time.sleep(0.2)
-    raise AssertionError(f"page never showed {what}; last seen: {json.dumps(page)[:3000]}")
+    return wait_for(driver, READ, predicate, what, timeout_s)
 
 
 @pytest.mark.integration

@@ -8,11 +8,11 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
-import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
+from page_wait import wait_for
 from selenium.webdriver.common.action_chains import ActionChains
 
 from fedmqtt.dashboard.rundir import DOWNLOADS, find_runs
@@ -43,14 +43,6 @@ return {key: run.dataset.runKey, heading: run.querySelector('h2').textContent, f
 """
 
 
-def _wait(driver, script: str, predicate, what: str, timeout_s: float = 30) -> dict:
-    end, page = time.monotonic() + timeout_s, None
-    while time.monotonic() < end:
-        page = driver.execute_script(script)
-        if page and predicate(page):
-            return page
-        time.sleep(0.2)
-    raise AssertionError(f"page never showed {what}; last seen: {json.dumps(page)[:3000]}")
 
 
 def _open(driver, label: str) -> dict:
@@ -60,14 +52,14 @@ def _open(driver, label: str) -> dict:
         b.click();
         return b.closest('tr').dataset.key;""", label)
     assert key is not None, f"no run {label} in the list"
-    return _wait(driver, READ_RUN, lambda p: p["key"] == key and p["tables"], f"run {label} opened")
+    return wait_for(driver, READ_RUN, lambda p: p["key"] == key and p["tables"], f"run {label} opened")
 
 
 @pytest.mark.e2e
 def test_results_best_round_and_comparison_show_the_reports(finished_runs: Path, dashboard, chrome,
                                                               screenshots: Path) -> None:
     chrome.get(dashboard("--runs", str(finished_runs)))
-    _wait(chrome, "return document.querySelectorAll('table.runlist tr[data-key]').length", lambda n: n == 2,
+    wait_for(chrome, "return document.querySelectorAll('table.runlist tr[data-key]').length", lambda n: n == 2,
           "both runs listed")
     for directory in find_runs(finished_runs):
         report = json.loads((directory / "report.json").read_text())
@@ -114,16 +106,16 @@ def test_results_best_round_and_comparison_show_the_reports(finished_runs: Path,
     chrome.execute_script("arguments[0].scrollIntoView({block: 'center'})", hit)
     width = hit.size["width"]
     ActionChains(chrome).move_to_element_with_offset(hit, int(width / 2 - 2), 0).perform()
-    tip = _wait(chrome, "const t = document.querySelector(\"figure.plot[data-plot='val-auroc'] .tip\"); "
+    tip = wait_for(chrome, "const t = document.querySelector(\"figure.plot[data-plot='val-auroc'] .tip\"); "
                         "return t && !t.classList.contains('hidden') ? t.textContent : null", bool, "the hover values")
     shown_round = int(tip.split("round ")[1].split("mean")[0])
     mean = next(r["mean"]["auroc"] for r in report["rounds"] if r["round"] == shown_round)
     assert f"mean: {mean:.4f}" in tip
     # Sites toggled off leave the plots, and come back.
     chrome.execute_script("document.querySelector(\"button.series[data-series='va']\").click()")
-    assert _wait(chrome, READ_RUN, lambda p: p["lines"] == 4, "va hidden")["lines"] == 4
+    assert wait_for(chrome, READ_RUN, lambda p: p["lines"] == 4, "va hidden")["lines"] == 4
     chrome.execute_script("document.querySelector(\"button.series[data-series='va']\").click()")
-    _wait(chrome, READ_RUN, lambda p: p["lines"] == 5, "va shown again")
+    wait_for(chrome, READ_RUN, lambda p: p["lines"] == 5, "va shown again")
 
     # The comparison: both runs on the same axes, and a table of their final metrics (the reports').
     compare = chrome.execute_script("""
@@ -204,11 +196,11 @@ def test_a_reports_record_level_epsilon_is_in_its_sites_table(finished_runs: Pat
                                                      "noise_multiplier": 1.1, "sample_rate": 0.2, "steps": 40}}}
     (copy / "report.json").write_text(json.dumps(report))
     chrome.get(dashboard("--runs", str(copy.parent)))
-    _wait(chrome, "return document.querySelectorAll('table.runlist tr[data-key]').length", lambda n: n == 2,
+    wait_for(chrome, "return document.querySelectorAll('table.runlist tr[data-key]').length", lambda n: n == 2,
           "both runs listed")
     _open(chrome, "with-dp")
     read = """return [...document.querySelectorAll('table.sites tr[data-site]')].map(
         tr => [tr.dataset.site, tr.querySelector('td.epsilon').textContent]);"""
-    cells = dict(_wait(chrome, read, lambda rows: len(rows) == len(sites), "the sites table"))
+    cells = dict(wait_for(chrome, read, lambda rows: len(rows) == len(sites), "the sites table"))
     assert cells[sites[0]] == "ε 1.234 at δ 0.00001"
     assert all(cells[s] == "–" for s in sites[1:])
