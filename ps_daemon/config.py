@@ -59,7 +59,8 @@ class InitModelConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: Path = Field(description="safetensors file of the model's tensors (e.g. from `fedmqtt pretrain`); "
-                       "validated completely before use (size, dtypes, shapes, finite values)")
+                       "validated completely before use (size, dtypes, shapes, finite values); a PS resumed "
+                       "before round 1 closed accepts only the file the run started from (its sha256)")
     tensors: Literal["all", "matching"] = Field(default="all", description="\"all\": the file must hold exactly "
                                                 "the model's tensors; \"matching\": load the tensors with the "
                                                 "model's name, dtype and shape, keep the model's own seeded "

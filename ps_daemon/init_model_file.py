@@ -41,6 +41,14 @@ class InitModelError(ConfigError):
     """The init_model file cannot start this model; the message names the file and the tensor."""
 
 
+class InitModelChanged(InitModelError):
+    """The file's sha256 is not the one recorded for it earlier (`recorded_sha256`): another file's bytes."""
+
+    def __init__(self, message: str, *, recorded: str, found: str) -> None:
+        super().__init__(message)
+        self.recorded, self.found = recorded, found
+
+
 @dataclass(frozen=True)
 class InitRecord:
     """What the file did to the round-1 model: for the log and the run report."""
@@ -68,11 +76,14 @@ def size_limit(manifest: Mapping[str, Mapping[str, Any]], max_bytes: int | None)
 
 def load_init_model(path: Path, weights: Mapping[str, np.ndarray], manifest: Mapping[str, Mapping[str, Any]], *,
                     tensors: Literal["all", "matching"] = "all",
-                    max_bytes: int | None = None, what: str = "init_model") -> tuple[dict[str, np.ndarray], InitRecord]:
+                    max_bytes: int | None = None, what: str = "init_model",
+                    recorded_sha256: str | None = None) -> tuple[dict[str, np.ndarray], InitRecord]:
     """`weights` (the model's own seeded initialisation) with the file's tensors put in, and the record.
 
     Raises InitModelError for a file that is too large, unreadable, or holds a tensor that does not fit
-    (in "all" mode any difference from the manifest; in both modes a non-finite or out-of-range value)."""
+    (in "all" mode any difference from the manifest; in both modes a non-finite or out-of-range value).
+    `recorded_sha256`: what the file hashed to when it was loaded before (a run resumed before round 1 closed);
+    a file that hashes otherwise raises InitModelChanged before any of its tensors is read."""
     from safetensors import safe_open
 
     where = f"{what} {path}"
@@ -85,6 +96,9 @@ def load_init_model(path: Path, weights: Mapping[str, np.ndarray], manifest: Map
         raise InitModelError(f"{where}: {size} bytes, more than the {limit} this model allows "
                              "(init_model.max_bytes raises the limit)")
     sha256 = _sha256(path)  # of the file as it was when the run started (the report names it)
+    if recorded_sha256 is not None and sha256 != recorded_sha256:
+        raise InitModelChanged(f"{where}: sha256 {sha256}, not the {recorded_sha256} recorded when it was "
+                               "loaded before", recorded=recorded_sha256, found=sha256)
     plan, ignored = _plan(path, manifest, tensors, where)
     out, loaded = dict(weights), []
     try:

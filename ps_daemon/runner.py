@@ -136,7 +136,7 @@ class DaemonRunner:
                     "start over with `--force` (removes those checkpoints)")
             removed = self.store.clear()
             log.warning("--force: removed %d checkpoint(s) of an earlier start in %s", removed, self.store.folder)
-        weights, manifest = initial_model(self.config)
+        weights, manifest = initial_model(self.config, resume=self.resume)
         extras = {}
         if self.config.pretrained is not None:  # AdaFed's: checked like init_model, as exactly this model's state
             extras["pretrained"], _ = load_init_model(self.config.pretrained, weights, manifest, tensors="all",

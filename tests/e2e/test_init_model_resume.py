@@ -1,8 +1,10 @@
 """A run started from `init_model` is checkpointed like any other: a PS SIGKILLed after round 1 resumes from its
-checkpoint (the file is not read again) and ends bit for bit as the uninterrupted simulation."""
+checkpoint (the file is not read again) and ends bit for bit as the uninterrupted simulation. Before round 1 has
+closed there is no checkpoint, so a resumed PS loads the file again: only the file the run started from."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 from typing import Any
@@ -12,6 +14,7 @@ from safetensors.numpy import save_file
 
 from fedmqtt.simulation import SimulationConfig, bundled_sites, run_simulation
 from fedmqtt.training.weights import initial_arrays
+from schemas import messages as m
 
 ROUNDS = 3
 SITES = ("cleveland", "switzerland")
@@ -52,3 +55,36 @@ def test_ps_killed_after_round_one_resumes_from_its_checkpoint(cli_federation: A
     assert report["final"]["model_hash"] == simulated
     weights = fed.final_weights()
     assert all(np.isfinite(v).all() for v in weights.values())
+
+
+def test_ps_resumed_before_round_one_refuses_another_init_model_file(cli_federation, tmp_path) -> None:
+    # Prepare: a PS started from a pretrained file, waiting for its sites (none come: round 1 never closes)
+    init = tmp_path / "pretrained.safetensors"
+    save_file(initial_arrays(BN_MODEL["name"], BN_MODEL["args"], 42), str(init))
+    original = init.read_bytes()
+    fed = cli_federation("init-check", run_id="init-check", rounds=ROUNDS, sites=SITES, algorithm="fedavg",
+                         model=BN_MODEL, ps_extra={"init_model": {"path": str(init)}})
+    fed.start_broker()
+    fed.watch()
+    fed.start_ps()
+    first = fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and msg.state == "waiting_for_sites", 120,
+                             "the PS to wait for its sites")
+    fed.kill("ps")
+    # Execute: another model's weights under the same name, then --resume
+    save_file(initial_arrays(BN_MODEL["name"], BN_MODEL["args"], 43), str(init))
+    swapped = hashlib.sha256(init.read_bytes()).hexdigest()
+    fed.start_ps(resume=True)
+    rc = fed.procs["ps"].wait(120)
+    refusal = fed.tail("ps", 5)
+    # ... the original file back, and --resume again
+    init.write_bytes(original)
+    fed.start_ps(resume=True)
+    second = fed.wait_message(lambda msg: isinstance(msg, m.DaemonStatus) and msg.state == "waiting_for_sites"
+                              and msg.session != first.session, 120, "the resumed PS")  # type: ignore[attr-defined]
+    # Assert: refused by name, with both hashes and the fix; the original accepted as the file the run started from
+    assert rc == 2, fed.tail("ps")
+    started_with = hashlib.sha256(original).hexdigest()
+    assert f"has sha256 {swapped}, but this run started from a file with sha256 {started_with}" in refusal, refusal
+    assert "put the file it started from back at init_model.path" in refusal and "without --resume" in refusal
+    assert f"--resume: init_model {init} is the file this run started from" in fed.tail("ps", 400)
+    assert isinstance(second, m.DaemonStatus) and fed.procs["ps"].poll() is None
