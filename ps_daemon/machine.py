@@ -39,7 +39,7 @@ from ps_daemon.events import (
 )
 from ps_daemon.machine_secagg import Result, SecureSteps, secure_attempt
 from ps_daemon.naming import named
-from ps_daemon.participant_spent import spent_so_far
+from ps_daemon.participant_spent import spent_in_run
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
 from ps_daemon.transitions import TRANSITIONS
 from schemas.base import MAX_DETAIL
@@ -559,8 +559,7 @@ class Machine(SecureSteps):
             waiting = tuple(s for s in self.config.sorted_sites if s not in state.online)
         else:
             waiting = ()
-        # Only a DP server rule writes the spending into its records: other runs skip the look through the history.
-        spent = spent_so_far(state.history) if isinstance(self.strategy, DPFedAvg) else None
+        spent = spent_in_run(self.config, state.history)  # the Prometheus gauge reads the same (monitoring.py)
         return fx.PublishStatus(state.phase, state.round, waiting, state.deadline, detail, _shown(dropped(state)),
                                 spent)
 

@@ -24,6 +24,7 @@ from fedmqtt.transport import channel as ch
 from fedmqtt.transport import signing
 from fedmqtt.transport.bulk import TransferStats
 from ps_daemon.config import DaemonConfig
+from ps_daemon.participant_spent import spent_in_run
 from ps_daemon.refusals import FEATURE_SUMMARY_REFUSED, REFUSAL_CATEGORIES, refusal_category
 from ps_daemon.state import DaemonState, Phase, RoundRecord
 from ps_daemon.status import StatusBoard
@@ -203,16 +204,15 @@ def refused_by_label(sources: list[Mapping[str, Counter[str]]],
     return dict(out)
 
 
-def privacy_spent(state: DaemonState) -> float | None:
-    """The participant-level epsilon the released models have cost so far: a DP server rule (DP-FedAvg)
-    writes it into each closed round's record, which checkpoints keep, so it survives a `--resume`. None when
-    the run has no such rule: the endpoint then exports no epsilon rather than a made-up 0 or infinity.
-    Record-level epsilon is each site's own and is in ps/status per site, not in this run-wide gauge."""
-    for record in reversed(state.history):
-        spent = record.server.get("epsilon")
-        if isinstance(spent, int | float) and not isinstance(spent, bool):
-            return float(spent)
-    return None
+def privacy_spent(config: DaemonConfig, state: DaemonState) -> float | None:
+    """The participant-level epsilon the released models have cost so far: exactly what ps/status says
+    (DaemonStatus.participant_dp, from ps_daemon.participant_spent.spent_in_run), read from the closed rounds'
+    records, which checkpoints keep, so it survives a `--resume`. None when the run has no DP server rule, or the
+    status shows no spending (none charged yet, or a record it cannot show): the endpoint then exports no epsilon
+    rather than a made-up 0 or infinity. Record-level epsilon is each site's own and is in ps/status per site, not
+    in this run-wide gauge."""
+    spent = spent_in_run(config, state.history)
+    return None if spent is None else spent.epsilon
 
 
 @dataclass
@@ -309,7 +309,7 @@ class SnapshotBuilder:
             messages_received=channel_stats.received, duplicates=channel_stats.duplicates,
             bytes_sent=bytes_sent, bytes_received=bytes_received, broker_connected=broker_connected,
             broker_connects=broker_connects, transfers=replace(transfers), upload_turns=upload_turns,
-            checkpoints=replace(checkpoints), epsilon=privacy_spent(state))
+            checkpoints=replace(checkpoints), epsilon=privacy_spent(c, state))
 
     def from_ps(self, ps: MonitoredPs) -> PsSnapshot:
         channel = ps.channel

@@ -3,7 +3,8 @@
 A DP server rule (DP-FedAvg) writes into each round's diagnostics ("server") the epsilon at its delta after that
 round, the releases its accountant has charged and `epsilon_<accountant>` naming whose bound it is
 (fedmqtt/strategies/dp_fedavg.py). The records are checkpointed, so a resumed PS says the same in ps/status as
-before it stopped. Pure: the PS state machine calls it to build its status.
+before it stopped. Pure: the PS state machine calls `spent_in_run` to build its status, and the Prometheus endpoint
+(ps_daemon/monitoring.py) calls the same function for its epsilon gauge, so the two never say different things.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import get_args
 
 from pydantic import ValidationError
 
+from fedmqtt.strategies.dp_fedavg import DPFedAvg
+from ps_daemon.config import DaemonConfig
 from ps_daemon.state import RoundRecord
 from schemas import messages as m
 
@@ -41,6 +44,13 @@ def spent_so_far(history: Sequence[RoundRecord]) -> m.ParticipantSpent | None:
         if (spent := spent_after(record)) is not None:
             return spent
     return None
+
+
+def spent_in_run(config: DaemonConfig, history: Sequence[RoundRecord]) -> m.ParticipantSpent | None:
+    """What participant-level DP has cost this run so far, as ps/status (DaemonStatus.participant_dp) and the
+    Prometheus gauge both report it. Only a DP server rule writes its spending into its records: other runs skip
+    the look through the history (a run may have 100 000 rounds)."""
+    return spent_so_far(history) if config.algorithm == DPFedAvg.name else None
 
 
 def _whole(x: float) -> int:

@@ -37,7 +37,7 @@ from ps_daemon.machine import Machine
 from ps_daemon.metrics_hooks import metrics_for
 from ps_daemon.model_init import hash_weights, initial_model
 from ps_daemon.outbound import Outbound
-from ps_daemon.participant_spent import spent_so_far
+from ps_daemon.participant_spent import spent_in_run
 from ps_daemon.spool import UpdateSpool
 from ps_daemon.state import DaemonState
 from ps_daemon.status import PS, Reminders, StatusBoard, few_sites, status_message
@@ -237,7 +237,7 @@ class DaemonRunner:
         if self.finished is None:  # say we are gone (a clean disconnect does not fire the Will)
             self.audit.stopped(self.state, signalled=self._stop)
             final = encode(self.status.message("offline", session=self.state.session, detail="PS stopped",
-                                               participant_dp=spent_so_far(self.state.history)))
+                                               participant_dp=spent_in_run(c, self.state.history)))
             self.channel.close(final=(topics.ps_status_topic(c.run_id), final))
         else:
             self.channel.close()

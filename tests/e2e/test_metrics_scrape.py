@@ -112,3 +112,31 @@ def test_the_endpoint_follows_a_run_counts_refused_junk_and_keeps_its_labels_bou
     # the endpoint stopped with the PS
     with pytest.raises(urllib.error.URLError):
         scrape(port)
+
+
+def test_the_epsilon_gauge_says_what_ps_status_says_after_a_resume(cli_federation) -> None:
+    """DP-FedAvg: the PS is SIGKILLed after round 1's checkpoint and resumed; the gauge of the resumed PS and its
+    retained ps/status give the same participant-level epsilon, that of the run's last round."""
+    pytest.importorskip("opacus")
+    # Prepare
+    port = free_port()
+    fed = cli_federation("eps", run_id="e2e-metrics-eps", rounds=ROUNDS, sites=SITES, algorithm="dp-fedavg",
+                         hyper={"clip_norm": 1.0, "noise_multiplier": 1.0},
+                         ps_extra={"metrics": {"port": port, "linger_s": 120}})
+    fed.start_broker()
+    fed.start_ps(fault="after_checkpoint:1")
+    for site in SITES:
+        fed.start_site(site)
+    killed = fed.procs["ps"].wait(180)
+    # Execute: resume, run to the end; the endpoint lingers
+    fed.start_ps(resume=True)
+    done = scrape_until(fed, port, lambda s: phase(s) == "done", "the resumed PS to finish", timeout_s=240)
+    status = fed.retained_ps_status()
+    fed.procs["ps"].send_signal(signal.SIGTERM)  # ends the linger
+    fed.wait_ps_done(30)
+    # Assert
+    assert killed == -signal.SIGKILL, fed.tail("ps")
+    assert "resuming from checkpoint of round 1" in fed.tail("ps", 400)
+    assert isinstance(status, m.DaemonStatus) and status.state == "done" and status.participant_dp is not None
+    assert value(done, "fedmqtt_ps_privacy_epsilon") == status.participant_dp.epsilon > 0
+    assert status.participant_dp.rounds == ROUNDS

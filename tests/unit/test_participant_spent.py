@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from ps_daemon.config import DaemonConfig
 from ps_daemon.events import SiteOnline, Started, UpdateReceived
 from ps_daemon.machine import Machine
 from ps_daemon.model_init import hash_weights
-from ps_daemon.participant_spent import spent_after, spent_so_far
+from ps_daemon.participant_spent import ACCOUNTANTS, spent_after, spent_so_far
 from ps_daemon.report import build_report, render_markdown
 from ps_daemon.state import DaemonState, RoundRecord
 from schemas import messages as m
@@ -104,6 +105,57 @@ def test_a_resumed_ps_says_the_epsilon_it_had_before_it_stopped(tmp_path: Path) 
     resumed, effects = _round(fresh, resumed, now=51.0)  # and the accountant goes on from 2 rounds
     after = _statuses(effects)[-1].participant_dp
     assert after is not None and after.rounds == 3 and after.epsilon > before.epsilon
+
+
+def _gauge(machine: Machine, state: DaemonState) -> float | None:
+    """The Prometheus endpoint's epsilon (fedmqtt_ps_privacy_epsilon) for this state, as the PS builds it."""
+    from fedmqtt.transport.bulk import TransferStats
+    from fedmqtt.transport.channel import ChannelStats
+    from ps_daemon.monitoring import DurationTally, SnapshotBuilder
+
+    return SnapshotBuilder(machine.config).build(
+        state, channel_stats=ChannelStats(), transfers=TransferStats(), ps_refusals={}, bytes_sent=0,
+        bytes_received=0, broker_connected=True, broker_connects=1, upload_turns=0,
+        checkpoints=DurationTally()).epsilon
+
+
+def _older(record: RoundRecord) -> RoundRecord:
+    """The record as a version before `epsilon_<accountant>` wrote it: epsilon without whose bound it is."""
+    return replace(record, server={k: v for k, v in record.server.items()
+                                   if k not in {f"epsilon_{a}" for a in ACCOUNTANTS}})
+
+
+@pytest.mark.parametrize("kept", ["as written", "older records", "last epsilon out of range"])
+def test_ps_status_and_the_prometheus_gauge_agree_after_a_resume(tmp_path: Path, kept: str) -> None:
+    """Both read the checkpointed round records through one function: whatever the records hold, the gauge shows
+    the epsilon ps/status shows, or nothing where ps/status shows none."""
+    # Prepare: two DP-FedAvg rounds, their records as the checkpoint keeps them
+    machine = _dp_machine()
+    state = _start(machine)
+    for r in (1, 2):
+        state, _ = _round(machine, state, now=float(r))
+    history = state.history
+    if kept == "older records":
+        history = tuple(_older(r) for r in history)
+    elif kept == "last epsilon out of range":
+        history = (*history[:-1], replace(history[-1], server={**history[-1].server, "epsilon": 1e10}))
+    store = CheckpointStore(tmp_path)
+    store.save(state_to_checkpoint(replace(state, history=history), run_id="pdp",
+                                   config_hash=machine.config.config_hash()))
+    # Execute: a new PS process resumes from the file
+    fresh = _dp_machine()
+    resumed = checkpoint_to_state(store.load_latest(run_id="pdp", config_hash=fresh.config.config_hash()), tmp_path)
+    resumed, effects = fresh.step(resumed, Started(now=50.0))
+    status = _statuses(effects)[-1].participant_dp
+    gauge = _gauge(fresh, resumed)
+    # Assert
+    assert gauge == (None if status is None else status.epsilon)
+    if kept == "as written":
+        assert status is not None and status.rounds == 2 and gauge == history[-1].server["epsilon"]
+    elif kept == "older records":
+        assert status is None and gauge is None  # no accountant named: neither shows a number
+    else:
+        assert status is not None and status.round == 1 and gauge == history[0].server["epsilon"]
 
 
 def test_without_dp_fedavg_no_status_carries_participant_level_epsilon() -> None:

@@ -141,8 +141,12 @@ def test_privacy_spent_is_the_latest_participant_level_epsilon_and_none_without_
 
     from ps_daemon.monitoring import privacy_spent
 
+    dp_run = config(algorithm="dp-fedavg")
     plain = (record(1, ("site-a",), seconds=1.0), record(2, ("site-a",), seconds=1.0))
-    assert privacy_spent(state(*plain)) is None
-    dp = (replace(plain[0], server={"epsilon": 0.4, "clip": 1.0}), replace(plain[1], server={"epsilon": 0.9}))
-    assert privacy_spent(state(*dp)) == 0.9
-    assert privacy_spent(state(dp[0], plain[1])) == 0.4  # a round whose record lacks it keeps the last value
+    assert privacy_spent(dp_run, state(*plain)) is None
+    spending = {"delta": 1e-5, "clip": 1.0}
+    dp = (replace(plain[0], server={**spending, "epsilon": 0.4, "epsilon_rounds": 1.0, "epsilon_rdp": 0.4}),
+          replace(plain[1], server={**spending, "epsilon": 0.9, "epsilon_rounds": 2.0, "epsilon_prv": 0.9}))
+    assert privacy_spent(dp_run, state(*dp)) == 0.9
+    assert privacy_spent(dp_run, state(dp[0], plain[1])) == 0.4  # a round whose record lacks it keeps the last value
+    assert privacy_spent(config(), state(*dp)) is None  # no DP server rule in the run: no gauge, as in ps/status
