@@ -71,6 +71,7 @@ class SiteAgent:
         self.identity = identity if identity is not None else config.identity()
         self.features = SiteFeatures(config)  # with feature_statistics = "federated": the federation's statistics
         self.data = load_site_data(self.features.spec())
+        self._notes_logged: set[str] = set()  # the data preparation notes already in this site's log
         # "auto" until torch is loaded: then the device it found (cuda or cpu), on every later status.
         self.device: str = config.device
         self._trainer: Trainer | None = None
@@ -168,6 +169,7 @@ class SiteAgent:
     def start(self) -> None:
         """Connect (with an 'offline' Last Will); subscribe to the model, our task and turn, and the PS status."""
         c = self.config
+        self._log_data_notes(at_start=True)  # before the broker is reached: a site that waits for it says them too
         self.status_topic = topics.site_status_topic(c.run_id, c.site_id)
         will = (self.status_topic, encode(self._status("offline", "connection lost")))
         self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}",
@@ -319,6 +321,19 @@ class SiteAgent:
         self._load_trainer()
         log.info("standardising with the federation's feature statistics of sites %s (%d columns)",
                  ", ".join(msg.sites[:8]) + (" ..." if len(msg.sites) > 8 else ""), len(msg.columns))
+        self._log_data_notes()
+
+    def _log_data_notes(self, *, at_start: bool = False) -> None:
+        """What preparing this site's data did to it (values outside plausible ranges made missing, per column;
+        columns constant in train set to 0; values clipped...), each note once, for the hospital's IT to read in
+        the site's own log (they never leave the site). Data standardised again with the federation's statistics
+        adds only its new notes."""
+        new = [note for note in self.data.notes if note not in self._notes_logged]
+        for note in new:
+            log.info("site %s data preparation: %s", self.config.site_id, note)
+        if at_start and not new:
+            log.info("site %s data preparation: no notes", self.config.site_id)
+        self._notes_logged.update(new)
 
     def _work(self) -> bool:
         task = self.task
