@@ -81,7 +81,9 @@ class DaemonState:
     extras: Mapping[str, Weights] = field(default_factory=dict)  # server state sent with the model
     histograms: Mapping[str, tuple[float, ...] | None] = field(default_factory=dict)  # from site statuses
     # Each site's privacy policy from its status, checked against the run before round 1 (ps_daemon.policy_quorum).
-    # Not checkpointed: only the wait for round 1 reads it, and a checkpoint holds a run past that.
+    # Not checkpointed: only the wait for round 1 reads it, and a checkpoint holds a run past that (a --resume before
+    # round 1 has no checkpoint and reads every site's retained status, policy included, again). The check is the
+    # PS's forecast only: each site judges every task by its own policy (site_agent.policy), resumed PS or not.
     policies: Mapping[str, PrivacyPolicy | None] = field(default_factory=dict)
     # With feature_statistics = "federated" (ps_daemon.feature_gate): the sites' summaries while the PS waits for
     # round 1, then the federation's statistics (kept in their own file in out_dir, not in the checkpoint).
