@@ -69,6 +69,10 @@ class SimulationConfig(BaseModel):
                            "asks (validated as the PS config validates it)")
     fraction: float | None = Field(default=None, description="selection = \"fraction\": share of the sites "
                                    "drawn each round")
+    evaluation: Literal["selected", "all"] = Field(
+        default="selected", description="which sites validate each round's model for the best round: the "
+        "round's selected sites (selected), or every site, selected or not, recruited or not (all; Flower's "
+        "fraction_evaluate = 1). Training selection is unchanged; simulation only for now")
     recruitment: dict[str, float] = Field(default_factory=dict, description="selection = \"recruited\": "
                                           "gamma_dv, gamma_sa, gamma_th (docs/algorithms.md 15)")
     pretrained: Path | None = Field(default=None, description="AdaFed / d-AdaFed: a model (safetensors) "
@@ -112,6 +116,7 @@ class SimulationConfig(BaseModel):
             "credentials": IN_PROCESS, **({"hyper": self.hyper} if self.hyper else {}),
             "selection": self.selection, "fraction": self.fraction, "recruitment": self.recruitment,
             "selection_metric": self.selection_metric,
+            **({"evaluation": self.evaluation} if self.evaluation != "selected" else {}),
             # pretrain_fraction: the model is pretrained when the run starts (placeholder for validation)
             "pretrained": self.pretrained or (Path("(pretrained at start)") if self.pretrain_fraction else None),
             "init_model": self.init_model,

@@ -225,6 +225,11 @@ class DaemonConfig(BaseModel):
         default="site", description="\"site\": every site standardises its inputs with its own training "
         "statistics; \"federated\": before round 1 the PS waits for every online site's feature summary, "
         "combines them and publishes the federation's statistics on ps/features, which every site uses")
+    evaluation: Literal["selected", "all"] = Field(
+        default="selected", description="which sites validate each round's model for the best round "
+        "(docs/algorithms.md 17.1): \"selected\", the round's selected sites (they validate the model they "
+        "receive); \"all\", every configured site, selected or not, recruited or not (Flower's "
+        "fraction_evaluate = 1). \"all\" runs in `fedmqtt simulate` only: `fedmqtt ps start` refuses it")
     recruitment: RecruitmentConfig = Field(default=RecruitmentConfig(), description="recruitment weights and "
                                            "threshold, used with selection = \"recruited\"")
     round_timeout_s: float = Field(default=300.0, gt=0, description="a round's deadline: then it closes if the "
@@ -296,6 +301,9 @@ class DaemonConfig(BaseModel):
         if problem := secure_aggregation_problem(self.algorithm, self.secure_aggregation, len(self.sites),
                                                  self.strategy_params()):
             raise ValueError(problem)
+        if self.evaluation == "all" and self.secure_aggregation.enabled:
+            raise ValueError("evaluation = \"all\" is not built for secure aggregation (its rounds close with the "
+                             "secure sum): set evaluation = \"selected\"")
         if self.selection == "fraction" and self.fraction is not None:
             drawn = min_drawn(len(self.sites), self.fraction)
             if drawn < self.quorum:
@@ -335,6 +343,8 @@ class DaemonConfig(BaseModel):
             keep["init_model"] = {"tensors": self.init_model.tensors}
         if keep.get("feature_statistics") == "site":  # the default: checkpoints from before the option still match
             del keep["feature_statistics"]
+        if keep.get("evaluation") == "selected":  # the default, likewise
+            del keep["evaluation"]
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def broker_settings(self) -> BrokerSettings:

@@ -83,6 +83,18 @@ class FeatureSummaryReceived:
 
 
 @dataclass(frozen=True)
+class RoundValidated:
+    """With `evaluation = "all"`: every configured site's validation metrics of the open round's model (the model
+    `model_hash`), selected or not. Only `fedmqtt simulate` makes it, holding every site's data in its process;
+    the best round is then chosen on these (docs/algorithms.md 17.1)."""
+
+    now: float
+    round: int
+    model_hash: str
+    per_site: Mapping[str, Metrics]
+
+
+@dataclass(frozen=True)
 class Tick:
     """The runner's clock: lets the pure machine notice a passed deadline."""
 
@@ -90,4 +102,4 @@ class Tick:
 
 
 Event = (Started | SiteOnline | SiteOffline | UpdateReceived | ReportReceived | SecAggReceived | FeatureSummaryReceived
-         | Tick)
+         | RoundValidated | Tick)

@@ -31,6 +31,7 @@ from ps_daemon.events import (
     Event,
     FeatureSummaryReceived,
     ReportReceived,
+    RoundValidated,
     SiteOffline,
     SiteOnline,
     Started,
@@ -286,6 +287,19 @@ class Machine(SecureSteps):
             return self._finish(state)
         return state, []
 
+    def _validated_in_round(self, state: DaemonState, ev: RoundValidated) -> Result:
+        """evaluation = "all": every site's validation of the open round's model, kept for the round's record and
+        the best round; the round may now close (it waited for them)."""
+        if self.config.evaluation != "all":
+            return state, [fx.Log("warning", f"every site's validation of round {ev.round} ignored: this run's best "
+                                             "round is chosen on the selected sites' (evaluation = \"selected\")")]
+        if ev.round != state.round or ev.model_hash != state.model_hash or state.validated is not None:
+            return state, []  # another round's or model's, or the open round's again
+        state = replace(state, validated={s: dict(m) for s, m in sorted(ev.per_site.items())})
+        if state.secure is None and self._all_answered(state) and len(state.updates) >= self.config.quorum:
+            return self._close_round(state, ev.now)
+        return state, []
+
     def _tick_in_round(self, state: DaemonState, ev: Tick) -> Result:
         if self._stalled(state, ev.now):
             return self._republish_stalled(state, ev.now)
@@ -295,7 +309,7 @@ class Machine(SecureSteps):
             return self._secure_progress(state, ev.now, deadline_passed=True)
         if state.deadline is None or ev.now < state.deadline:
             return state, []
-        if len(state.updates) >= self.config.quorum:
+        if len(state.updates) >= self.config.quorum and self._validated(state):
             return self._close_round(state, ev.now)
         waiting = self._can_answer(state, state.updates)
         away = [s for s in state.selected if s not in state.updates and s in state.offline]
@@ -307,6 +321,8 @@ class Machine(SecureSteps):
         reachable = len(state.updates) + len(waiting)
         if reachable < self.config.quorum:
             text += f" (only {reachable} can still answer: the quorum needs offline sites back)"
+        if not self._validated(state):
+            text += "; every site's validation of the round's model (evaluation = \"all\") has not arrived"
         return state, [fx.Log("warning", text), self._status(state, text)]
 
     def _tick_in_evaluation(self, state: DaemonState, ev: Tick) -> Result:
@@ -391,7 +407,12 @@ class Machine(SecureSteps):
     def _all_answered(self, state: DaemonState) -> bool:
         # Only a site seen going offline is skipped: after a resume, a site not yet heard from may
         # still answer (its retained status and update can arrive in any order).
-        return all(s in state.updates or s in state.offline for s in state.selected)
+        return self._validated(state) and all(s in state.updates or s in state.offline for s in state.selected)
+
+    def _validated(self, state: DaemonState) -> bool:
+        """Whether the open round has the validation its best-round rule reads: the selected sites' (in their
+        updates) or, with evaluation = "all", every site's (RoundValidated)."""
+        return self.config.evaluation != "all" or state.validated is not None
 
     def _all_reported(self, state: DaemonState) -> bool:
         return all(s in state.final_reports or s in state.offline for s in state.selected)
@@ -436,7 +457,7 @@ class Machine(SecureSteps):
             history=(*state.history, record), best=best, strategy_state=self.strategy.state_dict(),
             accepted_rounds={**state.accepted_rounds, **{s: state.round for s in participants}},
             round_started_at=now, deadline=now + self.config.round_timeout_s, attempt=0, last_progress=now,
-            secure=None,
+            secure=None, validated=None,
         )
         state = replace(state, model_hash=self.hash_weights(self.published(state)))
         if nxt <= self.config.rounds:
@@ -469,8 +490,10 @@ class Machine(SecureSteps):
         # Under secure aggregation a site in the sum may not have sent how it trained (metrics): it has none here.
         told = tuple(s for s in participants if s in state.updates)
         per_site = {s: dict(state.updates[s].val_metrics) for s in told}
+        if state.validated is not None:  # evaluation = "all": every site validated the round's model
+            per_site = {s: dict(m) for s, m in state.validated.items()}
         names = sorted({k for m in per_site.values() for k in m})
-        mean = {k: mean_defined([per_site[s].get(k) for s in told]) for k in names}
+        mean = {k: mean_defined([m.get(k) for m in per_site.values()]) for k in names}
         losses = [state.updates[s].train_loss for s in told]
         return RoundRecord(
             round=state.round, sites=participants,

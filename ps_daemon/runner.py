@@ -16,7 +16,7 @@ from typing import Any
 
 from fedmqtt.atomic import private_dir
 from fedmqtt.data.feature_wire import read_statistics_message
-from fedmqtt.errors import BrokerError, CheckpointError, DataError
+from fedmqtt.errors import BrokerError, CheckpointError, ConfigError, DataError
 from fedmqtt.participant_dp import load_accountants
 from fedmqtt.strategies import build_strategy
 from fedmqtt.strategies.base import manifest_from_dict
@@ -52,12 +52,21 @@ log = logging.getLogger("fedmqtt.ps")
 class DaemonRunner:
     def __init__(self, config: DaemonConfig, *, resume: bool = False, force: bool = False,
                  transport_factory: Callable[..., Any] | None = None, identity: Identity | None = None,
-                 on_round: Callable[[m.RoundMetrics], None] | None = None) -> None:
+                 on_round: Callable[[m.RoundMetrics], None] | None = None, validates_every_site: bool = False
+                 ) -> None:
         """`transport_factory(client_id=..., will=...)` makes the connection (default: MQTT to the broker
         in the config's credentials; `fedmqtt simulate` passes an in-process one). `identity`: what the PS signs
         with and verifies against (default: the `[signing]` table of the config's credentials). `force`: start
         afresh even where out_dir holds checkpoints of an earlier start (they are removed). `on_round`: called
-        with each closed round's metrics as they are published (`--track`, fedmqtt.tracking)."""
+        with each closed round's metrics as they are published (`--track`, fedmqtt.tracking).
+        `validates_every_site`: the caller hands every site's validation of each round's model to `apply` as
+        RoundValidated (`fedmqtt simulate`); `evaluation = "all"` needs it, as no message carries it yet."""
+        if config.evaluation == "all" and not validates_every_site:
+            raise ConfigError(
+                "evaluation = \"all\" (every site validates every round's model) runs in `fedmqtt simulate` only: "
+                "no message asks a site that was not selected to validate a round's model yet. Set evaluation = "
+                "\"selected\" in the PS config (the best round is then chosen on the selected sites' validation), "
+                "or run the federation with `fedmqtt simulate`")
         self.config = config
         self._transport_factory = transport_factory or (
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
@@ -208,6 +217,10 @@ class DaemonRunner:
 
     def _admit_manifest(self, parsed: ParsedTopic, manifest: ChunkManifest) -> str | None:
         return self.inbound.admit_manifest(self.state, parsed, manifest)
+
+    def apply(self, event: Event) -> None:
+        """Step the machine with an event that no message brings (RoundValidated from `fedmqtt simulate`)."""
+        self._apply(event)
 
     def _apply(self, event: Event) -> None:
         self.state, effects = self.machine.step(self.state, event)

@@ -15,6 +15,7 @@ from ps_daemon.events import (
     Event,
     FeatureSummaryReceived,
     ReportReceived,
+    RoundValidated,
     SecAggReceived,
     SiteOffline,
     SiteOnline,
@@ -66,6 +67,10 @@ def _refuse_summary(phase: Phase) -> Transition:
                       "retained copy replayed after a reconnect or a resume)", (phase,))
 
 
+def _ignore_validation(phase: Phase) -> Transition:
+    return Transition("_ignore", "ignored: every site's validation belongs to an open round", (phase,))
+
+
 def _ignore_report(phase: Phase) -> Transition:
     return Transition("_ignore", "ignored: only the final evaluation takes reports", (phase,))
 
@@ -95,6 +100,7 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
     ("waiting_for_sites", UpdateReceived): _refuse_update("waiting_for_sites"),
     ("waiting_for_sites", SecAggReceived): _refuse_secagg("waiting_for_sites"),
     ("waiting_for_sites", ReportReceived): _ignore_report("waiting_for_sites"),
+    ("waiting_for_sites", RoundValidated): _ignore_validation("waiting_for_sites"),
     ("waiting_for_sites", Tick): Transition("_ignore", "nothing: no deadline runs", ("waiting_for_sites",)),
 
     ("training", Started): Transition(
@@ -124,6 +130,13 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "sends the next stage's rosters, inboxes or unmasking requests; after the answers, unmasks the sum and "
         "closes the round with it (a failed try: nothing aggregated, a new try with fresh keys)",
         ("training", "evaluating")),
+    ("training", RoundValidated): Transition(
+        "_validated_in_round",
+        "with `evaluation = \"all\"` (simulation only): keeps every site's validation metrics of the open round's "
+        "model (another round's or model's are dropped), which the best round is then chosen on; the round closes "
+        "if every selected site has answered and the quorum is met (with `evaluation = \"all\"` no round closes "
+        "before they are there); refused with a log under `evaluation = \"selected\"`",
+        ("training", "evaluating")),
     ("training", Tick): Transition(
         "_tick_in_round",
         "after `stall_s` without progress re-publishes the round for the sites still missing; at the deadline "
@@ -147,6 +160,7 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         "keeps the first `final` report of each selected site on the final model; finishes when every selected "
         "site not seen offline has reported",
         ("evaluating", "done")),
+    ("evaluating", RoundValidated): _ignore_validation("evaluating"),
     ("evaluating", Tick): Transition(
         "_tick_in_evaluation",
         "after `stall_s` without progress re-publishes the eval tasks still missing; at the deadline finishes, "
@@ -161,5 +175,6 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
     ("done", SecAggReceived): _refuse_secagg("done"),
     ("done", FeatureSummaryReceived): _refuse_summary("done"),
     ("done", ReportReceived): _ignore_report("done"),
+    ("done", RoundValidated): _ignore_validation("done"),
     ("done", Tick): Transition("_ignore", "nothing: the run is over", ("done",)),
 }

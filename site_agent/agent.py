@@ -743,6 +743,17 @@ class SiteAgent:
             self._released = (self.histograms.shared(exact, c.privacy, d.task.kind, self.ledger),)
         return self._released[0]
 
+    def validate_round(self, spec: m.ModelSpec, weights: Mapping[str, np.ndarray], round_no: int,
+                       best_round: int | None) -> dict[str, float | None]:
+        """Validate round `round_no`'s global model whether or not this site trains in that round (evaluation =
+        "all", driven by `fedmqtt simulate`), as a selected site does before training: first promote the best
+        round the PS names, then keep this model as the one evaluated last, so that the best slot follows the
+        PS's best round here too; returns the validation metrics."""
+        self.best.promote(best_round)
+        self.best.remember(round_no, dict(weights))
+        metrics, _, _ = self.trainer.evaluate(spec, dict(weights), ("val",))
+        return dict(metrics["val"])
+
     def _evaluate(self, task: m.EvalTask, model: m.GlobalModel) -> None:
         c = self.config
         self.local.resolve(task.accepted_round, task.round)

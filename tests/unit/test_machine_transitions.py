@@ -22,6 +22,7 @@ from ps_daemon.events import (
     Event,
     FeatureSummaryReceived,
     ReportReceived,
+    RoundValidated,
     SecAggReceived,
     SiteOffline,
     SiteOnline,
@@ -68,7 +69,8 @@ def _one_of_each(now: float = 1.0) -> dict[type, Event]:
             UpdateReceived: UpdateReceived("site-a", now, 1, "", update),
             ReportReceived: ReportReceived("site-a", now, 3, "", "final", {}), Tick: Tick(now),
             SecAggReceived: SecAggReceived("site-a", now, 1, ADVERT),
-            FeatureSummaryReceived: FeatureSummaryReceived("site-a", now, SUMMARIES["site-a"])}
+            FeatureSummaryReceived: FeatureSummaryReceived("site-a", now, SUMMARIES["site-a"]),
+            RoundValidated: RoundValidated(now, 1, "", {"site-a": {"auroc": 0.5}})}
 
 
 def test_every_phase_and_event_has_one_row() -> None:
@@ -115,7 +117,7 @@ def test_an_unknown_event_is_a_type_error() -> None:
 def _random_event(rng: random.Random, state: DaemonState, now: float) -> Event:
     site = rng.choice([*SITES, "stranger"])
     kind = rng.choice(["started", "online", "offline", "update", "update", "update", "report", "report", "tick",
-                       "secagg", "features"])
+                       "secagg", "features", "validated", "validated"])
     if kind == "started":
         return Started(now)
     if kind == "online":
@@ -132,6 +134,9 @@ def _random_event(rng: random.Random, state: DaemonState, now: float) -> Event:
         return SecAggReceived(site, now, state.round, ADVERT)
     if kind == "features":
         return FeatureSummaryReceived(site, now, SUMMARIES[site])
+    if kind == "validated":  # every site's validation (evaluation = "all"), now and then of another round
+        return RoundValidated(now, state.round - (rng.random() < 0.1), state.model_hash,
+                              {s: {"auroc": rng.random()} for s in SITES})
     return Tick(now)
 
 
@@ -139,10 +144,10 @@ def test_random_runs_move_only_along_the_rows_and_use_every_exit() -> None:
     """Thousands of random events from a fresh PS: each step ends in a phase its row lists, and every phase a
     row lists is reached by some step (the table neither forbids nor promises too much)."""
     seen: dict[tuple[Phase, type], set[Phase]] = {key: set() for key in TRANSITIONS}
-    for seed in range(150):
+    for seed in range(300):
         rng = random.Random(seed)
-        machine = Machine(_config(min_sites=rng.choice([1, 2, 3]),
-                                  feature_statistics=rng.choice(["site", "federated"])), FedAvg(), hash_weights)
+        machine = Machine(_config(min_sites=rng.choice([1, 2, 3]), feature_statistics=rng.choice(["site", "federated"]),
+                                  evaluation=rng.choice(["selected", "all"])), FedAvg(), hash_weights)
         state, now = machine.initial_state(_weights()), 0.0
         for _ in range(80):
             now += rng.choice([0.0, 1.0, STALL, TIMEOUT])
