@@ -16,7 +16,8 @@ closes (the final evaluation is not a round). `--baseline-tree DIR` runs the sam
 checkout (e.g. `git archive <commit> | tar -x -C DIR`) in alternating child processes, so both see the same
 machine load; medians over `--repeats` are printed side by side with their ratio. `--profile` prints the
 functions where this tree's agents spend their CPU time (cProfile on the thread's CPU clock, cumulative, or as
-AGENT_ROUND_SORT says, e.g. tottime; agent polls only).
+AGENT_ROUND_SORT says, e.g. tottime; agent polls only; AGENT_ROUND_CALLERS, a regular expression, also prints the
+callers of the functions it matches).
 
     python bench/agent_round.py --model-mb 16 --sites 2 --rounds 6 --repeats 3 [--baseline-tree /tmp/base]
 """
@@ -146,6 +147,12 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
            "overhead_cpu_ms": 1000 * (counted["cpu"] - inner["cpu"]) / agent_rounds,
            "overhead_wall_ms": 1000 * (counted["wall"] - inner["wall"]) / agent_rounds,
            "idle_polls": idle["polls"] / agent_rounds, "idle_cpu_ms": 1000 * idle["cpu"] / agent_rounds}
+    try:
+        from fedmqtt.transport.bulk import REASSEMBLY_MAPS
+
+        out["maps_reused"] = REASSEMBLY_MAPS.reused
+    except ImportError:  # an older tree
+        pass
     if parts:
         out["parts"] = {name: {"cpu_ms": 1000 * p["cpu"] / agent_rounds, "calls": p["calls"] / agent_rounds}
                         for name, p in parts.items()}
@@ -154,7 +161,10 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
         import pstats
 
         text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats(os.environ.get("AGENT_ROUND_SORT", "cumulative")).print_stats(45)
+        stats = pstats.Stats(profiler, stream=text).sort_stats(os.environ.get("AGENT_ROUND_SORT", "cumulative"))
+        stats.print_stats(45)
+        if os.environ.get("AGENT_ROUND_CALLERS"):  # a regular expression: who calls the functions it matches
+            stats.print_callers(os.environ["AGENT_ROUND_CALLERS"])
         out["profile"] = text.getvalue()
     return out
 
