@@ -240,7 +240,7 @@ class ReassemblyMaps:
 
     ROUND = 2 << 20
 
-    def __init__(self, *, min_bytes: int = 4 << 20, max_bytes: int = 64 << 20, keep_bytes: int = 256 << 20) -> None:
+    def __init__(self, *, min_bytes: int = 4 << 20, max_bytes: int = 64 << 20, keep_bytes: int = 128 << 20) -> None:
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes
         self.keep_bytes = keep_bytes
