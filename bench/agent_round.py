@@ -14,12 +14,12 @@ into and out of torch) and subtracted: what is left is the agent's per-round ove
 Only rounds 2..R count (round 1 pays one-off costs such as torch's first kernels), and only until the last round
 closes (the final evaluation is not a round). `--count-from K` counts rounds K..R instead: a site's steady state,
 once its stores have older files to write over (the uplink store keeps three rounds, so from round 4 on every
-model-sized file of a site is written over an old one; a new 16 MB file cost up to 30 ms of CPU here). `--baseline-tree DIR` runs the same measurement from another
-checkout (e.g. `git archive <commit> | tar -x -C DIR`) in alternating child processes, so both see the same
-machine load; medians over `--repeats` are printed side by side with their ratio. `--profile` prints the
-functions where this tree's agents spend their CPU time (cProfile on the thread's CPU clock, cumulative, or as
-AGENT_ROUND_SORT says, e.g. tottime; agent polls only; AGENT_ROUND_CALLERS, a regular expression, also prints the
-callers of the functions it matches).
+model-sized file of a site is written over an old one; a new 16 MB file cost up to 30 ms of CPU here).
+`--baseline-tree DIR` runs the same measurement from another checkout (e.g. `git archive <commit> | tar -x -C DIR`)
+in alternating child processes, so both see the same machine load; medians over `--repeats` are printed side by side
+with their ratio. `--profile` prints the functions where this tree's agents spend their CPU time (cProfile on the
+thread's CPU clock, cumulative, or as AGENT_ROUND_SORT says, e.g. tottime; agent polls only; AGENT_ROUND_CALLERS, a
+regular expression, also prints the callers of the functions it matches).
 
     python bench/agent_round.py --model-mb 16 --sites 2 --rounds 6 --repeats 3 [--baseline-tree /tmp/base]
 """
@@ -261,7 +261,8 @@ def main() -> None:
             runs[name].append(run_child(tree, args, False))
             load.append(os.getloadavg()[0])
     print(f"{args.sites} agents x rounds {args.count_from}-{args.rounds} of a {args.model_mb:g} MB MLP, "
-          f"{args.repeats} runs per tree, alternating; load average (1 min) {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")
+          f"{args.repeats} runs per tree, alternating; load average (1 min) {min(load):.1f}-{max(load):.1f} on "
+          f"{os.cpu_count()} CPUs")
     print("per agent-round, medians (ms): poll CPU | train+validate CPU | overhead CPU (runs) | overhead wall | "
           "idle polls: count, CPU")
     base = None
