@@ -12,11 +12,14 @@ and `evaluate` are timed on their own (they hold the local training and the vali
 into and out of torch) and subtracted: what is left is the agent's per-round overhead.
 
 Only rounds 2..R count (round 1 pays one-off costs such as torch's first kernels), and only until the last round
-closes (the final evaluation is not a round). `--baseline-tree DIR` runs the same measurement from another
-checkout (e.g. `git archive <commit> | tar -x -C DIR`) in alternating child processes, so both see the same
-machine load; medians over `--repeats` are printed side by side with their ratio. `--profile` prints the
-functions where this tree's agents spend their CPU time (cProfile on the thread's CPU clock, cumulative, or as
-AGENT_ROUND_SORT says, e.g. tottime; agent polls only).
+closes (the final evaluation is not a round). `--count-from K` counts rounds K..R instead: a site's steady state,
+once its stores have older files to write over (the uplink store keeps three rounds, so from round 4 on every
+model-sized file of a site is written over an old one; a new 16 MB file cost up to 30 ms of CPU here).
+`--baseline-tree DIR` runs the same measurement from another checkout (e.g. `git archive <commit> | tar -x -C DIR`)
+in alternating child processes, so both see the same machine load; medians over `--repeats` are printed side by side
+with their ratio. `--profile` prints the functions where this tree's agents spend their CPU time (cProfile on the
+thread's CPU clock, cumulative, or as AGENT_ROUND_SORT says, e.g. tottime; agent polls only; AGENT_ROUND_CALLERS, a
+regular expression, also prints the callers of the functions it matches).
 
     python bench/agent_round.py --model-mb 16 --sites 2 --rounds 6 --repeats 3 [--baseline-tree /tmp/base]
 """
@@ -67,8 +70,8 @@ def write_sites(folder: Path, n_sites: int) -> dict[str, dict[str, Any]]:
 
 
 def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: bool,
-            breakdown: bool = False) -> dict[str, Any]:
-    """One run in this process (the tree on sys.path); per agent-round figures of rounds 2..`rounds`."""
+            breakdown: bool = False, count_from: int = 2) -> dict[str, Any]:
+    """One run in this process (the tree on sys.path); per agent-round figures of rounds `count_from`..`rounds`."""
     from fedmqtt.simulation_config import SimulationConfig
     from fedmqtt.transport.heap import tune_heap
     from fedmqtt.transport.memory import MemoryBroker, MemoryTransport
@@ -112,7 +115,7 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
             closed = len(runner.state.history)
             if closed >= rounds:
                 break  # the final evaluation is not a round
-            if closed >= 1 and not counting:  # round 1 closed: count from round 2 on
+            if closed >= count_from - 1 and not counting:  # round count_from - 1 closed: count from the next on
                 counting = True
                 inner.update(cpu=0.0, wall=0.0, calls=0)
                 for part in parts.values():
@@ -139,13 +142,19 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
         for agent in agents:
             agent.close()
         runner.close()
-    agent_rounds = n_sites * (rounds - 1)
+    agent_rounds = n_sites * (rounds - count_from + 1)
     out = {"agent_rounds": agent_rounds, "trainer_calls": inner["calls"],
            "poll_cpu_ms": 1000 * counted["cpu"] / agent_rounds,
            "train_cpu_ms": 1000 * inner["cpu"] / agent_rounds,
            "overhead_cpu_ms": 1000 * (counted["cpu"] - inner["cpu"]) / agent_rounds,
            "overhead_wall_ms": 1000 * (counted["wall"] - inner["wall"]) / agent_rounds,
            "idle_polls": idle["polls"] / agent_rounds, "idle_cpu_ms": 1000 * idle["cpu"] / agent_rounds}
+    try:
+        from fedmqtt.transport.bulk import REASSEMBLY_MAPS
+
+        out["maps_reused"] = REASSEMBLY_MAPS.reused
+    except ImportError:  # an older tree
+        pass
     if parts:
         out["parts"] = {name: {"cpu_ms": 1000 * p["cpu"] / agent_rounds, "calls": p["calls"] / agent_rounds}
                         for name, p in parts.items()}
@@ -154,7 +163,10 @@ def measure(work: Path, model_mb: float, n_sites: int, rounds: int, profile: boo
         import pstats
 
         text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats(os.environ.get("AGENT_ROUND_SORT", "cumulative")).print_stats(45)
+        stats = pstats.Stats(profiler, stream=text).sort_stats(os.environ.get("AGENT_ROUND_SORT", "cumulative"))
+        stats.print_stats(45)
+        if os.environ.get("AGENT_ROUND_CALLERS"):  # a regular expression: who calls the functions it matches
+            stats.print_callers(os.environ["AGENT_ROUND_CALLERS"])
         out["profile"] = text.getvalue()
     return out
 
@@ -213,6 +225,7 @@ def run_child(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, 
     with tempfile.TemporaryDirectory(prefix="fedmqtt-agent-round-") as tmp:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", tmp, "--model-mb", str(args.model_mb),
                "--sites", str(args.sites), "--rounds", str(args.rounds), *(["--profile"] if profile else []),
+               *(["--count-from", str(args.count_from)] if args.count_from != 2 else []),
                *(["--breakdown"] if args.breakdown else [])]
         out = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
                              text=True)
@@ -226,15 +239,18 @@ def main() -> None:
     parser.add_argument("--model-mb", type=float, default=16.0)
     parser.add_argument("--sites", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--count-from", type=int, default=2, help="first round counted (default 2)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline-tree", type=Path, default=None, help="also run from this checkout")
     parser.add_argument("--profile", action="store_true", help="print this tree's agent profile (one run)")
     parser.add_argument("--breakdown", action="store_true", help="also time the steps of a round (both trees)")
     parser.add_argument("--inner", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not 2 <= args.count_from <= args.rounds:
+        parser.error("--count-from must be between 2 and --rounds")
     if args.inner is not None:
         print(json.dumps(measure(args.inner, args.model_mb, args.sites, args.rounds, args.profile,
-                                 args.breakdown)))
+                                 args.breakdown, args.count_from)))
         return
     here = Path(__file__).resolve().parents[1]
     trees = {"now": here, **({"baseline": args.baseline_tree.resolve()} if args.baseline_tree else {})}
@@ -244,8 +260,9 @@ def main() -> None:
         for name, tree in trees.items():
             runs[name].append(run_child(tree, args, False))
             load.append(os.getloadavg()[0])
-    print(f"{args.sites} agents x rounds 2-{args.rounds} of a {args.model_mb:g} MB MLP, {args.repeats} runs per "
-          f"tree, alternating; load average (1 min) {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")
+    print(f"{args.sites} agents x rounds {args.count_from}-{args.rounds} of a {args.model_mb:g} MB MLP, "
+          f"{args.repeats} runs per tree, alternating; load average (1 min) {min(load):.1f}-{max(load):.1f} on "
+          f"{os.cpu_count()} CPUs")
     print("per agent-round, medians (ms): poll CPU | train+validate CPU | overhead CPU (runs) | overhead wall | "
           "idle polls: count, CPU")
     base = None

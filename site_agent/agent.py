@@ -22,9 +22,7 @@ from fedmqtt import __version__
 from fedmqtt.atomic import private_dir, write_atomic
 from fedmqtt.errors import BrokerError
 from fedmqtt.faults import crash_point
-from fedmqtt.participant_dp import noise_for
 from fedmqtt.recruitment import label_histogram
-from fedmqtt.secagg.site import SecAggRefused
 from fedmqtt.secagg.weighted import Layout, layout_of, split
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
@@ -39,19 +37,18 @@ from schemas.secagg import CLIPPED_SCALAR
 from schemas.tensors import arrays_to_blobs, blobs_to_arrays, tensors_hash
 from site_agent.config import SiteConfig
 from site_agent.data import load_site_data
-from site_agent.distributed_dp import model_change, run_epsilon
 from site_agent.federation_features import SiteFeatures
 from site_agent.histogram_release import HistogramRelease
 from site_agent.label_set import annotated_labels, label_set_for
 from site_agent.local_state import BestSlot, LocalState
 from site_agent.policy import epsilon_refusal, participant_refusal, task_refusal
 from site_agent.privacy_ledger import LedgerError, PrivacyLedger
-from site_agent.secagg_round import SiteRound
 from site_agent.secagg_store import SecAggRecordError, SecAggStore
 from site_agent.store import UplinkStore
 from site_agent.uplink import Uplink
 
 if TYPE_CHECKING:
+    from site_agent.secagg_round import SiteRound
     from site_agent.trainer import Trainer, TrainResult
 
 log = logging.getLogger("fedmqtt.site")
@@ -430,6 +427,8 @@ class SiteAgent:
         kept = {n: v for n, v in result.weights.items() if n not in set(upload)}
         shared = {n: result.weights[n] for n in upload}
         if task.secure_aggregation is not None and task.secure_aggregation.distributed_dp is not None:
+            from site_agent.distributed_dp import model_change
+
             shared = model_change(shared, start)  # distributed DP sums changes, clipped and noised when masked
         self.local.stage(task.round, {"model": kept, **result.algo_state})  # pending, before the uplink
         update = m.ClientUpdate(
@@ -485,6 +484,8 @@ class SiteAgent:
         input and the unmasking answer remain. The layout is the shape of what this site will upload (if it turns
         out otherwise, `_secure_offer` rebuilds the round with the same secrets); the secrets are on disk before
         the advertisement leaves. False: not advertised (tried again after training)."""
+        from fedmqtt.secagg.site import SecAggRefused  # (a site loads the protocol's code when a task asks for it)
+
         assert task.secure_aggregation is not None
         sr, attempt = self.secagg, task.secure_aggregation.attempt
         if self._advertised == (task.session, task.round, attempt) and sr is not None \
@@ -522,6 +523,8 @@ class SiteAgent:
             return
         done = threading.Event()
         self._training = True
+
+        from fedmqtt.secagg.site import SecAggRefused
 
         def handle_arrivals() -> None:
             while not done.is_set() and not self._stop:
@@ -606,6 +609,8 @@ class SiteAgent:
         if mask is not None:
             log.info("round %d: secure aggregation: output rows summed label by label; this site annotates %d of "
                      "%d labels", task.round, int(mask.sum()), layout.labels)
+        from site_agent.secagg_round import SiteRound
+
         return SiteRound(self.secagg_store, self.identity, run_id=self.config.run_id, session=task.session,
                          round_no=task.round, terms=task.secure_aggregation, layout=layout, label_mask=mask,
                          min_noise_multiplier=self.config.privacy.min_participant_noise_multiplier)
@@ -666,7 +671,7 @@ class SiteAgent:
                 self.channel.send(topics.site_secagg_topic(c.run_id, c.site_id), answer)
                 log.info("round %d: secure aggregation: unmasking answer sent (%d seed and %d key shares)",
                          msg.round, len(answer.seed_shares), len(answer.mask_key_shares))
-        except (SecAggRefused, SecAggRecordError, ValueError) as exc:
+        except (_secagg_refused(), SecAggRecordError, ValueError) as exc:
             log.warning("round %d: secure aggregation: refused the PS's %s: %s", msg.round, msg.kind, exc)
             self.channel.send(self.status_topic, self._status(
                 "online", f"round {msg.round}: secure aggregation: refused the PS's {msg.kind}: {exc}"[:MAX_DETAIL]))
@@ -677,7 +682,7 @@ class SiteAgent:
         policy = self.config.privacy
         dp = task.settings.dp
         why = task_refusal(policy, task, model.model, self.trainer.records()) or participant_refusal(
-            policy, task, lambda terms: run_epsilon(task, model, terms), noise_for)
+            policy, task, lambda terms: _run_epsilon(task, model, terms), _noise_for)
         if why is not None or dp is None:
             return why
         try:
@@ -780,6 +785,26 @@ class SiteAgent:
 
 
 _NEXT_FROM_PS = {"advertised": "roster", "shared": "inbox of sealed shares", "masked": "unmasking request"}
+
+
+# The secure-aggregation and participant-DP code is loaded when a task uses it, not when a site starts (about 30 ms
+# of CPU of a site process's imports, issue 30).
+def _secagg_refused() -> type[Exception]:
+    from fedmqtt.secagg.site import SecAggRefused
+
+    return SecAggRefused
+
+
+def _run_epsilon(task: m.TrainTask, model: m.GlobalModel, terms: m.ParticipantDP) -> tuple[float, str]:
+    from site_agent.distributed_dp import run_epsilon
+
+    return run_epsilon(task, model, terms)
+
+
+def _noise_for(epsilon: float, rounds: int, delta: float) -> float | None:
+    from fedmqtt.participant_dp import noise_for
+
+    return noise_for(epsilon, rounds, delta)
 
 
 def same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:

@@ -18,7 +18,6 @@ from pydantic import Field, ValidationError
 
 from fedmqtt.atomic import private_dir, write_atomic
 from fedmqtt.errors import SchemaError
-from fedmqtt.secagg.site import SECRETS_BYTES
 from schemas import secagg as wire
 from schemas.base import Frozen, RoundNo, Session
 from schemas.codec import decode, encode
@@ -26,6 +25,10 @@ from schemas.secagg import Attempt
 
 MAX_RECORD_BYTES = 16 * 1024 * 1024  # a roster and an inbox of thousands of neighbours stay far below
 KEEP_ROUNDS = 2  # the open round and the one before (a PS that resumed may still ask for it)
+# fedmqtt.secagg.site.SECRETS_BYTES (a signing seed and two 128-bit seeds), written out: every site opens this
+# store at start, and importing the protocol's site module for one number cost about 24 ms of CPU there
+# (tests/unit/test_site_startup.py checks that the two agree).
+SECRETS_BYTES = 64
 
 
 class RoundRecord(Frozen):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import socket
 import ssl
+import sys
 from dataclasses import dataclass
+from typing import TypeGuard
 
-from fedmqtt.transport.broker_identity import BrokerIdentityError
 from fedmqtt.transport.settings import BrokerSettings
 
 
@@ -48,17 +49,25 @@ def probe_tls(context: ssl.SSLContext, host: str, port: int, *, timeout_s: float
     return peer
 
 
+def _is_broker_identity_error(exc: BaseException) -> TypeGuard[ssl.SSLCertVerificationError]:
+    """A refused broker key (fedmqtt.transport.broker_identity). That module (with cryptography's x509, about 20 ms
+    of CPU) is loaded by the TLS context that raises such errors, so it is not imported here: a process without
+    TLS, or one that has not connected yet, does not pay for it, and without it no such error can exist."""
+    identity = sys.modules.get("fedmqtt.transport.broker_identity")
+    return identity is not None and isinstance(exc, identity.BrokerIdentityError)
+
+
 def explain_tls(exc: ssl.SSLError, *, broker: str, settings: BrokerSettings) -> str:
     """Cause and fix of a failed TLS handshake (these never heal by retrying)."""
     cause, fix = diagnose_tls(exc, broker=broker, settings=settings)
-    if isinstance(exc, BrokerIdentityError):
+    if _is_broker_identity_error(exc):
         return f"{cause} {fix}"
     return f"{cause}; {fix[0].lower()}{fix[1:-1]}."
 
 
 def diagnose_tls(exc: ssl.SSLError, *, broker: str, settings: BrokerSettings) -> tuple[str, str]:
     """(cause, fix) of a failed TLS handshake, the fix a sentence of its own (what `explain_tls` joins)."""
-    if isinstance(exc, BrokerIdentityError):
+    if _is_broker_identity_error(exc):
         return (f"TLS: the server at {broker} is not the federation's broker: {exc.verify_message}. Nothing was "
                 "sent to it.",
                 "Check that host and port in the [broker] settings point at the broker (not at the dashboard or "

@@ -15,7 +15,7 @@ from signed_wire import identity, signed
 
 from fedmqtt.errors import TopicError
 from fedmqtt.transport import topics
-from fedmqtt.transport.bulk import reassembly_buffer, split
+from fedmqtt.transport.bulk import REASSEMBLY_MAPS, ReassemblyMaps, reassembly_buffer, split
 from fedmqtt.transport.channel import Channel
 from fedmqtt.transport.memory import SIMULATION_SETTINGS, MemoryBroker, MemoryTransport
 from schemas import messages as m
@@ -358,3 +358,45 @@ def test_the_reassembly_buffer_commits_memory_only_where_verified_chunks_are_wri
         view[0] = 1  # the payload handed on is read-only
     view.release()
     buffer.close()
+
+
+def test_a_reassembly_map_is_written_over_only_once_nothing_reads_its_payload() -> None:
+    """A later transfer of about the same size takes the map of a payload nobody holds any more (its pages are
+    already there); while any view, array or decoded tensor of a payload lives, its map is never handed out again,
+    so a payload never changes under its reader."""
+    maps = ReassemblyMaps(min_bytes=1 << 20, max_bytes=8 << 20, keep_bytes=16 << 20)
+    first = maps.take(3 << 20)
+    first[:4] = b"abcd"
+    payload = memoryview(first)[:3 << 20].toreadonly()
+    tensor = np.frombuffer(payload, dtype=np.float32)[1:5]  # as a decoded model's tensors are
+    del first, payload
+    second = maps.take((3 << 20) + 17)  # a payload a few bytes longer: the same 2 MiB-rounded size
+    assert maps.reused == 0
+    second[:4] = b"wxyz"
+    assert tensor.base.view(np.uint8)[:4].tobytes() == b"abcd"  # the held payload is untouched
+    del second
+    third = maps.take(3 << 20)
+    assert maps.reused == 1 and third[:4] == b"wxyz"  # the free one, not the one `tensor` still reads
+    del tensor
+    assert maps.take(3 << 20)[:4] == b"abcd" and maps.reused == 2
+    assert len(maps.take(9 << 20)) == 9 << 20 and maps.reused == 2  # above max_bytes: a map of its own, not kept
+    assert sum(map(len, maps._maps)) <= 16 << 20
+
+
+def test_transfers_in_a_row_reuse_one_map_and_arrive_bit_identical() -> None:
+    broker = MemoryBroker()
+    ps, site = _pair(broker)
+    site.transport.subscribe([MODEL_TOPIC])
+    before = REASSEMBLY_MAPS.reused
+    saved = REASSEMBLY_MAPS.min_bytes
+    REASSEMBLY_MAPS.min_bytes = 0  # these test models are small
+    try:
+        for round_no in (1, 2, 3):
+            model = _model(round_no, seed=round_no)
+            ps.send(MODEL_TOPIC, model)
+            got = _drain(site)
+            assert len(got) == 1 and encode(got[0]) == encode(model)
+            del got
+    finally:
+        REASSEMBLY_MAPS.min_bytes = saved
+    assert REASSEMBLY_MAPS.reused - before == 2

@@ -51,3 +51,24 @@ def test_a_site_process_never_imports_scikit_learn_scipy_stats_pandas_or_the_ser
                          check=True)
     # Assert
     assert out.stdout.strip() == "[]"
+
+
+def test_a_site_loads_secure_aggregation_participant_dp_and_x509_only_when_used() -> None:
+    """Secure aggregation (fedmqtt.secagg.site and its round), the participant-level DP accountants and cryptography's
+    x509 (the broker-key check, loaded with a TLS context) cost a site process about 50 ms of CPU at start; a task
+    that uses them loads them (issue 30, goal 3)."""
+    # Execute: a fresh interpreter, as `fedmqtt site start` is
+    lazy = ("fedmqtt.secagg.site", "site_agent.secagg_round", "fedmqtt.participant_dp", "site_agent.distributed_dp",
+            "fedmqtt.secagg.skellam", "fedmqtt.transport.broker_identity", "cryptography.x509")
+    out = subprocess.run([sys.executable, "-c", "import sys, fedmqtt.cli, site_agent.agent, site_agent.trainer; "
+                          f"print(sorted(m for m in {lazy!r} if m in sys.modules))"],
+                         capture_output=True, text=True, check=True)
+    # Assert
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_secure_aggregation_store_sizes_secrets_as_the_protocol_does() -> None:
+    from fedmqtt.secagg.site import SECRETS_BYTES
+    from site_agent import secagg_store
+
+    assert secagg_store.SECRETS_BYTES == SECRETS_BYTES
