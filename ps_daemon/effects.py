@@ -53,6 +53,10 @@ class PublishEvalTask:
     accepted_round: int | None
     tensors: Weights
     best_round: int | None = None
+    # "final" (the final evaluation, on val and test) or ROUND_VALIDATION_TAG (evaluation = "all": a site not
+    # selected to train validates the open round's model)
+    tag: str = "final"
+    splits: tuple[str, ...] = ("val", "test")
 
 
 @dataclass(frozen=True)

@@ -132,10 +132,11 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         ("training", "evaluating")),
     ("training", RoundValidated): Transition(
         "_validated_in_round",
-        "with `evaluation = \"all\"` (simulation only): keeps every site's validation metrics of the open round's "
-        "model (another round's or model's are dropped), which the best round is then chosen on; the round closes "
-        "if every selected site has answered and the quorum is met (with `evaluation = \"all\"` no round closes "
-        "before they are there); refused with a log under `evaluation = \"selected\"`",
+        "with `evaluation = \"all\"`: keeps the validation metrics of the open round's model that a site not "
+        "selected to train reported (its round-validation task's answer; another round's or model's, a second "
+        "answer or one not asked for are dropped), which the best round is then chosen on; the round closes if "
+        "every selected site has answered, every site not seen offline has validated and the quorum is met; "
+        "refused with a log under `evaluation = \"selected\"`",
         ("training", "evaluating")),
     ("training", Tick): Transition(
         "_tick_in_round",
