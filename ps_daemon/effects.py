@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
@@ -56,7 +56,7 @@ class PublishEvalTask:
     # "final" (the final evaluation, on val and test) or ROUND_VALIDATION_TAG (evaluation = "all": a site not
     # selected to train validates the open round's model)
     tag: str = "final"
-    splits: tuple[str, ...] = ("val", "test")
+    splits: tuple[Literal["train", "val", "test"], ...] = ("val", "test")
 
 
 @dataclass(frozen=True)

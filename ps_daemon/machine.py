@@ -433,10 +433,7 @@ class Machine(SecureSteps):
         waits for. A selected site validates with its update (its val_metrics, the received model's scores before
         training); every other site answers the round's validation task. A site seen going offline is not waited
         for (as a selected one is not)."""
-        if self.config.evaluation != "all" or state.phase != "training":
-            return ()
-        return tuple(s for s in self.config.sorted_sites
-                     if s not in state.validated and s not in state.updates and s not in state.offline)
+        return missing_validation(self.config, state)
 
     def validation_sites(self, state: DaemonState) -> tuple[str, ...]:
         """evaluation = "all": the sites that get the open round's validation task (every configured site not
@@ -640,6 +637,15 @@ class Machine(SecureSteps):
     def _training_on(self, state: DaemonState) -> str:
         return (f"round {state.round}: training on {len(self._can_answer(state, state.updates))} sites"
                 + _offline_note(state, state.updates))
+
+
+def missing_validation(config: DaemonConfig, state: DaemonState) -> tuple[str, ...]:
+    """evaluation = "all": the configured sites whose validation of the open round's model has not arrived, not
+    counting a site seen going offline (ps/status and the PS's reminders name them); () otherwise."""
+    if config.evaluation != "all" or state.phase != "training":
+        return ()
+    return tuple(s for s in config.sorted_sites
+                 if s not in state.validated and s not in state.updates and s not in state.offline)
 
 
 def dropped(state: DaemonState) -> dict[str, str]:

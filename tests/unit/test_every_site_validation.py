@@ -252,3 +252,23 @@ def test_simulation_validates_on_every_site_trains_the_same(tmp_path: Path) -> N
     assert every["best_round"]["round"] != sel["best_round"]["round"]  # this seed: the two rules disagree
     assert {s["best_round"] for s in every["best"]["per_site"].values()} == {every["best_round"]["round"]}
     assert json.loads((tmp_path / "all" / "report.json").read_text())["config"]["evaluation"] == "all"
+
+
+def test_the_ps_reminder_names_the_sites_whose_validation_is_missing(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing waits in silence: the PS's periodic log line names them too (as ps/status does)."""
+    import logging
+
+    from ps_daemon.status import Reminders
+    from ps_daemon.turns import UploadTurns
+
+    config = _config(evaluation="all")
+    machine = Machine(config, FedAvg(), hash_weights)
+    state = _started(machine)
+    others = [s for s in SITES if s not in state.selected]
+    state, _ = machine.step(state, RoundValidated(1.0, 1, state.model_hash, {others[0]: {"auroc": 0.5}}))
+    reminders = Reminders(config, UploadTurns(1))
+    reminders._reminded_at = -1e9  # due now
+    with caplog.at_level(logging.INFO, logger="fedmqtt.ps"):
+        reminders.remind(state)
+    line = next(r.getMessage() for r in caplog.records if "validation of the round's model" in r.getMessage())
+    assert all(s in line for s in others[1:]) and others[0] not in line and state.selected[0] not in line
