@@ -252,7 +252,11 @@ class Machine(SecureSteps):
     def _online_in_round(self, state: DaemonState, ev: SiteOnline) -> Result:
         """A selected site that had not answered and comes back is waited for again: ps/status says so."""
         was_offline = ev.site_id in state.offline
+        first_seen = ev.site_id not in state.enrolled
         state, effects = self._note_online(state, ev)
+        if first_seen and ev.site_id in self.validation_sites(state):  # evaluation = "all": a site that joined late
+            return state, [*effects, self._validation_task(state, ev.site_id),
+                           self._status(state, f"site {ev.site_id} joined: {self._progress(state)}")]
         answered = state.updates if state.phase == "training" else state.final_reports
         if not was_offline or ev.site_id not in state.selected or ev.site_id in answered:
             return state, effects
@@ -436,11 +440,11 @@ class Machine(SecureSteps):
         return missing_validation(self.config, state)
 
     def validation_sites(self, state: DaemonState) -> tuple[str, ...]:
-        """evaluation = "all": the sites that get the open round's validation task (every configured site not
-        selected to train: a selected one validates the received model before it trains); () otherwise."""
-        if self.config.evaluation != "all" or state.phase != "training":
-            return ()
-        return tuple(s for s in self.config.sorted_sites if s not in state.selected)
+        """evaluation = "all": the sites that get the open round's validation task, every configured site not
+        selected to train (a selected one validates the received model before it trains) that has been seen in
+        this run (a site configured but never started would otherwise hold every round; it is asked as it
+        joins); () otherwise."""
+        return validation_sites(self.config, state)
 
     def _all_reported(self, state: DaemonState) -> bool:
         return all(s in state.final_reports or s in state.offline for s in state.selected)
@@ -554,12 +558,16 @@ class Machine(SecureSteps):
                 self.clear_label_rows(state)))
         if state.secure is not None:  # the open stage's messages, again (the same ids: a site that has them drops them)
             out.extend(fx.PublishSecAgg(site, message) for site, message in state.secure.sent)
-        best = state.best.round if state.best else None
-        out.extend(fx.PublishEvalTask(site, state.round, state.model_hash, self._accepted(state, site), {}, best,
-                                      tag=ROUND_VALIDATION_TAG, splits=("val",))
-                   for site in self.validation_sites(state) if site not in state.validated)
+        out.extend(self._validation_task(state, site) for site in self.validation_sites(state)
+                   if site not in state.validated)
         out.append(self._status(state, why or self._training_on(state)))
         return out
+
+    def _validation_task(self, state: DaemonState, site: str) -> fx.PublishEvalTask:
+        """evaluation = "all": ask a site not selected to validate the open round's model (val split), naming the
+        best round so far, so that its best slot follows the PS's as a training site's does."""
+        return fx.PublishEvalTask(site, state.round, state.model_hash, self._accepted(state, site), {},
+                                  state.best.round if state.best else None, tag=ROUND_VALIDATION_TAG, splits=("val",))
 
     def _eval_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
         out: list[fx.Effect] = [self._model_effect(state)]
@@ -639,13 +647,22 @@ class Machine(SecureSteps):
                 + _offline_note(state, state.updates))
 
 
-def missing_validation(config: DaemonConfig, state: DaemonState) -> tuple[str, ...]:
-    """evaluation = "all": the configured sites whose validation of the open round's model has not arrived, not
-    counting a site seen going offline (ps/status and the PS's reminders name them); () otherwise."""
+def validation_sites(config: DaemonConfig, state: DaemonState) -> tuple[str, ...]:
+    """evaluation = "all": the sites asked to validate the open round's model (Machine.validation_sites)."""
     if config.evaluation != "all" or state.phase != "training":
         return ()
-    return tuple(s for s in config.sorted_sites
-                 if s not in state.validated and s not in state.updates and s not in state.offline)
+    return tuple(s for s in config.sorted_sites if s not in state.selected and s in state.enrolled)
+
+
+def missing_validation(config: DaemonConfig, state: DaemonState) -> tuple[str, ...]:
+    """evaluation = "all": the sites whose validation of the open round's model has not arrived: a selected one
+    without its update, or one asked (validation_sites) without its report, not counting a site seen going
+    offline (ps/status and the PS's reminders name them); () otherwise."""
+    if config.evaluation != "all" or state.phase != "training":
+        return ()
+    asked = set(validation_sites(config, state))
+    return tuple(s for s in config.sorted_sites if s not in state.offline and (
+        (s in state.selected and s not in state.updates) or (s in asked and s not in state.validated)))
 
 
 def dropped(state: DaemonState) -> dict[str, str]:

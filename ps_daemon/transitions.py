@@ -45,8 +45,11 @@ def _note_online(phase: Phase) -> Transition:
 
 
 def _online_in_round(phase: Phase) -> Transition:
+    extra = ("; with `evaluation = \"all\"` a site seen for the first time in this run gets the open round's "
+             "validation task and is waited for") if phase == "training" else ""
     return Transition("_online_in_round", "records the site online (as in `waiting_for_sites`); a selected site that "
-                      "had not answered and was seen offline is waited for again, and the status says so", (phase,))
+                      "had not answered and was seen offline is waited for again, and the status says so" + extra,
+                      (phase,))
 
 
 def _note_offline(phase: Phase) -> Transition:

@@ -272,3 +272,24 @@ def test_the_ps_reminder_names_the_sites_whose_validation_is_missing(caplog: pyt
         reminders.remind(state)
     line = next(r.getMessage() for r in caplog.records if "validation of the round's model" in r.getMessage())
     assert all(s in line for s in others[1:]) and others[0] not in line and state.selected[0] not in line
+
+
+def test_a_site_never_seen_does_not_hold_the_round_and_is_asked_as_it_joins() -> None:
+    """A site named in the config but not started is not waited for (it would hold every round); once it comes
+    online it gets the open round's validation task and the round waits for its answer."""
+    machine = Machine(_config(evaluation="all", min_sites=3), FedAvg(), hash_weights)
+    state = machine.initial_state({"fc.weight": np.zeros((2, 2), np.float32)})
+    for site in SITES[:3]:
+        state, _ = machine.step(state, SiteOnline(site, now=0.0))
+    assert state.phase == "training" and "site-d" not in machine.validation_sites(state)
+    late = "site-d"
+    state, effects = machine.step(state, SiteOnline(late, now=1.0))
+    assert list(_validation_tasks(effects)) == [late]
+    assert late in next(e for e in effects if isinstance(e, fx.PublishStatus)).waiting_for
+    for site in machine.validation_sites(state):
+        if site != late:
+            state, _ = machine.step(state, RoundValidated(2.0, 1, state.model_hash, {site: {"auroc": 0.5}}))
+    state, effects = machine.step(state, _update(state, state.selected[0], 0.6))
+    assert state.round == 1 and late in next(e for e in effects if isinstance(e, fx.PublishStatus)).waiting_for
+    state, effects = machine.step(state, RoundValidated(3.0, 1, state.model_hash, {late: {"auroc": 0.5}}))
+    assert state.round == 2 and sorted(state.history[0].per_site) == list(SITES)
