@@ -64,9 +64,7 @@ def _run(config: SimulationConfig, *, progress: bool, tracker: RunTracker | None
             tracker.run_finished(report, config.out_dir)
         return report
     import json
-    import time
 
-    from fedmqtt.round_validation import EverySiteValidation
     from ps_daemon.runner import DaemonRunner
     from site_agent.agent import SiteAgent
 
@@ -83,19 +81,14 @@ def _run(config: SimulationConfig, *, progress: bool, tracker: RunTracker | None
     site_cfgs = config.site_configs()
     keys = FederationKeys(daemon_cfg.run_id, ["ps", *(cfg.site_id for cfg in site_cfgs)])
     agents = [SiteAgent(cfg, transport_factory=factory, identity=keys.identity(cfg.site_id)) for cfg in site_cfgs]
-    every_site = daemon_cfg.evaluation == "all"
     runner = DaemonRunner(daemon_cfg, force=True, transport_factory=factory,  # a simulation always starts afresh
-                          identity=keys.identity("ps"), on_round=None if tracker is None else tracker.round_closed,
-                          validates_every_site=every_site)
+                          identity=keys.identity("ps"), on_round=None if tracker is None else tracker.round_closed)
     for agent in agents:
         agent.start()
     runner.start()
-    validation = EverySiteValidation(runner, agents) if every_site else None
     bar = tqdm(total=config.rounds, desc=f"simulate {config.algorithm}", unit="round", disable=not progress)
     try:
         while not runner.poll(0):
-            if validation is not None:  # before any agent runs: the open round cannot close without it
-                validation.poll(time.time())
             for agent in agents:
                 agent.poll(0)
             closed = min(len(runner.state.history), config.rounds)

@@ -72,7 +72,7 @@ class SimulationConfig(BaseModel):
     evaluation: Literal["selected", "all"] = Field(
         default="selected", description="which sites validate each round's model for the best round: the "
         "round's selected sites (selected), or every site, selected or not, recruited or not (all; Flower's "
-        "fraction_evaluate = 1). Training selection is unchanged; simulation only for now")
+        "fraction_evaluate = 1). Training selection is unchanged")
     recruitment: dict[str, float] = Field(default_factory=dict, description="selection = \"recruited\": "
                                           "gamma_dv, gamma_sa, gamma_th (docs/algorithms.md 15)")
     pretrained: Path | None = Field(default=None, description="AdaFed / d-AdaFed: a model (safetensors) "

@@ -14,7 +14,7 @@ import numpy as np
 from ps_daemon.machine import Machine
 from ps_daemon.state import DaemonState
 from schemas.chunks import ChunkManifest
-from schemas.messages import ClientUpdate, EvalReport, RecordDP
+from schemas.messages import ROUND_VALIDATION_TAG, ClientUpdate, EvalReport, RecordDP
 from schemas.tensors import TensorBlob
 
 # FedNova divides by ||a_i||_1, which is >= 1 for any real local run (one or more SGD steps): a tiny or huge value
@@ -136,8 +136,12 @@ def _privacy_rejection(dp: RecordDP | None, msg: ClientUpdate) -> str | None:
     return None
 
 
-def report_rejection(state: DaemonState, site: str, msg: EvalReport) -> str | None:
-    """Why an evaluation report cannot be taken (None: take it). First wins, like updates."""
+def report_rejection(state: DaemonState, site: str, msg: EvalReport,
+                     validators: Sequence[str] = ()) -> str | None:
+    """Why an evaluation report cannot be taken (None: take it). First wins, like updates. `validators`: the
+    sites asked to validate the open round's model (evaluation = "all"; Machine.validation_sites)."""
+    if msg.tag == ROUND_VALIDATION_TAG:
+        return _validation_rejection(state, site, msg, validators)
     if state.phase != "evaluating" or msg.round != state.round:
         return f"stale or future round (PS is in {state.phase} round {state.round})"
     if msg.tag != "final":
@@ -150,6 +154,24 @@ def report_rejection(state: DaemonState, site: str, msg: EvalReport) -> str | No
         return "evaluated a different model version"
     if msg.session != state.session:
         return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
+    return None
+
+
+def _validation_rejection(state: DaemonState, site: str, msg: EvalReport, validators: Sequence[str]) -> str | None:
+    """A site's validation of the open round's model (evaluation = "all"): asked of it, of this round, model and
+    start, once, with the val split's metrics only (the schema has checked that every value is finite)."""
+    if state.phase != "training" or msg.round != state.round:
+        return f"stale or future round (PS is in {state.phase} round {state.round})"
+    if site not in validators:
+        return "site was not asked to validate this round's model"
+    if site in state.validated:
+        return "duplicate report (the first one was taken)"
+    if msg.model_hash != state.model_hash:
+        return "evaluated a different model version"
+    if msg.session != state.session:
+        return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
+    if set(msg.metrics) != {"val"}:
+        return f"round validation must carry the val split's metrics only, not {sorted(msg.metrics)[:4]}"
     return None
 
 
@@ -204,7 +226,8 @@ def manifest_rejection(machine: Machine, state: DaemonState, site: str | None, k
             return f"chunked update of {manifest.total_bytes} bytes; an update of this model needs at most {budget}"
         return None
     if kind == "report":
-        if state.phase != "evaluating" or manifest.round != state.round or site not in state.selected:
+        asked = state.selected if state.phase == "evaluating" else machine.validation_sites(state)
+        if state.phase not in ("evaluating", "training") or manifest.round != state.round or site not in asked:
             return f"no report is expected now (PS is in {state.phase} round {state.round})"
         if manifest.total_bytes > CHUNKED_UPDATE_SLACK_BYTES:
             return f"chunked report of {manifest.total_bytes} bytes"

@@ -229,7 +229,8 @@ class DaemonConfig(BaseModel):
         default="selected", description="which sites validate each round's model for the best round "
         "(docs/algorithms.md 17.1): \"selected\", the round's selected sites (they validate the model they "
         "receive); \"all\", every configured site, selected or not, recruited or not (Flower's "
-        "fraction_evaluate = 1). \"all\" runs in `fedmqtt simulate` only: `fedmqtt ps start` refuses it")
+        "fraction_evaluate = 1): each site not selected to train gets the round's validation task (an eval_task "
+        "tagged \"round\", val split) and no round closes before every site not seen offline has answered")
     recruitment: RecruitmentConfig = Field(default=RecruitmentConfig(), description="recruitment weights and "
                                            "threshold, used with selection = \"recruited\"")
     round_timeout_s: float = Field(default=300.0, gt=0, description="a round's deadline: then it closes if the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
@@ -53,6 +53,10 @@ class PublishEvalTask:
     accepted_round: int | None
     tensors: Weights
     best_round: int | None = None
+    # "final" (the final evaluation, on val and test) or ROUND_VALIDATION_TAG (evaluation = "all": a site not
+    # selected to train validates the open round's model)
+    tag: str = "final"
+    splits: tuple[Literal["train", "val", "test"], ...] = ("val", "test")
 
 
 @dataclass(frozen=True)

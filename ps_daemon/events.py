@@ -84,9 +84,9 @@ class FeatureSummaryReceived:
 
 @dataclass(frozen=True)
 class RoundValidated:
-    """With `evaluation = "all"`: every configured site's validation metrics of the open round's model (the model
-    `model_hash`), selected or not. Only `fedmqtt simulate` makes it, holding every site's data in its process;
-    the best round is then chosen on these (docs/algorithms.md 17.1)."""
+    """With `evaluation = "all"`: sites' validation metrics of the open round's model (the model `model_hash`):
+    a site's report to its round-validation task (one site per event, checked by ps_daemon.admission first).
+    The best round is chosen on every site's (docs/algorithms.md 17.1)."""
 
     now: float
     round: int

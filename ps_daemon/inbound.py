@@ -19,6 +19,7 @@ from ps_daemon.events import (
     Event,
     FeatureSummaryReceived,
     ReportReceived,
+    RoundValidated,
     SecAggReceived,
     SiteOffline,
     SiteOnline,
@@ -35,6 +36,7 @@ from schemas import messages as m
 from schemas import secagg as sw
 from schemas.chunks import ChunkManifest
 from schemas.feature_stats import FeatureSummary
+from schemas.messages import ROUND_VALIDATION_TAG
 from schemas.tensors import blobs_to_arrays
 
 log = logging.getLogger("fedmqtt.ps")
@@ -142,10 +144,14 @@ class InboundEvents:
         if isinstance(msg, FeatureSummary):
             return self._summary_event(state, site, msg, now)
         if isinstance(msg, m.EvalReport):
-            why = report_rejection(state, site, msg)
+            why = report_rejection(state, site, msg, self.machine.validation_sites(state))
             if why is not None:
                 self.status.refuse(site, refusal_category(why), f"report for round {msg.round}: {why}")
                 return None
+            if msg.tag == ROUND_VALIDATION_TAG:  # evaluation = "all": a site's validation of the open round's model
+                if site in self.config.sites:
+                    self.liveness.heard_from(site)
+                return RoundValidated(now, msg.round, msg.model_hash, {site: dict(msg.metrics["val"])})
             return ReportReceived(site, now, msg.round, msg.model_hash, msg.tag, msg.metrics, msg.n_samples,
                                   msg.undefined, msg.best_round)
         return None

@@ -44,6 +44,7 @@ from ps_daemon.participant_spent import spent_in_run
 from ps_daemon.state import BestRound, DaemonState, FinalReport, ReceivedUpdate, RoundRecord
 from ps_daemon.transitions import TRANSITIONS
 from schemas.base import MAX_DETAIL
+from schemas.messages import ROUND_VALIDATION_TAG
 
 MAX_DROPPED_SHOWN = 64  # sites named with a reason in one status: it reaches every site and observer
 MAX_REASON_CHARS = 200
@@ -219,6 +220,12 @@ class Machine(SecureSteps):
     def _offline_in_round(self, state: DaemonState, ev: SiteOffline) -> Result:
         was_offline = ev.site_id in state.offline
         state = self._with_offline(state, ev)
+        if ev.site_id not in state.selected and not was_offline and state.secure is None \
+                and ev.site_id in self.validation_sites(state) and ev.site_id not in state.validated:
+            # evaluation = "all": the round no longer waits for its validation; it may close now
+            if self._all_answered(state) and len(state.updates) >= self.config.quorum:
+                return self._close_round(state, ev.now)
+            return state, [self._status(state, f"site {ev.site_id} went offline: {self._progress(state)}")]
         if ev.site_id not in state.selected or was_offline or (ev.site_id in state.updates
                                                                   and state.secure is None):
             return state, []
@@ -245,7 +252,11 @@ class Machine(SecureSteps):
     def _online_in_round(self, state: DaemonState, ev: SiteOnline) -> Result:
         """A selected site that had not answered and comes back is waited for again: ps/status says so."""
         was_offline = ev.site_id in state.offline
+        first_seen = ev.site_id not in state.enrolled
         state, effects = self._note_online(state, ev)
+        if first_seen and ev.site_id in self.validation_sites(state):  # evaluation = "all": a site that joined late
+            return state, [*effects, self._validation_task(state, ev.site_id),
+                           self._status(state, f"site {ev.site_id} joined: {self._progress(state)}")]
         answered = state.updates if state.phase == "training" else state.final_reports
         if not was_offline or ev.site_id not in state.selected or ev.site_id in answered:
             return state, effects
@@ -288,14 +299,19 @@ class Machine(SecureSteps):
         return state, []
 
     def _validated_in_round(self, state: DaemonState, ev: RoundValidated) -> Result:
-        """evaluation = "all": every site's validation of the open round's model, kept for the round's record and
-        the best round; the round may now close (it waited for them)."""
+        """evaluation = "all": sites' validation of the open round's model (a site's round-validation report, one
+        site at a time over the wire), kept for the round's record and the best round; the round may now close
+        (it waited for every site's)."""
         if self.config.evaluation != "all":
             return state, [fx.Log("warning", f"every site's validation of round {ev.round} ignored: this run's best "
                                              "round is chosen on the selected sites' (evaluation = \"selected\")")]
-        if ev.round != state.round or ev.model_hash != state.model_hash or state.validated is not None:
-            return state, []  # another round's or model's, or the open round's again
-        state = replace(state, validated={s: dict(m) for s, m in sorted(ev.per_site.items())})
+        if ev.round != state.round or ev.model_hash != state.model_hash:
+            return state, []  # another round's or model's
+        asked = self.validation_sites(state)  # a selected site validates with its update
+        new = {s: dict(m) for s, m in ev.per_site.items() if s in asked and s not in state.validated}
+        if not new:
+            return state, []  # the open round's again
+        state = replace(state, validated=dict(sorted({**state.validated, **new}.items())), last_progress=ev.now)
         if state.secure is None and self._all_answered(state) and len(state.updates) >= self.config.quorum:
             return self._close_round(state, ev.now)
         return state, []
@@ -321,8 +337,9 @@ class Machine(SecureSteps):
         reachable = len(state.updates) + len(waiting)
         if reachable < self.config.quorum:
             text += f" (only {reachable} can still answer: the quorum needs offline sites back)"
-        if not self._validated(state):
-            text += "; every site's validation of the round's model (evaluation = \"all\") has not arrived"
+        if unvalidated := self._unvalidated(state):
+            text += (f"; the validation of the round's model (evaluation = \"all\") has not arrived from "
+                     f"{named(unvalidated)}")
         return state, [fx.Log("warning", text), self._status(state, text)]
 
     def _tick_in_evaluation(self, state: DaemonState, ev: Tick) -> Result:
@@ -364,7 +381,8 @@ class Machine(SecureSteps):
         uplink. Re-publish under new message ids (a site that already answered re-sends its stored update)."""
         state = replace(state, attempt=state.attempt + 1, last_progress=now)
         answered = state.updates if state.phase == "training" else state.final_reports
-        missing = tuple(s for s in state.selected if s not in answered)
+        missing = (*(s for s in state.selected if s not in answered),
+                   *(s for s in self.validation_sites(state) if s not in state.validated))
         why = (f"round {state.round}: nothing arrived for {self.config.stall_s:.0f} s; re-published the model and "
                f"the tasks of {', '.join(missing) or 'no site'} (attempt {state.attempt})")
         effects = self._round_effects(state, why) if state.phase == "training" else self._eval_effects(state, why)
@@ -411,8 +429,22 @@ class Machine(SecureSteps):
 
     def _validated(self, state: DaemonState) -> bool:
         """Whether the open round has the validation its best-round rule reads: the selected sites' (in their
-        updates) or, with evaluation = "all", every site's (RoundValidated)."""
-        return self.config.evaluation != "all" or state.validated is not None
+        updates) or, with evaluation = "all", every site's not seen going offline."""
+        return not self._unvalidated(state)
+
+    def _unvalidated(self, state: DaemonState) -> tuple[str, ...]:
+        """evaluation = "all": the configured sites whose validation of the open round's model the round still
+        waits for. A selected site validates with its update (its val_metrics, the received model's scores before
+        training); every other site answers the round's validation task. A site seen going offline is not waited
+        for (as a selected one is not)."""
+        return missing_validation(self.config, state)
+
+    def validation_sites(self, state: DaemonState) -> tuple[str, ...]:
+        """evaluation = "all": the sites that get the open round's validation task, every configured site not
+        selected to train (a selected one validates the received model before it trains) that has been seen in
+        this run (a site configured but never started would otherwise hold every round; it is asked as it
+        joins); () otherwise."""
+        return validation_sites(self.config, state)
 
     def _all_reported(self, state: DaemonState) -> bool:
         return all(s in state.final_reports or s in state.offline for s in state.selected)
@@ -457,7 +489,7 @@ class Machine(SecureSteps):
             history=(*state.history, record), best=best, strategy_state=self.strategy.state_dict(),
             accepted_rounds={**state.accepted_rounds, **{s: state.round for s in participants}},
             round_started_at=now, deadline=now + self.config.round_timeout_s, attempt=0, last_progress=now,
-            secure=None, validated=None,
+            secure=None, validated={},
         )
         state = replace(state, model_hash=self.hash_weights(self.published(state)))
         if nxt <= self.config.rounds:
@@ -490,8 +522,9 @@ class Machine(SecureSteps):
         # Under secure aggregation a site in the sum may not have sent how it trained (metrics): it has none here.
         told = tuple(s for s in participants if s in state.updates)
         per_site = {s: dict(state.updates[s].val_metrics) for s in told}
-        if state.validated is not None:  # evaluation = "all": every site validated the round's model
-            per_site = {s: dict(m) for s, m in state.validated.items()}
+        if self.config.evaluation == "all":  # every site that validated the round's model: with its update or not
+            per_site = dict(sorted({**{s: dict(u.val_metrics) for s, u in state.updates.items() if u.val_metrics},
+                                    **{s: dict(m) for s, m in state.validated.items()}}.items()))
         names = sorted({k for m in per_site.values() for k in m})
         mean = {k: mean_defined([m.get(k) for m in per_site.values()]) for k in names}
         losses = [state.updates[s].train_loss for s in told]
@@ -525,8 +558,16 @@ class Machine(SecureSteps):
                 self.clear_label_rows(state)))
         if state.secure is not None:  # the open stage's messages, again (the same ids: a site that has them drops them)
             out.extend(fx.PublishSecAgg(site, message) for site, message in state.secure.sent)
+        out.extend(self._validation_task(state, site) for site in self.validation_sites(state)
+                   if site not in state.validated)
         out.append(self._status(state, why or self._training_on(state)))
         return out
+
+    def _validation_task(self, state: DaemonState, site: str) -> fx.PublishEvalTask:
+        """evaluation = "all": ask a site not selected to validate the open round's model (val split), naming the
+        best round so far, so that its best slot follows the PS's as a training site's does."""
+        return fx.PublishEvalTask(site, state.round, state.model_hash, self._accepted(state, site), {},
+                                  state.best.round if state.best else None, tag=ROUND_VALIDATION_TAG, splits=("val",))
 
     def _eval_effects(self, state: DaemonState, why: str = "") -> list[fx.Effect]:
         out: list[fx.Effect] = [self._model_effect(state)]
@@ -575,7 +616,8 @@ class Machine(SecureSteps):
         if state.phase == "training" and state.secure is not None:  # who the open stage of the protocol waits for
             waiting = self._secure_waiting(state)
         elif state.phase == "training":
-            waiting = self._can_answer(state, state.updates)
+            waiting = (*self._can_answer(state, state.updates),
+                       *(s for s in self._unvalidated(state) if s not in state.selected))
         elif state.phase == "evaluating":
             waiting = self._can_answer(state, state.final_reports)
         elif state.phase == "waiting_for_sites":
@@ -595,11 +637,32 @@ class Machine(SecureSteps):
     def _progress(self, state: DaemonState) -> str:
         """'round r: k/N updates', N counting only the sites that answered or can still answer."""
         expected = len(state.updates) + len(self._can_answer(state, state.updates))
-        return f"round {state.round}: {len(state.updates)}/{expected} updates" + _offline_note(state, state.updates)
+        text = f"round {state.round}: {len(state.updates)}/{expected} updates" + _offline_note(state, state.updates)
+        if unvalidated := [s for s in self._unvalidated(state) if s not in state.selected]:
+            text += f"; validation of the round's model missing from {named(unvalidated)}"
+        return text
 
     def _training_on(self, state: DaemonState) -> str:
         return (f"round {state.round}: training on {len(self._can_answer(state, state.updates))} sites"
                 + _offline_note(state, state.updates))
+
+
+def validation_sites(config: DaemonConfig, state: DaemonState) -> tuple[str, ...]:
+    """evaluation = "all": the sites asked to validate the open round's model (Machine.validation_sites)."""
+    if config.evaluation != "all" or state.phase != "training":
+        return ()
+    return tuple(s for s in config.sorted_sites if s not in state.selected and s in state.enrolled)
+
+
+def missing_validation(config: DaemonConfig, state: DaemonState) -> tuple[str, ...]:
+    """evaluation = "all": the sites whose validation of the open round's model has not arrived: a selected one
+    without its update, or one asked (validation_sites) without its report, not counting a site seen going
+    offline (ps/status and the PS's reminders name them); () otherwise."""
+    if config.evaluation != "all" or state.phase != "training":
+        return ()
+    asked = set(validation_sites(config, state))
+    return tuple(s for s in config.sorted_sites if s not in state.offline and (
+        (s in state.selected and s not in state.updates) or (s in asked and s not in state.validated)))
 
 
 def dropped(state: DaemonState) -> dict[str, str]:

@@ -141,7 +141,9 @@ class Outbound:
                 run_id=c.run_id, sender=PS, round=effect.round, site_id=effect.site_id,
                 model_hash=effect.model_hash, accepted_round=effect.accepted_round,
                 tensors=arrays_to_blobs(effect.tensors), best_round=effect.best_round, session=state.session,
-                msg_id=self._msg_id(state, "eval", effect.round, effect.site_id, effect.model_hash)))
+                tag=effect.tag, splits=effect.splits,
+                msg_id=self._msg_id(state, "eval" if effect.tag == "final" else f"eval-{effect.tag}", effect.round,
+                                    effect.site_id, effect.model_hash)))
         elif isinstance(effect, fx.PublishRecruitment):
             ch.send(topics.ps_task_topic(c.run_id, effect.site_id), m.RecruitmentResult(
                 run_id=c.run_id, sender=PS, round=0, site_id=effect.site_id, recruited=effect.recruited,

@@ -7,7 +7,8 @@ REFUSAL_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("was not asked", "not asked"), ("answers session", "wrong session"),
     ("tensor", "wrong layout"), ("control variates", "wrong layout"), ("layer statistics", "wrong layout"),
     ("histogram", "bad histogram"), ("a_norm", "out of range"), ("training sample", "out of range"),
-    ("record-level DP", "privacy"), ("epsilon at delta", "privacy"), ("label set", "label set"))
+    ("record-level DP", "privacy"), ("epsilon at delta", "privacy"), ("label set", "label set"),
+    ("val split", "wrong layout"))
 
 # a site's feature summary that cannot join the federation's statistics (ps_daemon/feature_gate.py says why)
 FEATURE_SUMMARY_REFUSED = "feature summary refused"

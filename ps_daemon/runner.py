@@ -52,21 +52,12 @@ log = logging.getLogger("fedmqtt.ps")
 class DaemonRunner:
     def __init__(self, config: DaemonConfig, *, resume: bool = False, force: bool = False,
                  transport_factory: Callable[..., Any] | None = None, identity: Identity | None = None,
-                 on_round: Callable[[m.RoundMetrics], None] | None = None, validates_every_site: bool = False
-                 ) -> None:
+                 on_round: Callable[[m.RoundMetrics], None] | None = None) -> None:
         """`transport_factory(client_id=..., will=...)` makes the connection (default: MQTT to the broker
         in the config's credentials; `fedmqtt simulate` passes an in-process one). `identity`: what the PS signs
         with and verifies against (default: the `[signing]` table of the config's credentials). `force`: start
         afresh even where out_dir holds checkpoints of an earlier start (they are removed). `on_round`: called
-        with each closed round's metrics as they are published (`--track`, fedmqtt.tracking).
-        `validates_every_site`: the caller hands every site's validation of each round's model to `apply` as
-        RoundValidated (`fedmqtt simulate`); `evaluation = "all"` needs it, as no message carries it yet."""
-        if config.evaluation == "all" and not validates_every_site:
-            raise ConfigError(
-                "evaluation = \"all\" (every site validates every round's model) runs in `fedmqtt simulate` only: "
-                "no message asks a site that was not selected to validate a round's model yet. Set evaluation = "
-                "\"selected\" in the PS config (the best round is then chosen on the selected sites' validation), "
-                "or run the federation with `fedmqtt simulate`")
+        with each closed round's metrics as they are published (`--track`, fedmqtt.tracking)."""
         self.config = config
         self._transport_factory = transport_factory or (
             lambda **kw: MqttTransport(config.broker_settings(), **kw))
@@ -162,6 +153,7 @@ class DaemonRunner:
         c = self.config
         self.metrics.start()  # first: a taken port stops the PS before it loads, or removes, any checkpoint
         self.state = self._load_state()
+        every_site_problem(c, self.machine, self.state)
         if c.algorithm == "dp-fedavg":  # its epsilon after each round needs Opacus: loaded before the loop runs
             log.info("loading Opacus' accountants for participant-level DP")
             load_accountants()
@@ -218,12 +210,9 @@ class DaemonRunner:
     def _admit_manifest(self, parsed: ParsedTopic, manifest: ChunkManifest) -> str | None:
         return self.inbound.admit_manifest(self.state, parsed, manifest)
 
-    def apply(self, event: Event) -> None:
-        """Step the machine with an event that no message brings (RoundValidated from `fedmqtt simulate`)."""
-        self._apply(event)
-
     def _apply(self, event: Event) -> None:
         self.state, effects = self.machine.step(self.state, event)
+        every_site_problem(self.config, self.machine, self.state)
         self._run_effects(effects)
 
     def _step(self, event: Event, site: str, topic: object) -> None:
@@ -313,3 +302,17 @@ class DaemonRunner:
         self._stop = True
         if hasattr(self, "channel"):  # a signal may come while the state loads, before the channel is open
             self.channel.interrupt()
+
+
+def every_site_problem(config: DaemonConfig, machine: Machine, state: DaemonState) -> None:
+    """evaluation = "all" needs a model every site holds whole: a site not selected to train validates the PS's
+    global model, which for a rule keeping tensors on the sites (local layers, personalised ones) is not the model
+    that site would use. Raised at start (local layers) or once the rule hands out personal tensors."""
+    if config.evaluation != "all":
+        return
+    local = sorted(set(state.weights) - set(machine.shared_names(state)))
+    if local or state.personal:
+        raise ConfigError(
+            "evaluation = \"all\" needs a model every site holds whole (the PS's global model); "
+            f"{config.algorithm} keeps tensors on the sites ({', '.join(local[:3]) or 'personal ones'}), so a site "
+            "that did not train would validate another model than its own. Set evaluation = \"selected\"")

@@ -110,9 +110,9 @@ class DaemonState:
     session: str = ""  # this start of the run (kept by --resume): part of every task's and model's identity
     attempt: int = 0  # how often the open round was re-published after a stall (new message ids each time)
     last_progress: float = 0.0  # when the open round last started, got an update or a report
-    # evaluation = "all": every site's validation metrics of the open round's model (site -> metrics), once the
-    # RoundValidated event brought them; the round closes only with them. Not checkpointed: only a simulation
-    # makes them, and it never resumes.
-    validated: Mapping[str, MetricMap] | None = None
+    # evaluation = "all": the validation metrics of the open round's model that sites not selected to train sent
+    # (site -> metrics; a selected site's come with its update); the round closes only with every site's. Not
+    # checkpointed: a checkpoint is taken as a round opens, and a resumed round asks the sites again.
+    validated: Mapping[str, MetricMap] = field(default_factory=dict)
     # The open round's secure aggregation (None in the clear, and in a checkpoint: a resumed round starts a new try)
     secure: SecureRound | None = None

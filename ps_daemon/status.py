@@ -10,7 +10,7 @@ from typing import Any, Literal
 from fedmqtt.transport import topics
 from fedmqtt.transport.channel import Channel
 from ps_daemon.config import DaemonConfig
-from ps_daemon.machine import dropped
+from ps_daemon.machine import dropped, missing_validation
 from ps_daemon.state import DaemonState, Phase, RoundRecord
 from ps_daemon.turns import UploadTurns
 from schemas import messages as m
@@ -161,6 +161,9 @@ class Reminders:
                  len(answered), len(answered) + len(missing), few_sites(missing),
                  few_sites([x for x in missing if x not in s.online]),
                  few_sites([f"{x} ({why})" for x, why in sorted(away.items())]), left)
+        if unvalidated := [x for x in missing_validation(c, s) if x not in s.selected]:
+            log.info("round %d/%d: waiting for the validation of the round's model (evaluation = \"all\") from %s",
+                     s.round, c.rounds, few_sites(unvalidated))
         if self.turns.ready:
             log.info("upload turns: %s; waiting for a turn: %s", ", ".join(self.turns.view()) or "none",
                      few_sites(self.turns.waiting()))

@@ -45,8 +45,11 @@ def _note_online(phase: Phase) -> Transition:
 
 
 def _online_in_round(phase: Phase) -> Transition:
+    extra = ("; with `evaluation = \"all\"` a site seen for the first time in this run gets the open round's "
+             "validation task and is waited for") if phase == "training" else ""
     return Transition("_online_in_round", "records the site online (as in `waiting_for_sites`); a selected site that "
-                      "had not answered and was seen offline is waited for again, and the status says so", (phase,))
+                      "had not answered and was seen offline is waited for again, and the status says so" + extra,
+                      (phase,))
 
 
 def _note_offline(phase: Phase) -> Transition:
@@ -132,10 +135,11 @@ TRANSITIONS: Mapping[tuple[Phase, type[Event]], Transition] = {
         ("training", "evaluating")),
     ("training", RoundValidated): Transition(
         "_validated_in_round",
-        "with `evaluation = \"all\"` (simulation only): keeps every site's validation metrics of the open round's "
-        "model (another round's or model's are dropped), which the best round is then chosen on; the round closes "
-        "if every selected site has answered and the quorum is met (with `evaluation = \"all\"` no round closes "
-        "before they are there); refused with a log under `evaluation = \"selected\"`",
+        "with `evaluation = \"all\"`: keeps the validation metrics of the open round's model that a site not "
+        "selected to train reported (its round-validation task's answer; another round's or model's, a second "
+        "answer or one not asked for are dropped), which the best round is then chosen on; the round closes if "
+        "every selected site has answered, every site not seen offline has validated and the quorum is met; "
+        "refused with a log under `evaluation = \"selected\"`",
         ("training", "evaluating")),
     ("training", Tick): Transition(
         "_tick_in_round",

@@ -240,6 +240,11 @@ class TrainTask(Header):
         return self
 
 
+# The tag of the evaluation task that asks a site not selected to train to validate the open round's model, and of
+# its report (evaluation = "all", docs/algorithms.md 17.1): splits ("val",); the final evaluation's tag is "final".
+ROUND_VALIDATION_TAG = "round"
+
+
 class EvalTask(Header):
     """`ps/task/<site>`: evaluate the global model `model_hash` on the named splits."""
 

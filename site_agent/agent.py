@@ -347,6 +347,8 @@ class SiteAgent:
         try:
             if isinstance(task, m.TrainTask):
                 self._train(task, model)
+            elif task.tag == m.ROUND_VALIDATION_TAG:
+                self._validate_round(task, model)
             else:
                 self._evaluate(task, model)
         except (ValueError, RuntimeError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
@@ -748,16 +750,25 @@ class SiteAgent:
             self._released = (self.histograms.shared(exact, c.privacy, d.task.kind, self.ledger),)
         return self._released[0]
 
-    def validate_round(self, spec: m.ModelSpec, weights: Mapping[str, np.ndarray], round_no: int,
-                       best_round: int | None) -> dict[str, float | None]:
-        """Validate round `round_no`'s global model whether or not this site trains in that round (evaluation =
-        "all", driven by `fedmqtt simulate`), as a selected site does before training: first promote the best
-        round the PS names, then keep this model as the one evaluated last, so that the best slot follows the
-        PS's best round here too; returns the validation metrics."""
-        self.best.promote(best_round)
-        self.best.remember(round_no, dict(weights))
-        metrics, _, _ = self.trainer.evaluate(spec, dict(weights), ("val",))
-        return dict(metrics["val"])
+    def _validate_round(self, task: m.EvalTask, model: m.GlobalModel) -> None:
+        """evaluation = "all": validate round `task.round`'s global model although this site does not train in
+        that round, as a selected site does before training: first promote the best round the PS names, then keep
+        this model as the one evaluated last, so that the best slot follows the PS's best round here too; the
+        scores go back as a report with the task's tag."""
+        c = self.config
+        self.best.promote(task.best_round)
+        weights = self._compose(model, task, evaluate=True)  # FedDyn: theta_avg, as the best round keeps
+        self.best.remember(task.round, weights)
+        metrics, counts, undefined = self.trainer.evaluate(model.model, weights, ("val",))
+        report = m.EvalReport(run_id=c.run_id, sender=c.site_id, round=task.round, session=task.session,
+                              model_hash=task.model_hash, tag=task.tag, metrics=metrics, n_samples=counts,
+                              undefined=undefined)
+        self.channel.send(topics.site_report_topic(c.run_id, c.site_id), report)
+        self._report_session = task.session  # removed from the broker once the PS has finished
+        self.channel.send(topics.site_status_topic(c.run_id, c.site_id),
+                          self._status("online", f"round {task.round}: validated the round's model"))
+        log.info("round %d: validated model %s (not training this round): val %s", task.round,
+                 task.model_hash[:8], metrics.get("val"))
 
     def _evaluate(self, task: m.EvalTask, model: m.GlobalModel) -> None:
         c = self.config

@@ -113,3 +113,70 @@ def test_pretrained_start_is_the_same_over_mqtt(cli_federation, tmp_path) -> Non
     over_mqtt, simulated = _final(fed.work / "ps"), _final(tmp_path / "sim")
     for name in simulated:
         np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
+
+
+# evaluation = "all" with sampled selection: two of four sites train each round; all four validate. With this step
+# size round 3 scores best of 4, so every site's best slot must follow the PS back to round 3's model.
+EVERY_SITE_ROUNDS, EVERY_SITE_TRAIN = 4, {**FAST_TRAIN, "lr": 0.05}
+EVERY_SITE = {"selection": "fraction", "fraction": 0.5, "evaluation": "all"}
+
+
+def _every_site_federation(cli_federation, name: str):
+    sites = tuple(bundled_sites())
+    assert len(sites) == 4
+    return cli_federation(name, run_id="eq-evalall", rounds=EVERY_SITE_ROUNDS, sites=sites, train=EVERY_SITE_TRAIN,
+                          model=BN_MODEL, ps_extra=EVERY_SITE)
+
+
+def _assert_every_site_run_matches_simulation(fed, tmp_path) -> None:
+    """The same weights, every round's trained sites, per-site scores (all four sites) and means, the same best
+    round, the same best and final per-site metrics; each site not drawn logs its validation of the round."""
+    import json
+
+    sim = SimulationConfig(run_id="eq-evalall", rounds=EVERY_SITE_ROUNDS, seed=0, out_dir=tmp_path / "sim",
+                           model=BN_MODEL, train=EVERY_SITE_TRAIN, **EVERY_SITE)
+    sim_report = run_simulation(sim, progress=False)
+    over_mqtt, simulated = _final(fed.work / "ps"), _final(tmp_path / "sim")
+    assert sorted(over_mqtt) == sorted(simulated)
+    for name in over_mqtt:
+        np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
+    mqtt_report = json.loads((fed.work / "ps" / "report.json").read_text())
+    for report in (mqtt_report, sim_report):
+        assert [len(r["sites"]) for r in report["rounds"]] == [2] * EVERY_SITE_ROUNDS
+        assert all(sorted(r["per_site"]) == sorted(fed.sites) for r in report["rounds"])
+    assert [(r["sites"], r["per_site"], r["mean"]) for r in mqtt_report["rounds"]] == [
+        (r["sites"], r["per_site"], r["mean"]) for r in sim_report["rounds"]]
+    assert mqtt_report["best_round"] == sim_report["best_round"] and mqtt_report["best_round"]["round"] == 3
+    assert mqtt_report["final"]["per_site"] == sim_report["final"]["per_site"]
+    assert mqtt_report["best"]["per_site"] == sim_report["best"]["per_site"]
+    assert {s["best_round"] for s in mqtt_report["best"]["per_site"].values()} == {3}
+    for round_record in mqtt_report["rounds"]:
+        for site in sorted(set(fed.sites) - set(round_record["sites"])):
+            log = (fed.logs / f"{site}.log").read_text()
+            assert f"round {round_record['round']}: validated model" in log, site
+
+
+def test_every_site_validation_matches_mqtt_bit_for_bit(cli_federation, tmp_path) -> None:
+    """evaluation = "all" over Mosquitto: each site not drawn to train validates the round's model when the PS
+    asks (eval_task tagged "round"), and the run ends as the simulation does."""
+    fed = _every_site_federation(cli_federation, "evalall")
+    fed.run_to_completion(240)
+    _assert_every_site_run_matches_simulation(fed, tmp_path)
+
+
+def test_every_site_validation_after_a_resume_matches_simulation(cli_federation, tmp_path) -> None:
+    """The PS SIGKILLed after round 1's checkpoint (before it sent round 2) and resumed: the resumed PS asks every
+    site not drawn for its validation of round 2 again, and the run still ends as the simulation does."""
+    import signal
+
+    fed = _every_site_federation(cli_federation, "evalall-resume")
+    fed.start_broker()
+    fed.start_ps(fault="after_checkpoint:1")
+    for site in fed.sites:
+        fed.start_site(site)
+    killed = fed.procs["ps"].wait(180)
+    fed.start_ps(resume=True)
+    fed.wait_ps_done(240)
+    assert killed == -signal.SIGKILL, fed.tail("ps")
+    assert "resuming from checkpoint of round 1" in fed.tail("ps", 400)
+    _assert_every_site_run_matches_simulation(fed, tmp_path)
