@@ -339,8 +339,9 @@ def main() -> None:
             print(f"repeat {repeat + 1}: {_line(row)}; load {load()}", flush=True)
             print(_phase_lines(row), flush=True)
         median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        print(f"median of {args.repeats}: {_line(median)}; load {load()}")
-        print(_phase_lines(median))
+        if args.repeats > 1:
+            print(f"median of {args.repeats}: {_line(median)}; load {load()}")
+            print(_phase_lines(median))
 
 
 def _line(r: dict[str, float]) -> str:
