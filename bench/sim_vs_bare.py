@@ -4,19 +4,25 @@ Setting (Chen et al.'s on OrganAMNIST, docs/results/organamnist): 20 clients by 
 each splitting its images 45/10/45 train/val/test, LeNet-5 with BatchNorm, SGD lr 0.01, batch 32, one local
 epoch. The simulated side is `fedmqtt.simulation.run_simulation` (PS runner, 20 site agents, in-memory broker,
 codec, signatures, strategies); the bare side is what a researcher would write by hand: the zoo's LeNet-5,
-the same clients' training and validation images as tensors, per client a copy of the global weights, a
-validation pass and one shuffled epoch of SGD, then the weighted average of the clients' state dicts.
+the same clients' images as tensors, per client a copy of the global weights, a validation pass (accuracy)
+and one shuffled epoch of SGD, then the weighted average of the clients' state dicts; after the last round
+the final model's accuracy on every client's validation and test split and the best round's model (by
+validation accuracy) on every test split, as the simulation's sites score them (the simulation's metrics are
+a full suite, the bare loop's accuracy only).
 
 Both sides run in this process with one torch thread (as every simulated site does), interleaved A,B,A,B over
 `--repeats`, so load hits both alike. A side's round time is the wall time between the closes of rounds
 2..R (round 1 pays one-off costs; the simulation's start and its final evaluation and baselines are not
 rounds), and "whole run / R" is everything a run takes (the simulation's start, data, final evaluation,
-baselines and report; the bare loop's data and rounds) divided by its rounds. Each is printed as wall time and
-as this process's CPU time (steadier than wall time on a shared machine), per repeat and as medians, with the
-ratios and the load average, and the CPU seconds a round the simulation spent in its PS.
+baselines and report; the bare loop's data and rounds) divided by its rounds, against the bare loop without
+and with its final evaluation. Each is printed as wall time and as this process's CPU time (steadier than
+wall time on a shared machine), per repeat and as medians, with the ratios, the load average, the CPU seconds
+a round the simulation spent in its PS, and each side's phases: start (the simulation's data, sites and PS;
+the bare loop's data), round 1, rounds 2..R, final evaluation, report (the simulation's baselines and files).
 
     python bench/sim_vs_bare.py --rounds 4 --repeats 3 [--data ../shared/datasets/medmnist/organamnist.npz]
-    python bench/sim_vs_bare.py --profile sim|bare   # one run of one side under cProfile
+    python bench/sim_vs_bare.py --profile sim|bare   # rounds 2..R of one run of one side under cProfile
+    python bench/sim_vs_bare.py --profile sim --whole  # the whole run (start to report) under cProfile
 """
 
 from __future__ import annotations
@@ -34,6 +40,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "medmnist" / "organamnist.npz"
 N_SITES, ALPHA, LR, BATCH = 20, 0.1, 0.01, 32
+
+
+def _eval_rows() -> int:
+    """Rows per forward pass when a site scores a split on the CPU: the bare loop uses the same (this script
+    also runs against trees from before the constant, which scored 1024 rows at a time)."""
+    from fedmqtt.training import evaluate
+
+    return int(getattr(evaluate, "CPU_BATCH_ROWS", 1024))
+
+
+EVAL_ROWS = _eval_rows()
 
 
 def simulation_config(data: Path, out: Path, rounds: int, seed: int = 0) -> Any:
@@ -57,13 +74,16 @@ def simulation_config(data: Path, out: Path, rounds: int, seed: int = 0) -> Any:
 def run_sim(config: Any, profiler: Any = None) -> Timing:
     """One simulated run: the wall and CPU seconds of each of its rounds 2..R (`profiler` runs during those),
     and of the whole `run_simulation` call (start, data, every round, final evaluation, baselines, report)."""
+    import fedmqtt.simulation as simulation
     from fedmqtt.simulation import run_simulation
     from fedmqtt.tracking import RunTracker
     from ps_daemon.runner import DaemonRunner
 
     closes: list[tuple[float, float]] = []
+    marks: dict[str, tuple[float, float]] = {}
     ps_cpu = [0.0]
-    poll = DaemonRunner.poll
+    poll, start_ps, close_ps = DaemonRunner.poll, DaemonRunner.start, DaemonRunner.close
+    finish = simulation.finish_report
 
     def timed_poll(runner: DaemonRunner, timeout_s: float) -> bool:
         started = time.process_time()
@@ -80,20 +100,51 @@ def run_sim(config: Any, profiler: Any = None) -> Timing:
                 (profiler.enable if metrics.round == 1 else profiler.disable if metrics.round == config.rounds
                  else _nothing)()
 
+    def marked(name: str, call: Any, *, after: bool = False) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not after:
+                marks[name] = _now()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                if after:
+                    marks[name] = _now()
+        return wrapper
+
     tracker = Clock([])
-    start = (time.perf_counter(), time.process_time())
-    setattr(DaemonRunner, "poll", timed_poll)  # noqa: B010  # the bench's own clock on the class, put back below
+    start = _now()
+    # The bench's own clocks on the class and module, put back below: the PS's poll, the end of the start
+    # (the agents are built and started before the PS), the end of the final evaluation (the loop ends, the PS
+    # closes) and the report (baselines, files) after it.
+    patches = [(DaemonRunner, "poll", timed_poll), (DaemonRunner, "start", marked("started", start_ps)),
+               (DaemonRunner, "close", marked("evaluated", close_ps, after=True)),
+               (simulation, "finish_report", marked("reported", finish, after=True))]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
     try:
         run_simulation(config, progress=False, tracker=tracker)
     finally:
-        setattr(DaemonRunner, "poll", poll)  # noqa: B010
+        for (owner, name, _), value in zip(patches, (poll, start_ps, close_ps, finish), strict=True):
+            setattr(owner, name, value)
     tracker.close()
-    return Timing(_rounds(closes), _since(start), ps_cpu[0] / max(1, config.rounds - 1))
+    end = _now()
+    phases = _phases(start, [marks["started"], closes[0], closes[-1], marks["evaluated"], end])
+    return Timing(_rounds(closes), _since(start), ps_cpu[0] / max(1, config.rounds - 1), phases)
 
 
-def load_clients(config: Any) -> list[tuple[Any, Any, Any, Any]]:
-    """Every client's (x_train, y_train, x_val) as tensors, and its training rows, as the sites load them
-    (the pooled file read once, as a hand-written loop would)."""
+class Client(NamedTuple):
+    x: Any  # training images, float32 tensor
+    y: Any  # training labels, int64 tensor
+    x_val: Any
+    y_val: Any
+    x_test: Any
+    y_test: Any
+    n: int  # training rows
+
+
+def load_clients(config: Any) -> list[Client]:
+    """Every client's training, validation and test split as tensors, as the sites load them (the pooled file
+    read once, as a hand-written loop would)."""
     import torch
 
     from fedmqtt.data.registry import load_dataset
@@ -104,21 +155,54 @@ def load_clients(config: Any) -> list[tuple[Any, Any, Any, Any]]:
     out = []
     for spec in specs:
         d = load_site_data(spec, dataset=pooled)
-        out.append((torch.as_tensor(d.x_train, dtype=torch.float32), torch.as_tensor(d.y_train, dtype=torch.int64),
-                    torch.as_tensor(d.x_val, dtype=torch.float32), len(d.y_train)))
+        out.append(Client(*(torch.as_tensor(a, dtype=torch.float32 if i % 2 == 0 else torch.int64)
+                            for i, a in enumerate((d.x_train, d.y_train, d.x_val, d.y_val, d.x_test, d.y_test))),
+                          len(d.y_train)))
     return out
 
 
 def run_bare(config: Any, profiler: Any = None) -> Timing:
-    """The same work by hand: rounds 2..R as `run_sim`, and the whole (the clients' data loaded, every round)."""
-    start = (time.perf_counter(), time.process_time())
+    """The same work by hand: rounds 2..R as `run_sim`; the whole run (the clients' data loaded, every round)
+    and, timed apart, the final evaluation a researcher needs from it (`_bare_final_evaluation`)."""
+    start = _now()
     clients = load_clients(config)
-    rounds = _bare_rounds(clients, config.rounds, seed=config.seed, profiler=profiler)
-    return Timing(rounds, _since(start))
+    loaded = _now()
+    closes, final, best = _bare_rounds(clients, config.rounds, seed=config.seed, profiler=profiler)
+    whole = _since(start)
+    _bare_final_evaluation(clients, final, best)
+    end = _now()
+    return Timing(_rounds(closes), whole, phases=_phases(start, [loaded, closes[0], closes[-1], end]),
+                  evaluated=_since(start))
 
 
-def _bare_rounds(clients: list[tuple[Any, Any, Any, Any]], rounds: int, *, seed: int,
-                 profiler: Any) -> list[tuple[float, float]]:
+def _bare_final_evaluation(clients: list[Client], final: dict[str, Any], best: dict[str, Any]) -> None:
+    """What the simulation's sites do once the last round has closed, by hand: the final model's accuracy on
+    every client's validation and test split, and the best round's model (by validation accuracy, already known
+    from its round) on every test split."""
+    from fedmqtt.training.zoo import LeNet5
+
+    model = LeNet5(n_classes=11, in_channels=1, norm="bn")
+    for state, splits in ((final, ("val", "test")), (best, ("test",))):
+        model.load_state_dict(state)
+        for c in clients:
+            for split in splits:
+                x, y = (c.x_val, c.y_val) if split == "val" else (c.x_test, c.y_test)
+                _accuracy(model, x, y)
+
+
+def _accuracy(model: Any, x: Any, y: Any) -> float:
+    """Softmax in float64 over eval-mode batches of EVAL_ROWS (as the sites score a split), then accuracy."""
+    import torch
+
+    model.eval()
+    with torch.inference_mode():
+        probs = torch.cat([torch.softmax(model(x[s:s + EVAL_ROWS]).double(), dim=1)
+                           for s in range(0, x.shape[0], EVAL_ROWS)])
+    return float((probs.argmax(dim=1) == y).double().mean()) if len(y) else 0.0
+
+
+def _bare_rounds(clients: list[Client], rounds: int, *, seed: int,
+                 profiler: Any) -> tuple[list[tuple[float, float]], dict[str, Any], dict[str, Any]]:
     import torch
     from torch.nn import functional as F
 
@@ -127,15 +211,14 @@ def _bare_rounds(clients: list[tuple[Any, Any, Any, Any]], rounds: int, *, seed:
     torch.manual_seed(seed)
     model = LeNet5(n_classes=11, in_channels=1, norm="bn")
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    best: tuple[float, dict[str, Any]] = (-1.0, global_state)
     closes = []
     for round_no in range(rounds):
-        states, sizes = [], []
-        for i, (x, y, x_val, n) in enumerate(clients):
+        states, sizes, val_accuracy = [], [], 0.0
+        for i, c in enumerate(clients):
+            x, y, n = c.x, c.y, c.n
             model.load_state_dict(global_state)
-            model.eval()
-            with torch.inference_mode():
-                for start in range(0, x_val.shape[0], 1024):
-                    torch.softmax(model(x_val[start:start + 1024]).double(), dim=1)
+            val_accuracy += _accuracy(model, c.x_val, c.y_val) * len(c.y_val)
             model.train()
             params = list(model.parameters())
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1000 * round_no + i))
@@ -151,13 +234,15 @@ def _bare_rounds(clients: list[tuple[Any, Any, Any, Any]], rounds: int, *, seed:
                         p.add_(p.grad, alpha=-LR)
             states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
             sizes.append(n)
+        if val_accuracy > best[0]:  # the model every client validated this round, by weighted accuracy
+            best = (val_accuracy, global_state)
         total = float(sum(sizes))
         global_state = {k: (sum(s[k].double() * (w / total) for s, w in zip(states, sizes, strict=True))
                             .to(v.dtype)) for k, v in states[0].items()}
         closes.append((time.perf_counter(), time.process_time()))
         if profiler is not None:
             (profiler.enable if round_no == 0 else profiler.disable if round_no == rounds - 1 else _nothing)()
-    return _rounds(closes)
+    return closes, global_state, best[1]
 
 
 def _nothing() -> None:
@@ -166,12 +251,27 @@ def _nothing() -> None:
 
 class Timing(NamedTuple):
     rounds: list[tuple[float, float]]  # (wall, CPU) seconds of rounds 2..R
-    whole: tuple[float, float]  # (wall, CPU) seconds of the whole run
+    whole: tuple[float, float]  # (wall, CPU) seconds of the whole run (the bare loop's without its final evaluation)
     ps_cpu: float = 0.0  # CPU seconds a round (2..R) spent in the PS runner's poll (the simulation is one thread)
+    phases: tuple[tuple[float, float], ...] = ()  # (wall, CPU) of each of PHASES ("report": the simulation's only)
+    evaluated: tuple[float, float] | None = None  # the bare loop's whole run with its final evaluation
+
+
+PHASES = ("start", "round 1", "rounds 2..R", "final evaluation", "report")
+
+
+def _now() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
 
 
 def _since(start: tuple[float, float]) -> tuple[float, float]:
     return time.perf_counter() - start[0], time.process_time() - start[1]
+
+
+def _phases(start: tuple[float, float], marks: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """(wall, CPU) between consecutive marks, the first from `start`."""
+    edges = [start, *marks]
+    return tuple((b[0] - a[0], b[1] - a[1]) for a, b in zip(edges, edges[1:], strict=False))
 
 
 def _rounds(closes: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -190,6 +290,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per run (rounds 2..R are timed)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side, interleaved")
     parser.add_argument("--profile", choices=("sim", "bare"), help="one run of one side under cProfile")
+    parser.add_argument("--whole", action="store_true",
+                        help="with --profile: profile the whole run (start to report), not rounds 2..R")
     args = parser.parse_args()
     if not args.data.is_file():
         sys.exit(f"no {args.data}: see ../shared/datasets/medmnist/PROVENANCE.md")
@@ -199,16 +301,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sim-vs-bare-") as tmp:
         config = simulation_config(args.data.resolve(), Path(tmp), args.rounds)
         clients = load_clients(config)
-        print(f"{len(clients)} clients, {sum(c[3] for c in clients)} training images, "
-              f"{sum(c[2].shape[0] for c in clients)} validation images; {args.rounds} rounds, 2..{args.rounds} "
-              f"timed as rounds; torch {torch.__version__}, 1 thread; load {load()}", flush=True)
+        print(f"{len(clients)} clients, {sum(c.n for c in clients)} training images, "
+              f"{sum(c.x_val.shape[0] for c in clients)} validation and {sum(c.x_test.shape[0] for c in clients)} "
+              f"test images; {args.rounds} rounds, 2..{args.rounds} timed as rounds; splits scored {EVAL_ROWS} rows "
+              f"at a time; torch {torch.__version__}, 1 thread; load {load()}", flush=True)
         del clients
         if args.profile:
             import cProfile
             import pstats
 
             profiler = cProfile.Profile(time.process_time)  # CPU seconds: steadier than wall time under load
-            timing = run_sim(config, profiler) if args.profile == "sim" else run_bare(config, profiler)
+            if args.whole:
+                profiler.enable()
+            timing = run_sim(config, None if args.whole else profiler) if args.profile == "sim" else run_bare(
+                config, None if args.whole else profiler)
+            profiler.disable()
+            for name, (wall, cpu) in zip(PHASES, timing.phases, strict=False):
+                print(f"  {name:17s} {wall:7.3f} s (CPU {cpu:7.3f})")
             print(f"{args.profile}: {_median(timing.rounds, 0):.3f} s/round")
             stats = pstats.Stats(profiler)
             stats.sort_stats("tottime").print_stats(30)
@@ -221,11 +330,18 @@ def main() -> None:
                    "sim_cpu": _median(sim.rounds, 1), "bare_cpu": _median(bare.rounds, 1),
                    "sim_whole": sim.whole[0] / args.rounds, "bare_whole": bare.whole[0] / args.rounds,
                    "sim_whole_cpu": sim.whole[1] / args.rounds, "bare_whole_cpu": bare.whole[1] / args.rounds,
+                   "bare_eval": bare.evaluated[0] / args.rounds, "bare_eval_cpu": bare.evaluated[1] / args.rounds,
                    "ps_cpu": sim.ps_cpu}
+            for side, timing in (("sim", sim), ("bare", bare)):
+                for name, (wall, cpu) in zip(PHASES, timing.phases, strict=False):
+                    row[f"{side} {name}"], row[f"{side} {name} cpu"] = wall, cpu
             rows.append(row)
             print(f"repeat {repeat + 1}: {_line(row)}; load {load()}", flush=True)
+            print(_phase_lines(row), flush=True)
         median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        print(f"median of {args.repeats}: {_line(median)}; load {load()}")
+        if args.repeats > 1:
+            print(f"median of {args.repeats}: {_line(median)}; load {load()}")
+            print(_phase_lines(median))
 
 
 def _line(r: dict[str, float]) -> str:
@@ -233,7 +349,21 @@ def _line(r: dict[str, float]) -> str:
             f"(CPU {r['sim_cpu']:.3f} / {r['bare_cpu']:.3f} = {r['sim_cpu'] / r['bare_cpu']:.3f}); "
             f"whole run / R: simulation {r['sim_whole']:.3f} s, bare {r['bare_whole']:.3f} s, "
             f"ratio {r['sim_whole'] / r['bare_whole']:.3f} (CPU {r['sim_whole_cpu']:.3f} / {r['bare_whole_cpu']:.3f} = "
-            f"{r['sim_whole_cpu'] / r['bare_whole_cpu']:.3f}); PS CPU {r['ps_cpu']:.3f} s/round")
+            f"{r['sim_whole_cpu'] / r['bare_whole_cpu']:.3f}); whole run / R against a bare loop that also scores "
+            f"its final and best-round models: bare {r['bare_eval']:.3f} s, "
+            f"ratio {r['sim_whole'] / r['bare_eval']:.3f} "
+            f"(CPU {r['bare_eval_cpu']:.3f}, ratio {r['sim_whole_cpu'] / r['bare_eval_cpu']:.3f}); "
+            f"PS CPU {r['ps_cpu']:.3f} s/round")
+
+
+def _phase_lines(r: dict[str, float]) -> str:
+    """Each phase's wall and CPU seconds on both sides (whole phases: "rounds 2..R" is R - 1 rounds)."""
+    lines = []
+    for name in PHASES:
+        sides = [f"{side} {r[f'{side} {name}']:7.3f} s (CPU {r[f'{side} {name} cpu']:7.3f})"
+                 for side in ("sim", "bare") if f"{side} {name}" in r]
+        lines.append(f"  {name:17s} " + ", ".join(sides))
+    return "\n".join(lines)
 
 
 def _median(pairs: list[tuple[float, float]], which: int) -> float:

@@ -12,6 +12,18 @@ from fedmqtt.data.base import BINARY, TaskInfo
 from fedmqtt.metrics import Metrics, Reasons, task_metrics
 from fedmqtt.training.targets import from_model_scale
 
+# Rows per forward pass on the CPU. At 1024 the first layers' activations (LeNet-5: 1024 x 6 x 28 x 28 floats,
+# 19 MB) leave the cache and a split was scored at half the speed it is at 256 (bench/sim_vs_bare.py: the
+# sites' validation pass every round and the final evaluation). Each row's outputs are the same bits at either
+# size for every zoo model (tests/unit/test_eval_batch_rows.py). Other devices keep the larger batch.
+CPU_BATCH_ROWS = 256
+DEVICE_BATCH_ROWS = 1024
+
+
+def batch_rows(device: str | torch.device) -> int:
+    """The default rows per forward pass when scoring on `device`."""
+    return CPU_BATCH_ROWS if torch.device(device).type == "cpu" else DEVICE_BATCH_ROWS
+
 
 def _read_out(outputs: torch.Tensor, task: TaskInfo, nonnegative: bool) -> torch.Tensor:
     """Model outputs -> what the metrics read, in float64 (sigmoid, softmax or the regression value)."""
@@ -32,7 +44,7 @@ def predict(
     task: TaskInfo = BINARY,
     *,
     device: str | torch.device = "cpu",
-    batch_size: int = 1024,
+    batch_size: int | None = None,
     nonnegative: bool = False,
 ) -> np.ndarray:
     """The model's predictions on `x` (any rank, rows first) as float64, in eval mode without gradients.
@@ -44,7 +56,7 @@ def predict(
             `(n, C)`; multilabel -> per-label sigmoid `(n, L)`; regression -> values `(n,)` on the labels'
             scale (expm1 of the output for a log target).
         device: where the forward passes run; batches are moved there one at a time.
-        batch_size: rows per forward pass.
+        batch_size: rows per forward pass (default `batch_rows(device)`).
         nonnegative: regression only, clamp predictions at 0 (length of stay, Scheltjens et al.'s final ReLU).
     """
     parts = _forward_batches(model, x, device, batch_size, lambda out: _read_out(out, task, nonnegative))
@@ -55,7 +67,7 @@ def predict(
 
 
 def predict_scores(
-    model: nn.Module, x: np.ndarray, *, device: str | torch.device = "cpu", batch_size: int = 1024
+    model: nn.Module, x: np.ndarray, *, device: str | torch.device = "cpu", batch_size: int | None = None
 ) -> np.ndarray:
     """Positive-class probabilities `(n,)` of a binary model (`predict` with the binary task)."""
     return predict(model, x, BINARY, device=device, batch_size=batch_size)
@@ -76,7 +88,7 @@ def evaluate_split(
 
 
 def predict_logits(
-    model: nn.Module, x: np.ndarray, *, device: str | torch.device = "cpu", batch_size: int = 1024
+    model: nn.Module, x: np.ndarray, *, device: str | torch.device = "cpu", batch_size: int | None = None
 ) -> np.ndarray:
     """A binary model's raw outputs (logits) `(n,)` as float64, in eval mode without gradients: what the
     membership-inference audit reads (fedmqtt.privacy_audit), where a saturated sigmoid would tie records."""
@@ -84,11 +96,12 @@ def predict_logits(
     return np.concatenate(parts) if parts else np.zeros((0,), dtype=np.float64)
 
 
-def _forward_batches(model: nn.Module, x: np.ndarray, device: str | torch.device, batch_size: int,
+def _forward_batches(model: nn.Module, x: np.ndarray, device: str | torch.device, batch_size: int | None,
                      read: Callable[[torch.Tensor], torch.Tensor]) -> list[np.ndarray]:
     """`read` of the model's outputs, batch by batch, in eval mode without gradients; the model's mode is
     restored afterwards (a site evaluates between training epochs)."""
     dev = torch.device(device)
+    batch_size = batch_rows(dev) if batch_size is None else batch_size
     was_training = model.training
     model.to(dev).eval()
     xt = torch.as_tensor(np.asarray(x, dtype=np.float32))

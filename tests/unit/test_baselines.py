@@ -123,6 +123,22 @@ def test_pooled_reference_per_task_and_none_for_images() -> None:
     assert isinstance(images, NotFitted) and "images or signals" in images.why
 
 
+def test_image_sites_get_the_pooled_rows_reason_without_pooling_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's reason for images is the one the pooled images would get, and no site's rows are copied."""
+    rng = np.random.default_rng(4)
+    sites = {f"s{i}": _site(rng.normal(size=(40, 1, 28, 28)).astype(np.float32), np.arange(40) % 2) for i in range(3)}
+    expected = fit_pooled_reference(BINARY, np.concatenate([d.x_train for d in sites.values()]),
+                                    np.concatenate([d.y_train for d in sites.values()]), seed=0)
+    assert isinstance(expected, NotFitted)
+    pooled: list[tuple[int, ...]] = []
+    concatenate = np.concatenate
+    monkeypatch.setattr(np, "concatenate", lambda arrays, *a, **k: pooled.append(np.shape(arrays[0])) or
+                        concatenate(arrays, *a, **k))
+    section = baselines_section(sites, {}, seed=0)["pooled_reference"]
+    assert section == {"fitted": False, "why": expected.why}
+    assert all(len(shape) < 4 for shape in pooled)  # labels pooled (the constants), never the images
+
+
 def test_pooled_reference_is_deterministic_given_the_seed() -> None:
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(200, 4)), rng.integers(0, 2, size=200)

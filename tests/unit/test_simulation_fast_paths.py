@@ -5,6 +5,7 @@ replaces, which stays in the code.
   (fedmqtt.data.read_once); outside it each load reads the file itself.
 - the best round's model is scored once when it is the final model (site_agent.agent.same_weights).
 - no fsync during a simulation (fedmqtt.atomic.volatile_writes): files are still replaced atomically.
+- the baselines score the data the agents loaded (fedmqtt.simulation.held_site_data), not a second load.
 """
 
 from __future__ import annotations
@@ -80,13 +81,25 @@ def test_fast_paths_give_the_plain_paths_bits(tmp_path: Path, monkeypatch: pytes
         calls["same"] += 1
         return real_same(a, b)
 
+    real_held = simulation.held_site_data
+    held: list[int] = []
+
+    def counting_held(cfg: SimulationConfig, agents: Any) -> Any:
+        data = real_held(cfg, agents)
+        held.append(len(data))
+        return data
+
     monkeypatch.setattr(agent_module, "same_weights", counting)
+    monkeypatch.setattr(simulation, "held_site_data", counting_held)
     fast = outcome(config(tmp_path, "fast"))
     assert calls["same"] == 4  # every site took the shortcut's test (and the metrics below show it was right)
-    # The plain paths: every load reads the file, the best model is always scored on its own, writes are fsynced.
+    assert held == [4]  # the baselines loaded no site again
+    # The plain paths: every load reads the file, the best model is always scored on its own, writes are fsynced,
+    # the baselines load every site's data themselves.
     monkeypatch.setattr(simulation, "shared_datasets", contextlib.nullcontext)
     monkeypatch.setattr(simulation, "volatile_writes", contextlib.nullcontext)
     monkeypatch.setattr(agent_module, "same_weights", lambda a, b: False)
+    monkeypatch.setattr(simulation, "held_site_data", lambda cfg, agents: {})
     plain = outcome(config(tmp_path, "plain"))
     assert fast[0] == plain[0]
     assert fast[1] == plain[1]
