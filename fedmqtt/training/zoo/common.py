@@ -89,6 +89,13 @@ def probability(model: str, name: str, value: Any) -> float:
     return float(value)
 
 
+def flag(model: str, name: str, value: Any) -> bool:
+    """`value` if it is a bool (TOML true/false; 0 and 1 refused, so a typo cannot pass as a switch)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{model}: {name} must be true or false, got {value!r}")
+    return value
+
+
 def choice(model: str, name: str, value: Any, allowed: Collection[str]) -> str:
     """`value` if it is one of `allowed`, else ConfigError listing them."""
     if value not in allowed:
