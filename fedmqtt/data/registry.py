@@ -78,8 +78,17 @@ class Dataset:
         return int(self.y.shape[0])
 
     def class_labels(self) -> np.ndarray | None:
-        """One integer class per item for label-based partitioners, or None (multilabel, regression)."""
-        return self.y if self.task.kind in ("binary", "multiclass") else None
+        """One integer class per item for label-based partitioners, or None (regression, multi-label data).
+
+        One-vs-rest data (MedMNIST's targets = "one_vs_rest": every row one 1 and zeros, nothing unknown) is
+        a single-label task underneath, so its rows give the class of their positive: label skew and
+        quantity skew split it as they split the single-label file, item for item.
+        """
+        if self.task.kind in ("binary", "multiclass"):
+            return self.y
+        if self.task.kind == "multilabel" and one_positive_per_row(self.y):
+            return np.argmax(self.y, axis=1).astype(np.int64)
+        return None
 
     def labelled(self) -> np.ndarray:
         if self.task.kind == "regression":
@@ -87,6 +96,15 @@ class Dataset:
         if self.task.kind == "multilabel":
             return ~np.isnan(self.y).all(axis=1)
         return self.y >= 0
+
+
+def one_positive_per_row(y: np.ndarray) -> bool:
+    """Whether a multi-label matrix holds exactly one 1 per row and zeros elsewhere (no NaN, no other value)."""
+    if y.ndim != 2 or y.shape[0] == 0:
+        return False
+    with np.errstate(invalid="ignore"):
+        binary = bool(np.isin(y, (0.0, 1.0)).all())  # NaN is in neither
+    return binary and bool((y.sum(axis=1) == 1).all())
 
 
 def labels_digest(y: np.ndarray) -> str:

@@ -10,6 +10,7 @@ import pytest
 from test_partial_labels import write_manifest
 
 from fedmqtt.data.medmnist import LUMA_BT601, match_channels
+from fedmqtt.data.partition_job import prepare_job
 from fedmqtt.data.partitioners import PartitionSpec, annotated_labels, read_partition_manifest
 from fedmqtt.data.registry import load_dataset, load_site_data
 from fedmqtt.data.spec import DataSpec
@@ -139,3 +140,36 @@ options = {{ channels = 1 }}
     assert any("running_mean" in name for name in init["loaded"])
     assert set(init["ignored"]) == {"head.weight", "head.bias"}
     assert all("auroc" in e["metrics"]["test"] for e in report["final"]["per_site"].values())
+
+
+@pytest.mark.parametrize("kind", ["label_skew", "quantity_skew", "adafed_pairs"])
+def test_label_based_partitioners_split_one_vs_rest_data_as_the_single_label_file(tmp_path: Path, kind: str) -> None:
+    """Every row of one-vs-rest data has one positive: its class, so label skew splits it (it used to refuse
+    multi-label data) into the same sites, item for item, as the file's own classes, with per-site masks."""
+    # Prepare
+    path = organ_like_npz(tmp_path / "organ.npz")
+    plain = DataSpec(format="medmnist", path=path)
+    ovr = DataSpec(format="medmnist", path=path, options={"targets": "one_vs_rest"})
+    spec = PartitionSpec(kind=kind, n_sites=4, alpha=0.3, labels_per_site=2, seed=5)
+    # Execute: as `fedmqtt partition` and a grid's partition axis run it
+    plain_job = prepare_job(plain, spec.model_copy(update={"labels_per_site": None}))
+    by_class = read_partition_manifest(plain_job.run(tmp_path / "plain").manifest)
+    by_label = read_partition_manifest(prepare_job(ovr, spec).run(tmp_path / "ovr").manifest)
+    # Assert
+    assert [p.indices for p in by_label.sites] == [p.indices for p in by_class.sites]
+    for part in by_label.sites:
+        assert part.annotated is not None and len(part.annotated) == 2
+        kept = {str(k) for k in part.annotated}
+        plain_counts = next(p.histogram for p in by_class.sites if p.site == part.site)
+        assert part.histogram == {k: (c if k in kept else 0) for k, c in plain_counts.items()}
+
+
+def test_multilabel_rows_without_exactly_one_positive_give_no_class_to_split_by() -> None:
+    from fedmqtt.data.registry import one_positive_per_row
+
+    assert one_positive_per_row(np.eye(3, dtype=np.float32)[[0, 2, 1, 1]])
+    assert not one_positive_per_row(np.array([[1, 0], [1, 1]], dtype=np.float32))  # two diagnoses
+    assert not one_positive_per_row(np.array([[1, 0], [0, 0]], dtype=np.float32))  # none
+    assert not one_positive_per_row(np.array([[1, np.nan], [0, 1]], dtype=np.float32))  # unknown
+    assert not one_positive_per_row(np.array([[0.5, 0.5]], dtype=np.float32))
+    assert not one_positive_per_row(np.zeros((0, 3), dtype=np.float32))
