@@ -150,11 +150,7 @@ def report_rejection(state: DaemonState, site: str, msg: EvalReport,
         return "site was not asked to evaluate"
     if site in state.final_reports:
         return "duplicate report (the first one was taken)"
-    if msg.model_hash != state.model_hash:
-        return "evaluated a different model version"
-    if msg.session != state.session:
-        return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
-    return None
+    return _model_or_session_rejection(state, msg)
 
 
 def _validation_rejection(state: DaemonState, site: str, msg: EvalReport, validators: Sequence[str]) -> str | None:
@@ -166,10 +162,8 @@ def _validation_rejection(state: DaemonState, site: str, msg: EvalReport, valida
         return "site was not asked to validate this round's model"
     if site in state.validated:
         return "duplicate report (the first one was taken)"
-    if msg.model_hash != state.model_hash:
-        return "evaluated a different model version"
-    if msg.session != state.session:
-        return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
+    if (why := _model_or_session_rejection(state, msg)) is not None:
+        return why
     if set(msg.metrics) != {"val"}:
         return f"round validation must carry the val split's metrics only, not {sorted(msg.metrics)[:4]}"
     return None
@@ -270,3 +264,12 @@ def secure_update_rejection(msg: ClientUpdate) -> str | None:
 
 
 __all__ = ["histogram_rejection", "manifest_rejection", "model_layout", "report_rejection", "update_rejection"]
+
+
+def _model_or_session_rejection(state: DaemonState, msg: EvalReport) -> str | None:
+    """Both kinds of evaluation report must score the PS's current model for this start of the run."""
+    if msg.model_hash != state.model_hash:
+        return "evaluated a different model version"
+    if msg.session != state.session:
+        return f"answers session {msg.session[:16]!r}, not this start of the run ({state.session})"
+    return None
