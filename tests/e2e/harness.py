@@ -160,6 +160,16 @@ class CliFederation:
         self.procs["ps"] = cli("ps", "start", "--config", str(self.ps_config), *(["--resume"] if resume else []),
                                *extra, log=self.logs / "ps.log", env=env, fresh=self.fresh)
 
+    def start_killed_and_resumed(self, sites: Iterable[str] | None = None, after_round: int = 1) -> None:
+        """Start the PS to SIGKILL itself after round `after_round`'s checkpoint, start `sites` (all by default),
+        check it was killed, and start it again with --resume."""
+        self.start_ps(fault=f"after_checkpoint:{after_round}")
+        for site in self.sites if sites is None else sites:
+            self.start_site(site)
+        killed = self.procs["ps"].wait(180)
+        assert killed == -signal.SIGKILL, self.tail("ps")
+        self.start_ps(resume=True)
+
     def start_site(self, site: str, *, fault: str | None = None) -> None:
         """`fault` (e.g. "site_before_publish:2") makes the site SIGKILL itself there (FEDMQTT_FAULT)."""
         env = {**os.environ, **({"FEDMQTT_FAULT": fault} if fault else {})}

@@ -167,16 +167,9 @@ def test_every_site_validation_matches_mqtt_bit_for_bit(cli_federation, tmp_path
 def test_every_site_validation_after_a_resume_matches_simulation(cli_federation, tmp_path) -> None:
     """The PS SIGKILLed after round 1's checkpoint (before it sent round 2) and resumed: the resumed PS asks every
     site not drawn for its validation of round 2 again, and the run still ends as the simulation does."""
-    import signal
-
     fed = _every_site_federation(cli_federation, "evalall-resume")
     fed.start_broker()
-    fed.start_ps(fault="after_checkpoint:1")
-    for site in fed.sites:
-        fed.start_site(site)
-    killed = fed.procs["ps"].wait(180)
-    fed.start_ps(resume=True)
+    fed.start_killed_and_resumed()
     fed.wait_ps_done(240)
-    assert killed == -signal.SIGKILL, fed.tail("ps")
     assert "resuming from checkpoint of round 1" in fed.tail("ps", 400)
     _assert_every_site_run_matches_simulation(fed, tmp_path)
