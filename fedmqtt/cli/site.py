@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import typer
@@ -16,6 +17,7 @@ def start(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages too."),
 ) -> None:
     """Connect (outbound only), train on local data when the PS asks, publish updates. Reconnects by itself."""
+    load_site_modules()
     from fedmqtt.logs import setup_logging
     from site_agent.agent import SiteAgent
     from site_agent.config import load_site_config
@@ -66,3 +68,16 @@ def check(
     report = run_checks(config, timeout_s=timeout_s, on_finding=lambda f: typer.echo(checklist.line(f)))
     typer.echo(checklist.summary(report, str(config)))
     raise typer.Exit(report.exit_code)
+
+
+def load_site_modules() -> None:
+    """What a site process imports before it goes online, without the collector's passes, then kept out of
+    later ones (fedmqtt/startup.py): its own start-up path, before any agent object exists. torch follows on
+    the agent's worker thread (site_agent/trainer.py imports it the same way). bench/site_imports.py calls
+    this too, so it measures what `site start` does."""
+    from fedmqtt.startup import imports_without_gc, keep_what_is_loaded
+
+    with imports_without_gc():
+        for name in ("fedmqtt.logs", "site_agent.config", "site_agent.agent"):
+            importlib.import_module(name)
+    keep_what_is_loaded()
