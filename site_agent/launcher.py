@@ -54,15 +54,18 @@ def run_sites(config_paths: Sequence[Path], *, exit_when_done: bool, verbose: bo
     keep_what_is_loaded()  # the children's collections never touch the shared pages of what was imported
     supervisor = _Supervisor()
     for config in configs:
+        if supervisor.stopping:  # asked to stop while starting: start no more
+            break
         sys.stdout.flush()
         sys.stderr.flush()
-        # Blocked across the fork: a child must never run the parent's relay (it would signal its siblings).
+        # Blocked across the fork: a child must never run the parent's relay (it would signal its siblings), and
+        # a signal that comes meanwhile reaches the parent's relay once the new child is on its list.
         signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
         pid = os.fork()
         if pid == 0:
             os._exit(_child(config, exit_when_done=exit_when_done, verbose=verbose))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
         supervisor.children[pid] = config.site_id
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
         log.info("site %s started as process %d", config.site_id, pid)
     return supervisor.wait()
 
@@ -133,7 +136,8 @@ class _Supervisor:
             if site is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
-            relayed = self.stopping and -code in RELAYED  # stopped before its agent had its own handlers
+            # Stopped by a relayed signal before its agent had its own handlers (SIGINT: KeyboardInterrupt, 130)
+            relayed = self.stopping and (-code in RELAYED or code == 128 + signal.SIGINT)
             if code == 0 or relayed:
                 log.info("site %s (process %d) %s", site, pid, "stopped" if relayed else "exited")
                 continue

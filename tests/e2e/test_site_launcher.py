@@ -89,3 +89,22 @@ def test_a_site_that_dies_is_reported_with_its_cause(cli_federation) -> None:
     assert rc == 128 + signal.SIGKILL, log
     for site in SITES:
         assert f"site {site} (process " in log and "killed by SIGKILL" in log
+
+
+def test_sigterm_to_the_launcher_stops_every_site_and_it_exits_0(cli_federation) -> None:
+    # Setup: both sites online, waiting for their first task
+    fed = cli_federation("launcher-sigterm", run_id="launcher", rounds=50, sites=SITES)
+    fed.start_broker()
+    fed.start_ps()
+    launch(fed, exit_when_done=False)
+    wait_until(lambda: all(f"site {s} online" in fed.tail("sites", 1000) for s in SITES), 120, "both sites online")
+    # Execute
+    fed.procs["sites"].send_signal(signal.SIGTERM)
+    rc = fed.procs["sites"].wait(60)
+    # Assert: relayed to each site, which stopped as `site start` stops (closing its connection), exit 0
+    log = fed.tail("sites", 1000)
+    assert rc == 0, log
+    assert log.count("MQTT traffic") == 2
+    for site in SITES:
+        assert f"site {site} (process " in log
+    assert "ERROR" not in log
