@@ -108,3 +108,17 @@ def test_sigterm_to_the_launcher_stops_every_site_and_it_exits_0(cli_federation)
     for site in SITES:
         assert f"site {site} (process " in log
     assert "ERROR" not in log
+
+
+def test_two_configs_of_one_site_are_refused_before_anything_starts(cli_federation) -> None:
+    # Setup
+    fed = cli_federation("launcher-twice", run_id="launcher", rounds=1, sites=SITES)
+    config = str(fed.site_configs[SITES[0]])
+    # Execute
+    proc = cli("site", "start", "--config", config, "--config", config, log=fed.logs / "twice.log", fresh=True)
+    rc = proc.wait(120)
+    # Assert: one clear line, exit 2, no site started
+    log = (fed.logs / "twice.log").read_text()
+    assert rc == 2, log
+    assert f"each --config needs its own site id; given twice: {SITES[0]}" in log
+    assert "started as process" not in log
