@@ -4,18 +4,21 @@
 start` process per site, all on loopback, exactly as a user runs them; timed from launching the PS and the
 sites until the PS exits with its report written (the broker and the federation's credentials are set up
 before the clock starts: an operator does that once).
+(a') deployed with one launcher (`--launcher`): the same, but all sites from one `fedmqtt site start --config A
+--config B ...`, which imports once and forks one site process per config (site_agent/launcher.py), as a
+researcher runs a local federation on one host. Its CPU per site is the launcher's and its children's / N.
 (b) in process: one `python` process that builds the same sites' data, starts from the same initial weights
 and, round after round, runs each site's training with the agent's own Trainer (the same validation, seeds
 and local loop, torch threads = 1 like each site) and averages with FedAvg weights n_samples; it ends with
 the same final evaluation. Timed from launching that process until it exits, so both sides pay Python and
-torch start-up.
+torch start-up. The trees' packages are compiled to bytecode first, as an install does.
 
 Data: N synthetic sites of 2,000 rows x 64 numeric features (a logistic ground truth with a per-site shift),
 written as CSV tables. Model: an MLP 64 -> H -> H -> 1 with H chosen for the requested size.
 
-    python bench/job_vs_inprocess.py --sites 10 --rounds 5 --model-mb 4.4 16 --repeats 1
+    python bench/job_vs_inprocess.py --sites 10 --rounds 5 --model-mb 4.4 16 --repeats 1 [--launcher]
 
-Runs alternate (deployed, in process, deployed, ...) so that both see the same machine load; `uptime` is
+Runs alternate (deployed, in process, [launcher,] deployed, ...) so that both see the same machine load; `uptime` is
 printed with every figure.
 """
 
@@ -31,7 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 ROWS, FEATURES, SEED = 2000, 64, 0
 TRAIN = {"epochs": 1, "batch_size": 64, "lr": 0.001, "optimizer": "adam"}
@@ -129,9 +133,10 @@ def in_process(work: Path, config: dict) -> dict:
 
 # -- (a) the deployed job ----------------------------------------------------------------------------------
 def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Path | None = None,
-             ps_extra: dict | None = None) -> dict:
+             ps_extra: dict | None = None, launcher: bool = False) -> dict:
     """`tree`: run the deployed processes from another checkout (e.g. `git archive` of an older commit), for a
-    before/after comparison in one run. `ps_extra`: more PS config keys (e.g. secure_aggregation)."""
+    before/after comparison in one run. `ps_extra`: more PS config keys (e.g. secure_aggregation). `launcher`:
+    every site from one `site start` with several --config (forked site processes) instead of one each."""
     from broker.config import free_port
     from fedmqtt.config_io import dump_toml
     from fedmqtt.transport import topics
@@ -174,7 +179,10 @@ def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Pat
         watch = Channel(observer, run_id="bench", identity=layout.identity("observer"))
         t0 = time.monotonic()
         procs = {"ps": spawn("ps", "ps", "start", "--config", str(work / "ps.toml"))}
-        for site in site_ids:
+        if launcher:
+            configs = [a for site in site_ids for a in ("--config", str(work / f"{site}.toml"))]
+            procs["sites"] = spawn("sites", "site", "start", *configs, "--exit-when-done")
+        for site in [] if launcher else site_ids:
             procs[site] = spawn(site, "site", "start", "--config", str(work / f"{site}.toml"), "--exit-when-done")
         online: dict[str, float] = {}
         usage = Usage({**procs, "broker": broker})
@@ -205,7 +213,8 @@ def deployed(work: Path, tables: list[Path], model: dict, rounds: int, tree: Pat
         correct += site["metrics"]["test"]["accuracy"] * site["n_samples"]["test"]
         count += site["n_samples"]["test"]
     return {"wall_s": wall, "test_accuracy": correct / count, "round_s": [r["duration_s"] for r in report["rounds"]],
-            "all_online_s": max(online.values()) if len(online) == len(site_ids) else None, "usage": usage.summary()}
+            "all_online_s": max(online.values()) if len(online) == len(site_ids) else None,
+            "usage": usage.summary(len(site_ids))}
 
 
 class Usage:
@@ -235,11 +244,12 @@ class Usage:
     def hwm_mib(self) -> dict[str, float]:
         return {name: max(r[1] for r in pids.values()) for name, pids in self.seen.items() if pids}
 
-    def summary(self) -> dict[str, float]:
-        cpu, hwm = self.cpu, self.hwm_mib
-        sites = [n for n in cpu if n.startswith("site-")]
-        return {"site_cpu_s": sum(cpu[n] for n in sites) / max(1, len(sites)),
-                "site_hwm_mib": max((hwm.get(n, 0.0) for n in sites), default=0.0),
+    def summary(self, n_sites: int) -> dict[str, float]:
+        """Per site: one process each, or the launcher ("sites": the parent and its forked sites) over N."""
+        cpu = self.cpu
+        sites = [n for n in cpu if n.startswith("site-") or n == "sites"]
+        return {"site_cpu_s": sum(cpu[n] for n in sites) / max(1, n_sites),
+                "site_hwm_mib": max((max(r[1] for r in self.seen[n].values()) for n in sites), default=0.0),
                 "ps_cpu_s": cpu.get("ps", 0.0), "broker_cpu_s": cpu.get("broker", 0.0),
                 "total_cpu_s": sum(cpu.values())}
 
@@ -281,11 +291,18 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--baseline-tree", type=Path, default=None,
                     help="also run the deployed job from this checkout (before/after, alternating)")
+    ap.add_argument("--launcher", action="store_true",
+                    help="also run the deployed job with every site from one launcher (site start --config x N)")
     ap.add_argument("--inner", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner is not None:
         print(json.dumps(run_in_process(json.loads(args.inner.read_text()))))
         return
+    for tree in {REPO, *([args.baseline_tree.resolve()] if args.baseline_tree else [])}:
+        # As `pip install` does for an installed site: else, with PYTHONDONTWRITEBYTECODE=1, every process
+        # compiles the package from source (about 0.1 CPU s each), which the in-process side pays once.
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "fedmqtt", "schemas", "site_agent", "ps_daemon",
+                        "broker"], cwd=tree, check=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="fedmqtt-job-"))
     tables = write_site_tables(work / "data", args.sites)
     print(f"N={args.sites} sites x {ROWS} rows x {FEATURES} features, {args.rounds} rounds, train {TRAIN}, "
@@ -303,6 +320,13 @@ def main() -> None:
                   f"in process {local['wall_s']:.1f} s, ratio {mqtt['wall_s'] / local['wall_s']:.2f}; "
                   f"test accuracy deployed {mqtt['test_accuracy']:.4f} / in process {local['test_accuracy']:.4f}; "
                   f"load {load_before} / {load_mid} / {uptime()}")
+            if args.launcher:
+                forked = deployed(work / f"launcher-{mb}-{rep}", tables, model, args.rounds, launcher=True)
+                print(f"  launcher (one `site start`, {args.sites} forked sites): deployed {forked['wall_s']:.1f} s "
+                      f"(ratio {forked['wall_s'] / local['wall_s']:.2f}), "
+                      f"all online {forked['all_online_s'] or float('nan'):.1f} s, "
+                      f"rounds {', '.join(f'{s:.2f}' for s in forked['round_s'])}, test accuracy "
+                      f"{forked['test_accuracy']:.4f}; {_usage_line(forked['usage'])}; load {uptime()}")
             if args.baseline_tree is not None:
                 old = deployed(work / f"old-{mb}-{rep}", tables, model, args.rounds, tree=args.baseline_tree)
                 print(f"  baseline tree {args.baseline_tree}: deployed {old['wall_s']:.1f} s (ratio "

@@ -19,13 +19,16 @@ OTHER_PARTIES = "other"
 _SUMMARY_CATEGORIES = 8  # named per summary line; the rest are "... and N more"
 
 
-def setup_logging(verbose: bool = False) -> None:
+def setup_logging(verbose: bool = False, *, tag: str | None = None) -> None:
+    """`tag`: written in every line (e.g. the site id where several sites share one log, site_agent/launcher.py);
+    it replaces a setup made earlier in this process (a forked site's, inherited from its parent)."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         # Milliseconds: a round's steps (model out, updates in, turns) take tens of ms; merged PS and site logs
         # then sort into the order in which they happened.
-        format="%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s",
+        format="%(asctime)s.%(msecs)03d %(levelname)-7s " + (f"[{tag}] " if tag else "") + "%(name)s: %(message)s",
         datefmt="%Y-%m-%dT%H:%M:%S",
+        force=tag is not None,
     )
 
 

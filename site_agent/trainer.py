@@ -6,28 +6,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
+from fedmqtt.startup import imports_without_gc
 
-from fedmqtt.data.splits import SiteData
-from fedmqtt.training.client_rules import finish_round, plan_terms
-from fedmqtt.training.evaluate import evaluate_split
-from fedmqtt.training.loop import derive_seed, train_local
-from fedmqtt.training.models import build_model, model_manifest
-from fedmqtt.training.privacy import (
-    HistoryEntry,
-    RoundPlan,
-    labelled_rows,
-    model_problem,
-    plan_round,
-    settings_problem,
-    train_local_dp,
-)
-from fedmqtt.training.statistics import site_statistics
-from fedmqtt.training.targets import init_output_bias
-from fedmqtt.training.usage import UsageMeter, pick_amp
-from fedmqtt.training.weights import load_arrays, state_to_arrays
-from schemas.messages import ModelSpec, PrivacySpent, ResourceUsage, TrainSettings
+# torch is most of a site process's imports (about 1 CPU s): without the collector's passes over what it makes
+with imports_without_gc():
+    import numpy as np
+    import torch
+
+    from fedmqtt.data.splits import SiteData
+    from fedmqtt.training.client_rules import finish_round, plan_terms
+    from fedmqtt.training.evaluate import evaluate_split
+    from fedmqtt.training.loop import derive_seed, train_local
+    from fedmqtt.training.models import build_model, model_manifest
+    from fedmqtt.training.privacy import (
+        HistoryEntry,
+        RoundPlan,
+        labelled_rows,
+        model_problem,
+        plan_round,
+        settings_problem,
+        train_local_dp,
+    )
+    from fedmqtt.training.statistics import site_statistics
+    from fedmqtt.training.targets import init_output_bias
+    from fedmqtt.training.usage import UsageMeter, pick_amp
+    from fedmqtt.training.weights import load_arrays, state_to_arrays
+    from schemas.messages import ModelSpec, PrivacySpent, ResourceUsage, TrainSettings
 
 Metrics = dict[str, float | None]
 

@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import inspect
 
-import typer
+from fedmqtt.startup import imports_without_gc
 
-from fedmqtt.cli import (
-    algorithms,
-    audit,
-    broker,
-    dashboard,
-    demo,
-    grid,
-    partition,
-    pretrain,
-    ps,
-    recruit,
-    report,
-    simulate,
-    site,
-    topics,
-)
+with imports_without_gc():  # every command's process starts here: its imports without the collector's passes
+    import typer
+
+    from fedmqtt.cli import (
+        algorithms,
+        audit,
+        broker,
+        dashboard,
+        demo,
+        grid,
+        partition,
+        pretrain,
+        ps,
+        recruit,
+        report,
+        simulate,
+        site,
+        topics,
+    )
 
 app = typer.Typer(
     help="fedmqtt: federated learning for hospital networks over MQTT. Patient data never leaves a site.",
