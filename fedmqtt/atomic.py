@@ -130,7 +130,7 @@ def make_spare(path: Path, size: int) -> bool:
     `write_atomic(..., recycle=path)` to write over; False (nothing done) if `path` exists.
 
     Why: the pages of a new file cost far more than writing over a file's cached pages (33 against 3 ms of CPU
-    for 16 MB on this project's test machine, a VM whose host takes back freed memory). A store that will hold
+    for 16 MB on this project's test machine, a VM; docs/benchmarks.md, bench/file_pages.py). A store that will hold
     several model-sized files calls this once, when it writes its first one, so that the files it would
     otherwise create in the next rounds exist already: the same pages, paid for once per process instead of in
     each of the first rounds. Its content is never read (the next write replaces it whole), so it is not
