@@ -15,6 +15,8 @@ Only rounds 2..R count (round 1 pays one-off costs such as torch's first kernels
 closes (the final evaluation is not a round). `--count-from K` counts rounds K..R instead: a site's steady state,
 once its stores have older files to write over (the uplink store keeps three rounds, so from round 4 on every
 model-sized file of a site is written over an old one; a new 16 MB file cost up to 30 ms of CPU here).
+`--count-from 1` counts the whole run, round 1's one-off costs included (a site's spare files, made there, among
+them).
 `--baseline-tree DIR` runs the same measurement from another checkout (e.g. `git archive <commit> | tar -x -C DIR`)
 in alternating child processes, so both see the same machine load; medians over `--repeats` are printed side by side
 with their ratio. `--profile` prints the functions where this tree's agents spend their CPU time (cProfile on the
@@ -239,15 +241,16 @@ def main() -> None:
     parser.add_argument("--model-mb", type=float, default=16.0)
     parser.add_argument("--sites", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--count-from", type=int, default=2, help="first round counted (default 2)")
+    parser.add_argument("--count-from", type=int, default=2,
+                        help="first round counted (default 2; 1: the whole run, one-off costs included)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline-tree", type=Path, default=None, help="also run from this checkout")
     parser.add_argument("--profile", action="store_true", help="print this tree's agent profile (one run)")
     parser.add_argument("--breakdown", action="store_true", help="also time the steps of a round (both trees)")
     parser.add_argument("--inner", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not 2 <= args.count_from <= args.rounds:
-        parser.error("--count-from must be between 2 and --rounds")
+    if not 1 <= args.count_from <= args.rounds:
+        parser.error("--count-from must be between 1 and --rounds")
     if args.inner is not None:
         print(json.dumps(measure(args.inner, args.model_mb, args.sites, args.rounds, args.profile,
                                  args.breakdown, args.count_from)))

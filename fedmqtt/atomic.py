@@ -119,3 +119,27 @@ def _put_in_place(tmp: Path, path: Path, *, durable: bool) -> Path:
     finally:
         os.close(dir_fd)
     return path
+
+
+_ZEROS = bytes(1 << 20)
+SPARE_FROM = 1 << 20  # files from this size on are worth a spare (see `make_spare`); smaller ones gain little
+
+
+def make_spare(path: Path, size: int) -> bool:
+    """Create `path` as a private file of `size` zero bytes, written but not forced to disk, for a later
+    `write_atomic(..., recycle=path)` to write over; False (nothing done) if `path` exists.
+
+    Why: the pages of a new file cost far more than writing over a file's cached pages (33 against 3 ms of CPU
+    for 16 MB on this project's test machine, a VM; docs/benchmarks.md, bench/file_pages.py). A store that will hold
+    several model-sized files calls this once, when it writes its first one, so that the files it would
+    otherwise create in the next rounds exist already: the same pages, paid for once per process instead of in
+    each of the first rounds. Its content is never read (the next write replaces it whole), so it is not
+    fsynced; a crash leaves at most a stray spare, which the store takes or deletes like any other."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as fh:
+        for start in range(0, size, len(_ZEROS)):
+            fh.write(memoryview(_ZEROS)[:min(len(_ZEROS), size - start)])
+    return True

@@ -171,6 +171,7 @@ class SiteAgent:
         will = (self.status_topic, encode(self._status("offline", "connection lost")))
         self.channel = Channel.open(self._transport_factory, client_id=f"fedmqtt-site-{c.run_id}-{c.site_id}",
                                     will=will, run_id=c.run_id, identity=self.identity)
+        self.channel.fetcher.prepare_next = True  # it holds round r's model while round r+1's arrives
         self.uplink = Uplink(self.channel, lambda: self.store, run_id=c.run_id, site_id=c.site_id)
         self.channel.connect(timeout_s=None)
         self.channel.transport.subscribe([topics.ps_status_topic(c.run_id), topics.ps_model_topic(c.run_id),

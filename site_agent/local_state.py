@@ -17,7 +17,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from fedmqtt.atomic import private_dir, replace_atomic, write_atomic
+from fedmqtt.atomic import SPARE_FROM, make_spare, private_dir, replace_atomic, write_atomic
 from schemas.tensors import TensorBlob, arrays_to_blobs
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,14 @@ class BestSlot:
             # An earlier round's evaluated model: `promote` has judged it already (every task names the best round
             # after the round evaluated last has closed), so it is no longer needed; it becomes the spare.
             os.replace(evaluated, spare)
-        _save(evaluated, round_no, weights, durable=False, recycle=spare)
+        fresh = not spare.exists()  # nothing to write over: this model's file is new
+        written = _save(evaluated, round_no, weights, durable=False, recycle=spare)
         spare.unlink(missing_ok=True)  # not taken (a dtype save_file writes, a second name): no third model on disk
+        if fresh and written and evaluated.stat().st_size >= SPARE_FROM:
+            # The next round would need a new file too (its promotion moves this one to the best slot, which
+            # has no older best to give up): make it now, once per process, not in that round (`make_spare`).
+            # Two model files, as the slot holds from its second round on (evaluated and best).
+            make_spare(spare, evaluated.stat().st_size)
 
     def promote(self, best_round: int | None) -> None:
         evaluated = self.folder / "evaluated.safetensors"
@@ -132,20 +138,21 @@ class BestSlot:
 
 
 def _save(path: Path, round_no: int, weights: dict[str, np.ndarray], *, durable: bool,
-          recycle: Path | None = None) -> None:
+          recycle: Path | None = None) -> bool:
     """The safetensors file of `weights` with the round in its metadata, written from the arrays' own memory
     (`save` would build the file in memory twice over: a 512 MB model cost a site 1.5 GB more at its peak).
     Over `recycle` (see `write_atomic`) when every dtype is one `safetensors_pieces` writes; else by safetensors'
-    own save_file."""
+    own save_file. True if written from the pieces (a file later rounds can write over), False by save_file."""
     arrays = {k: np.require(v, requirements="C") for k, v in weights.items()}
     metadata = {"round": str(round_no)}
     pieces = safetensors_pieces(arrays, metadata)
     if pieces is not None:
         write_atomic(path, pieces, durable=durable, recycle=recycle)
-        return
+        return True
     from safetensors.numpy import save_file
 
     replace_atomic(path, lambda tmp: save_file(arrays, str(tmp), metadata=metadata), durable=durable)
+    return False
 
 
 # numpy's little-endian dtypes -> safetensors' names, in the order its writer lays tensors out (its dtype order,

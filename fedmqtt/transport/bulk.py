@@ -172,6 +172,8 @@ class _Transfer:
     to_unsubscribe: list[int] = field(default_factory=list)
     corrupt_tries: dict[int, int] = field(default_factory=dict)
     stalls: int = 0
+    # A map made ready for this receiver's next payload (`Fetcher.prepare_next`), used if the size fits
+    prepared: mmap.mmap | None = None
     last_progress: float = 0.0
     received: int = 0
     started: float = 0.0
@@ -185,7 +187,8 @@ class _Transfer:
     def store(self, index: int, data: bytes | memoryview) -> None:
         """Write a verified chunk (of its manifest's length) at its place in the payload."""
         if self.buffer is None:
-            self.buffer = REASSEMBLY_MAPS.take(self.manifest.total_bytes)
+            self.buffer = REASSEMBLY_MAPS.take(self.manifest.total_bytes, prepared=self.prepared)
+            self.prepared = None
         start = index * self.manifest.chunk_bytes
         self.buffer[start:start + len(data)] = data
         self.filled += len(data)
@@ -248,11 +251,15 @@ class ReassemblyMaps:
         self._maps: list[mmap.mmap] = []
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> mmap.mmap:
-        """A map of at least `size` bytes, reused if one is free; its contents are whatever it held before."""
+    def take(self, size: int, *, prepared: mmap.mmap | None = None) -> mmap.mmap:
+        """A map of at least `size` bytes, reused if one is free; its contents are whatever it held before.
+        `prepared` (from `prepare`, held by the caller alone) is taken first when its size fits."""
         capacity = -(-size // self.ROUND) * self.ROUND
         if not self.min_bytes <= size <= self.max_bytes or _ONLY_IN_A_LIST < 0:
             return reassembly_buffer(size)
+        if prepared is not None and len(prepared) == capacity:
+            self.reused += 1
+            return prepared
         with self._lock:
             free = [i for i in range(len(self._maps)) if self._unused(i)]
             for i in free:
@@ -267,6 +274,25 @@ class ReassemblyMaps:
             if sum(map(len, self._maps)) + capacity <= self.keep_bytes:
                 self._maps.append(buffer)
             return buffer
+
+    def prepare(self, size: int) -> mmap.mmap | None:
+        """A map for a later payload of `size` bytes with its pages already in, kept by the caller (so no other
+        transfer of the process takes it) and pooled like any other once it has served; None for sizes the pool
+        does not keep. For a receiver that still holds this payload when the next one of its size arrives (a site
+        holds round r's model while round r+1's comes in): its second transfer would otherwise fault in a fresh map
+        (8-9 ms of CPU at 16 MB on the test machine, whose new pages are dear; see docs/benchmarks.md). Its pages
+        are paid for where this is called, once per process, as the pool pays for every map it keeps."""
+        capacity = -(-size // self.ROUND) * self.ROUND
+        if not self.min_bytes <= size <= self.max_bytes or _ONLY_IN_A_LIST < 0:
+            return None
+        buffer = reassembly_buffer(capacity)
+        zeros = bytes(1 << 20)
+        for start in range(0, capacity, len(zeros)):  # fault the pages in now
+            buffer[start:start + len(zeros)] = zeros
+        with self._lock:
+            if sum(map(len, self._maps)) + capacity <= self.keep_bytes:
+                self._maps.append(buffer)
+        return buffer
 
     def _unused(self, i: int) -> bool:
         return sys.getrefcount(self._maps[i]) == _ONLY_IN_A_LIST  # no transfer, no view: this list's reference alone
@@ -308,6 +334,11 @@ class Fetcher:
         self.stats = TransferStats()
         self.active: _Transfer | None = None
         self.pending: OrderedDict[str, ChunkManifest] = OrderedDict()
+        # Set by a receiver that holds a payload while the next of its size arrives (a site and its models): its
+        # first completed transfer makes the map of its second ready (`ReassemblyMaps.prepare`), once.
+        self.prepare_next = False
+        self._prepared: mmap.mmap | None = None
+        self._prepared_once = False
 
     # -- manifests --------------------------------------------------------------------------------
     def refusal(self, topic: str, manifest: ChunkManifest) -> str | None:
@@ -356,7 +387,9 @@ class Fetcher:
         # `have` is one byte per digest the manifest really carried (it arrived, so it is bounded by the
         # payload cap); the data buffer starts empty and grows with verified chunks only.
         self.active = _Transfer(topic, manifest, bytearray(manifest.count), last_progress=now, started=now,
-                                deadline=now + self._grace_s + manifest.total_bytes / self.min_rate_bytes_per_s)
+                                deadline=now + self._grace_s + manifest.total_bytes / self.min_rate_bytes_per_s,
+                                prepared=self._prepared)
+        self._prepared = None
         self._top_up(self.active)
 
     @property
@@ -418,6 +451,9 @@ class Fetcher:
             return None
         self.active = None
         self.stats.completed += 1
+        if self.prepare_next and not self._prepared_once:
+            self._prepared = REASSEMBLY_MAPS.prepare(m.total_bytes)
+            self._prepared_once = self._prepared is not None  # a small payload first: wait for a pooled one
         self._start_next()
         assert t.filled == m.total_bytes  # every chunk verified
         return Completed(t.topic, m, t.payload())

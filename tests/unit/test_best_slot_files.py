@@ -119,3 +119,32 @@ def test_a_crash_inside_promote_never_lets_the_next_model_overwrite_the_best(tmp
     assert got_round == 2 and _same(got, _model(2))
     assert _same(load_file(str(folder / "evaluated.safetensors")), _model(4))
     assert not (folder / "spare.safetensors").exists() and (folder / "best.safetensors").stat().st_nlink == 1
+
+
+def _big_model(round_no: int) -> dict[str, np.ndarray]:
+    """A model over SPARE_FROM bytes: one the slot makes a spare file for."""
+    rng = np.random.default_rng(round_no)
+    return {"fc.weight": rng.normal(size=(600, 500)).astype(np.float32), "fc.bias": np.full(500, round_no, "<f4")}
+
+
+def test_a_model_sized_slot_creates_its_files_in_the_first_round_only(tmp_path: Path) -> None:
+    # Prepare: round 1 best after round 1, then round 2 best, then round 2 stays best (as the PS would name them)
+    folder = tmp_path / "best"
+    slot = BestSlot(folder)
+    best_named = {1: None, 2: 1, 3: 2, 4: 2, 5: 4, 6: 4}
+    inodes_after_round_1: set[int] = set()
+    for round_no, best_round in best_named.items():
+        # Execute: what a train task does
+        slot.promote(best_round)
+        slot.remember(round_no, _big_model(round_no))
+        # Assert: the right models; never more than three model files; after round 1, never a new inode
+        got_round, got = slot.slot()
+        assert got_round == best_round and (best_round is None or _same(got, _big_model(best_round)))
+        assert _same(load_file(str(folder / "evaluated.safetensors")), _big_model(round_no))
+        inodes = {p.stat().st_ino for p in folder.iterdir()}
+        assert len(inodes) <= 3
+        if round_no == 1:
+            assert sorted(p.name for p in folder.iterdir()) == ["evaluated.safetensors", "spare.safetensors"]
+            inodes_after_round_1 = inodes
+        else:
+            assert inodes <= inodes_after_round_1  # the evaluated and the best model live in round 1's two files

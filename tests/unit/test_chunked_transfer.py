@@ -400,3 +400,33 @@ def test_transfers_in_a_row_reuse_one_map_and_arrive_bit_identical() -> None:
     finally:
         REASSEMBLY_MAPS.min_bytes = saved
     assert REASSEMBLY_MAPS.reused - before == 2
+
+
+def test_a_site_s_second_transfer_takes_the_map_made_ready_at_its_first_and_no_one_else_does() -> None:
+    """A site holds round r's model while round r+1's arrives, so its second transfer would fault in a fresh map:
+    with `prepare_next` the first completed transfer makes one ready (pages in), held for this fetcher alone."""
+    broker = MemoryBroker()
+    ps, site = _pair(broker)
+    site.fetcher.prepare_next = True
+    site.transport.subscribe([MODEL_TOPIC])
+    saved = REASSEMBLY_MAPS.min_bytes
+    REASSEMBLY_MAPS.min_bytes = 0  # these test models are small
+    try:
+        first = _model(1, seed=1)
+        ps.send(MODEL_TOPIC, first)
+        (held,) = _drain(site)  # round 1's model, still held
+        prepared = site.fetcher._prepared
+        assert prepared is not None
+        assert bytes(prepared[:len(prepared)]) == bytes(len(prepared))  # its pages written in, all zeros
+        other = REASSEMBLY_MAPS.take(len(prepared))  # another receiver of the process (the PS) meanwhile
+        assert other is not prepared
+        second = _model(2, seed=2)
+        ps.send(MODEL_TOPIC, second)
+        (got,) = _drain(site)
+        # Assert: round 2's payload lies in the prepared map, bit for bit; round 1's is untouched; only once
+        wire = encode(second)
+        assert bytes(prepared[:len(wire)]) == wire
+        assert encode(got) == encode(second) and encode(held) == encode(first)
+        assert site.fetcher._prepared is None and site.fetcher._prepared_once
+    finally:
+        REASSEMBLY_MAPS.min_bytes = saved
