@@ -30,6 +30,14 @@ def _final(path) -> dict[str, np.ndarray]:
     return load_file(str(path / "final_model.safetensors"))
 
 
+def _assert_same_final_weights(over_mqtt_dir, simulated_dir) -> None:
+    """The PS's final weights over MQTT and in the simulation: the same tensors, bit for bit."""
+    over_mqtt, simulated = _final(over_mqtt_dir), _final(simulated_dir)
+    assert sorted(over_mqtt) == sorted(simulated)
+    for name in over_mqtt:
+        np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
+
+
 @pytest.mark.parametrize(("algorithm", "hyper", "train"), ALGORITHMS, ids=[a for a, _, _ in ALGORITHMS])
 def test_simulation_matches_mqtt_bit_for_bit(cli_federation, tmp_path, algorithm, hyper, train) -> None:
     """The same config and seed give identical final weights and site metrics in simulation and over Mosquitto."""
@@ -49,10 +57,7 @@ def test_simulation_matches_mqtt_bit_for_bit(cli_federation, tmp_path, algorithm
     fed.run_to_completion(240)
     sim_report = run_simulation(sim, progress=False)
     # Assert: server weights and every site's final metrics (personalised models included).
-    over_mqtt, simulated = _final(fed.work / "ps"), _final(tmp_path / "sim")
-    assert sorted(over_mqtt) == sorted(simulated)
-    for name in over_mqtt:
-        np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
+    _assert_same_final_weights(fed.work / "ps", tmp_path / "sim")
     import json
 
     mqtt_report = json.loads((fed.work / "ps" / "report.json").read_text())
@@ -136,10 +141,7 @@ def _assert_every_site_run_matches_simulation(fed, tmp_path) -> None:
     sim = SimulationConfig(run_id="eq-evalall", rounds=EVERY_SITE_ROUNDS, seed=0, out_dir=tmp_path / "sim",
                            model=BN_MODEL, train=EVERY_SITE_TRAIN, **EVERY_SITE)
     sim_report = run_simulation(sim, progress=False)
-    over_mqtt, simulated = _final(fed.work / "ps"), _final(tmp_path / "sim")
-    assert sorted(over_mqtt) == sorted(simulated)
-    for name in over_mqtt:
-        np.testing.assert_array_equal(over_mqtt[name], simulated[name], err_msg=name)
+    _assert_same_final_weights(fed.work / "ps", tmp_path / "sim")
     mqtt_report = json.loads((fed.work / "ps" / "report.json").read_text())
     for report in (mqtt_report, sim_report):
         assert [len(r["sites"]) for r in report["rounds"]] == [2] * EVERY_SITE_ROUNDS
